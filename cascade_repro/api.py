@@ -1,0 +1,186 @@
+"""One function per use case: init, run, list, show. The CLI renders what these return."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from cascade_repro.capture.git import head_commit, is_dirty
+from cascade_repro.errors import DirtyTreeRefused, UsageError
+from cascade_repro.manifest import ARTIFACT_PATH, Manifest
+from cascade_repro.params import find_params_file, resolve_params
+from cascade_repro.project import InitResult, find_repo_root, init_project
+from cascade_repro.recorder import Notify, RunPlan, RunResult, own_paths, record_run
+from cascade_repro.settings import Settings, load_settings
+from cascade_repro.store import mlflow_store
+
+
+def init(cwd: Path | None = None) -> InitResult:
+    root = find_repo_root(cwd)
+    settings = load_settings(root)
+    return init_project(root, settings.checkpoints_dir)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    script: str
+    args: Sequence[str] = ()
+    params_file: str | None = None
+    sets: Sequence[str] = ()
+    adds: Sequence[str] = ()
+    seed: str | None = None
+    determinism: str | None = None
+    run_name: str | None = None
+    experiment: str | None = None
+    require_clean: bool = False
+    cwd: Path | None = None
+    environ: Mapping[str, str] | None = None
+
+
+def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult:
+    """Record one run of a script. Every check that can refuse happens before the script starts."""
+    cwd = (request.cwd or Path.cwd()).resolve()
+    environ = dict(os.environ if request.environ is None else request.environ)
+    root = find_repo_root(cwd)
+    settings = load_settings(root, environ)
+    if request.experiment:
+        settings = replace(settings, experiment=request.experiment)
+    script = (cwd / request.script).resolve()
+    if not script.is_file():
+        raise UsageError(f"script not found: {request.script}", hint=f"give a path relative to {cwd}")
+    try:
+        script_rel = script.relative_to(root).as_posix()
+    except ValueError:
+        raise UsageError(
+            f"{request.script} is outside the git repository {root}",
+            hint="cascade records code through git: move the script into the repository",
+        ) from None
+    commit = head_commit(root)
+    exclude = own_paths(settings)
+    if request.require_clean:
+        changed = is_dirty(root, exclude)
+        if changed:
+            shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+            raise DirtyTreeRefused(
+                f"--require-clean: the working tree has uncommitted changes ({shown})",
+                hint="commit or stash them, or drop --require-clean to record them as a patch",
+            )
+    params_file = find_params_file(root, script, request.params_file, settings.params_file)
+    resolved = resolve_params(params_file, root, request.sets, request.adds, request.seed)
+    mlflow_store.probe_store(settings.tracking_uri)
+    plan = RunPlan(
+        settings=settings,
+        script=script,
+        script_rel=script_rel,
+        args=tuple(request.args),
+        cwd=cwd,
+        commit=commit,
+        params=resolved,
+        determinism=request.determinism or settings.determinism,
+        run_name=request.run_name,
+        environ=environ,
+        exclude=exclude,
+        invocation=("cascade", "run", *_invocation_options(request), request.script, *request.args),
+    )
+    return record_run(plan, notify)
+
+
+def _invocation_options(request: RunRequest) -> list[str]:
+    options: list[str] = []
+    for flag, values in (("--set", request.sets), ("--add", request.adds)):
+        for value in values:
+            options += [flag, value]
+    for flag, value in (
+        ("--params", request.params_file),
+        ("--seed", request.seed),
+        ("--deterministic", request.determinism),
+        ("--name", request.run_name),
+    ):
+        if value is not None:
+            options += [flag, value]
+    return options
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    name: str | None
+    experiment: str
+    version: str | None
+    status: str
+    start_time: float | None
+    duration_s: float | None
+    commit: str | None
+    dirty: bool | None
+    metrics: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def _context(cwd: Path | None) -> Settings:
+    root = find_repo_root(cwd)
+    return load_settings(root)
+
+
+def list_runs(cwd: Path | None = None, all_experiments: bool = False, limit: int = 50) -> list[RunSummary]:
+    settings = _context(cwd)
+    mlflow_store.probe_store(settings.tracking_uri)
+    client = mlflow_store.client(settings.tracking_uri)
+    runs = mlflow_store.search_runs(client, None if all_experiments else settings.experiment, limit)
+    names: dict[str, str] = {}
+    summaries = []
+    for run in runs:
+        info, data = run.info, run.data
+        if info.experiment_id not in names:
+            names[info.experiment_id] = client.get_experiment(info.experiment_id).name
+        end = info.end_time
+        summaries.append(
+            RunSummary(
+                run_id=info.run_id,
+                name=info.run_name,
+                experiment=names[info.experiment_id],
+                version=data.tags.get("cascade.version"),
+                status=info.status,
+                start_time=info.start_time / 1000 if info.start_time else None,
+                duration_s=(end - info.start_time) / 1000 if end and info.start_time else None,
+                commit=data.tags.get("mlflow.source.git.commit"),
+                dirty={"true": True, "false": False}.get(data.tags.get("cascade.dirty", "")),
+                metrics=_key_metrics(data.metrics, settings.key_metrics),
+            )
+        )
+    return summaries
+
+
+def _key_metrics(metrics: Mapping[str, float], configured: Sequence[str]) -> dict[str, float]:
+    if configured:
+        return {k: metrics[k] for k in configured if k in metrics}
+    own = sorted(k for k in metrics if not k.startswith("cascade."))
+    return {k: metrics[k] for k in own[:3]}
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """`cascade show`: the manifest plus what MLflow knows beyond it."""
+
+    manifest: Manifest
+    status: str
+    metrics: dict[str, float]
+    tags: dict[str, str]
+    artifact_uri: str
+
+
+def show_run(ref: str, cwd: Path | None = None) -> RunRecord:
+    settings = _context(cwd)
+    mlflow_store.probe_store(settings.tracking_uri)
+    client = mlflow_store.client(settings.tracking_uri)
+    run = mlflow_store.resolve_run(client, ref, settings.experiment)
+    manifest = Manifest.from_dict(mlflow_store.read_json_artifact(client, run.info.run_id, ARTIFACT_PATH))
+    return RunRecord(manifest, run.info.status, dict(run.data.metrics), dict(run.data.tags), run.info.artifact_uri)
+
+
+def command_line(manifest: Manifest) -> str:
+    return shlex.join(manifest.command.get("invocation") or ["python", manifest.command["script"]])

@@ -1,0 +1,140 @@
+"""Git state of the work tree: commit, branch, remotes, and the complete dirty state (binary-safe)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cascade_repro.errors import CascadeError, NotAGitRepository
+
+
+@dataclass(frozen=True)
+class UntrackedFile:
+    path: str  # relative to the repo root, POSIX separators
+    size: int
+    sha256: str
+    stored: bool  # content kept as an artifact under cascade/untracked/
+    reason: str | None = None  # why not stored
+    symlink_target: str | None = None
+
+
+@dataclass(frozen=True)
+class GitState:
+    commit: str
+    branch: str | None
+    remotes: dict[str, str]
+    dirty: bool
+    patch: bytes = field(repr=False)
+    untracked: tuple[UntrackedFile, ...]
+
+    @property
+    def patch_sha256(self) -> str:
+        return hashlib.sha256(self.patch).hexdigest()
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "commit": self.commit,
+            "branch": self.branch,
+            "remotes": self.remotes,
+            "dirty": self.dirty,
+            "patch": {"artifact": "cascade/git.patch", "sha256": self.patch_sha256, "size": len(self.patch)}
+            if self.patch
+            else None,
+            "untracked": [
+                {k: v for k, v in vars(u).items() if v is not None or k in ("stored",)} for u in self.untracked
+            ],
+        }
+
+
+def git(root: Path, *args: str, binary: bool = False) -> bytes:
+    out = subprocess.run(["git", *args], cwd=root, capture_output=True, check=False)
+    if out.returncode != 0:
+        message = out.stderr.decode(errors="replace").strip()
+        raise CascadeError(f"git {' '.join(args)} failed: {message}")
+    return out.stdout
+
+
+def head_commit(root: Path) -> str:
+    """HEAD's commit; a repository with no commit yet cannot be recorded."""
+    out = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD^{commit}"], cwd=root, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise NotAGitRepository(
+            f"the git repository at {root} has no commit yet",
+            hint="commit your code first: git add -A && git commit -m 'initial'",
+        )
+    return out.stdout.strip()
+
+
+def is_dirty(root: Path, exclude: tuple[str, ...] = ()) -> list[str]:
+    """Paths that differ from HEAD (tracked changes and untracked, non-ignored files)."""
+    text = git(root, "status", "--porcelain=v1", "-z", "--untracked-files=all").decode(errors="replace")
+    paths = [entry[3:] for entry in text.split("\0") if len(entry) > 3]
+    return [p for p in paths if not _excluded(p, exclude)]
+
+
+def capture_git(root: Path, exclude: tuple[str, ...], max_untracked_bytes: int) -> GitState:
+    """`exclude`: root-relative paths of cascade's own files (store, run dirs), never recorded."""
+    commit = head_commit(root)
+    branch = git(root, "rev-parse", "--abbrev-ref", "HEAD").decode().strip()
+    # --binary (implies --full-index) makes binary changes round-trip through `git apply`.
+    patch = git(root, "diff", "HEAD", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames")
+    listed = git(root, "ls-files", "--others", "--exclude-standard", "-z").decode("utf-8", "surrogateescape")
+    untracked = tuple(
+        _untracked(root, rel, max_untracked_bytes)
+        for rel in sorted(p for p in listed.split("\0") if p and not _excluded(p, exclude))
+    )
+    return GitState(
+        commit=commit,
+        branch=None if branch == "HEAD" else branch,
+        remotes=_remotes(root),
+        dirty=bool(patch) or bool(untracked),
+        patch=patch,
+        untracked=untracked,
+    )
+
+
+def strip_credentials(url: str) -> str:
+    """https://user:token@host/x.git → https://host/x.git (scp-style git@host:x stays)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme and parts.netloc and "@" in parts.netloc:
+        host = parts.netloc.rsplit("@", 1)[1]
+        return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", parts.fragment))
+    if parts.scheme and parts.query:
+        return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", parts.fragment))
+    return url
+
+
+def _remotes(root: Path) -> dict[str, str]:
+    remotes: dict[str, str] = {}
+    for line in git(root, "remote", "-v").decode(errors="replace").splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] == "(fetch)":
+            remotes[fields[0]] = strip_credentials(fields[1])
+    return remotes
+
+
+def _untracked(root: Path, rel: str, max_bytes: int) -> UntrackedFile:
+    path = root / rel
+    if path.is_symlink():
+        target = os.readlink(path)
+        digest = hashlib.sha256(target.encode("utf-8", "surrogateescape")).hexdigest()
+        return UntrackedFile(rel, len(target), digest, stored=True, symlink_target=target)
+    size = path.stat().st_size
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    if size > max_bytes:
+        return UntrackedFile(
+            rel, size, digest.hexdigest(), stored=False,
+            reason=f"larger than untracked_max_bytes ({max_bytes}); `dvc add` it or add it to .gitignore",
+        )  # fmt: skip
+    return UntrackedFile(rel, size, digest.hexdigest(), stored=True)
+
+
+def _excluded(rel: str, exclude: tuple[str, ...]) -> bool:
+    return any(rel == e or rel.startswith(e.rstrip("/") + "/") for e in exclude)

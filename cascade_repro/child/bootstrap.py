@@ -1,0 +1,138 @@
+"""Entry point of the child: `python -m cascade_repro.child.bootstrap SCRIPT [ARGS]...`.
+
+Seeds, installs the import hooks, then runs the script as `__main__` with its own argv, exactly as
+`python SCRIPT ARGS` would, and exits with the script's own code. What it learns (flags applied,
+the torch stack, an uncaught exception, peak GPU memory) goes to `child.json` in the run directory.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import runpy
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType, ModuleType, TracebackType
+from typing import Any, Callable
+
+from cascade_repro.child import protocol, seeding
+from cascade_repro.child.hooks import ImportHooks
+
+RUN_ID_WAIT_S = 300.0
+
+
+class Facts:
+    """What the child observed, saved atomically to child.json whenever it changes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data: dict[str, Any] = {"pid": os.getpid(), "started_at": time.time()}
+
+    def update(self, **values: Any) -> None:
+        self.data.update(values)
+        try:
+            protocol.write_json_atomic(self.path, self.data)
+        except OSError:
+            pass  # the run directory vanished: nothing useful left to do
+
+
+def main(argv: list[str]) -> None:
+    if not argv:
+        sys.stderr.write("usage: python -m cascade_repro.child.bootstrap SCRIPT [ARGS]...\n")
+        raise SystemExit(2)
+    script, args = argv[0], argv[1:]
+    run_dir = Path(os.environ[protocol.ENV_RUN_DIR])
+    seed = int(os.environ.get(protocol.ENV_SEED, "0"))
+    mode = seeding.mode_from_env()
+    facts = Facts(run_dir / protocol.FACTS_FILE)
+
+    seeding.seed_python(seed)
+    applied: dict[str, Any] = {"random.seed": seed, **seeding.prepare_environment(mode)}
+    facts.update(determinism={"mode": mode, "applied": applied})
+
+    def after_torch(torch: ModuleType) -> None:
+        applied.update(seeding.on_torch_import(torch, seed, mode))
+        from cascade_repro.child.torch_probe import flags
+
+        facts.update(determinism={"mode": mode, "applied": applied, "flags_at_start": flags(torch)})
+
+    def after_numpy(numpy: ModuleType) -> None:
+        applied.update(seeding.on_numpy_import(numpy, seed))
+        facts.update(determinism={**facts.data["determinism"], "applied": applied})
+
+    ImportHooks(
+        before={"mlflow": lambda: _wait_for_run_id(run_dir)},
+        after={"torch": after_torch, "numpy": after_numpy},
+    ).install()
+
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt_once_per_second())
+    _record_uncaught_exceptions(facts)
+    atexit.register(_record_at_exit, facts)
+
+    sys.argv = [script, *args]
+    sys.path[0] = str(Path(script).resolve().parent)
+    runpy.run_path(script, run_name="__main__")
+
+
+def _wait_for_run_id(run_dir: Path) -> None:
+    """Called when the script first imports mlflow: make it log into the cascade run."""
+    path = run_dir / protocol.RUN_ID_FILE
+    deadline = time.monotonic() + RUN_ID_WAIT_S
+    while time.monotonic() < deadline:
+        if path.exists():
+            run_id = path.read_text(encoding="utf-8").strip()
+            if run_id:
+                os.environ["MLFLOW_RUN_ID"] = run_id
+            return
+        time.sleep(0.02)
+    sys.stderr.write("cascade: no MLflow run id from the parent; mlflow calls get their own run\n")
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    # Unwind normally so atexit handlers flush the metrics logged so far.
+    raise SystemExit(128 + signum)
+
+
+def _interrupt_once_per_second() -> Callable[[int, FrameType | None], None]:
+    # A terminal's Ctrl-C reaches the child twice (directly and forwarded by the parent); the
+    # repeat must not interrupt the clean-up that the first one started.
+    last = [-10.0]
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if now - last[0] < 1.0:
+            return
+        last[0] = now
+        raise KeyboardInterrupt
+
+    return handler
+
+
+def _record_uncaught_exceptions(facts: Facts) -> None:
+    original = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        facts.update(exception={"type": kind.__name__, "message": str(value)[:2000]})
+        original(kind, value, tb)
+
+    sys.excepthook = hook
+
+
+def _record_at_exit(facts: Facts) -> None:
+    values: dict[str, Any] = {"ended_at": time.time()}
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "__version__"):
+        from cascade_repro.child.torch_probe import gpu_memory, torch_stack
+
+        values["torch"] = torch_stack(torch)
+        values["gpu_memory"] = gpu_memory(torch)
+    facts.update(**values)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,77 @@
+"""The child's event sink: metrics enqueued in microseconds, written to the run dir by a thread."""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+FLUSH_INTERVAL_S = 0.25
+
+
+class EventSink:
+    """Append-only metric queue; a daemon thread serializes it to `events.jsonl`.
+
+    `add` only converts values to float and appends to a deque (thread-safe, no lock), so a
+    training step pays a few microseconds. Every line is one JSON array `[ts_ms, step, {key: value}]`.
+    The file is flushed at exit, so a crash or Ctrl-C keeps everything logged before it.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._queue: collections.deque[tuple[int, int, dict[str, float]]] = collections.deque()
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._auto_step = 0
+        self._thread = threading.Thread(target=self._loop, name="cascade-events", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+
+    def add(self, metrics: Mapping[str, Any], step: int | None) -> None:
+        if step is None:
+            step = self._auto_step
+            self._auto_step += 1
+        try:
+            values = {str(k): float(v) for k, v in metrics.items()}
+        except (TypeError, ValueError):
+            bad = [k for k, v in metrics.items() if not _is_number(v)]
+            raise TypeError(f"log_metrics: values must be numbers; not numeric: {bad}") from None
+        self._queue.append((time.time_ns() // 1_000_000, int(step), values))
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._file.closed:
+                return
+            lines = []
+            queue = self._queue
+            while True:
+                try:
+                    ts, step, values = queue.popleft()
+                except IndexError:
+                    break
+                lines.append(json.dumps([ts, step, values]))
+            if lines:
+                self._file.write("\n".join(lines) + "\n")
+                self._file.flush()
+
+    def close(self) -> None:
+        self._closed.set()
+        self.flush()
+        with self._lock:
+            self._file.close()
+
+    def _loop(self) -> None:
+        while not self._closed.wait(FLUSH_INTERVAL_S):
+            self.flush()
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True

@@ -1,0 +1,29 @@
+"""The contract between the parent (`cascade run`) and the child: environment names and run-dir files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+# Environment variables the parent sets for the child.
+ENV_RUN_DIR = "CASCADE_RUN_DIR"
+ENV_SEED = "CASCADE_SEED"
+ENV_DETERMINISM = "CASCADE_DETERMINISM"
+
+# Files inside the run directory.
+PARAMS_FILE = "params.json"  # parent → child: resolved hyperparameters
+RUN_ID_FILE = "mlflow_run_id"  # parent → child: written once the MLflow run exists
+EVENTS_FILE = "events.jsonl"  # child → parent: metric events, one JSON array per line
+FACTS_FILE = "child.json"  # child → parent: flags applied, torch stack, exception, GPU memory
+OUTPUT_LOG = "output.log"  # parent: the script's stdout and stderr as the terminal saw them
+
+DETERMINISM_MODES = ("off", "warn", "strict")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON so a reader never sees half a file (write a sibling, then rename)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str), encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,90 @@
+"""What a training script calls: `params()` and `log_metrics()`, inside or outside `cascade run`.
+
+Under `cascade run` the parent has resolved the hyperparameters into the run directory and drains
+the metric events into MLflow. Run as plain `python train.py`, `params()` reads the
+hyperparameters.yaml beside the script and `log_metrics()` does nothing, so a script stays runnable
+without cascade.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Mapping
+
+from cascade_repro.child import protocol
+from cascade_repro.child.events import EventSink
+
+# One process, one run: the sink and params are per-process singletons, created on first use.
+_lock = threading.Lock()
+_sink: list[EventSink] = []
+_params: list[dict[str, Any]] = []
+
+
+def run_dir() -> Path | None:
+    """The run directory of the current `cascade run`, or None outside one."""
+    value = os.environ.get(protocol.ENV_RUN_DIR)
+    return Path(value) if value else None
+
+
+def params() -> dict[str, Any]:
+    """The run's resolved hyperparameters (hyperparameters.yaml + --set overrides + seed).
+
+    >>> lr = cascade_repro.params()["optimizer"]["lr"]
+    """
+    with _lock:
+        if not _params:
+            _params.append(_load_params())
+        return copy.deepcopy(_params[0])
+
+
+def log_metrics(metrics: Mapping[str, Any], step: int | None = None) -> None:
+    """Record scalar metrics for this step; returns after an in-memory append (microseconds).
+
+    The parent writes them to MLflow in batches of at most 1000. `step` defaults to a counter of
+    calls. Outside `cascade run` this does nothing.
+    """
+    sink = _sink[0] if _sink else _open_sink()
+    if sink is not None:
+        sink.add(metrics, step)
+
+
+def log_metric(key: str, value: Any, step: int | None = None) -> None:
+    """Record one scalar metric (see `log_metrics`)."""
+    log_metrics({key: value}, step)
+
+
+def flush() -> None:
+    """Write queued metrics to the run directory now (also done every 0.25 s and at exit)."""
+    if _sink:
+        _sink[0].flush()
+
+
+def _open_sink() -> EventSink | None:
+    directory = run_dir()
+    if directory is None:
+        return None
+    with _lock:
+        if not _sink:
+            _sink.append(EventSink(directory / protocol.EVENTS_FILE))
+        return _sink[0]
+
+
+def _load_params() -> dict[str, Any]:
+    directory = run_dir()
+    if directory is not None:
+        data = json.loads((directory / protocol.PARAMS_FILE).read_text(encoding="utf-8"))
+        return dict(data)
+    # Plain `python train.py`: the hyperparameters.yaml beside the script, else in the cwd.
+    script = Path(sys.argv[0]).resolve().parent if sys.argv and sys.argv[0] else Path.cwd()
+    for candidate in (script / "hyperparameters.yaml", Path.cwd() / "hyperparameters.yaml"):
+        if candidate.is_file():
+            import yaml
+
+            loaded = yaml.safe_load(candidate.read_text(encoding="utf-8")) or {}
+            return dict(loaded) if isinstance(loaded, dict) else {}
+    return {}

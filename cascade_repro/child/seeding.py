@@ -1,0 +1,51 @@
+"""Seed every RNG from the run's seed and apply the determinism mode, as libraries get imported."""
+
+from __future__ import annotations
+
+import os
+import random
+from types import ModuleType
+from typing import Any
+
+from cascade_repro.child import protocol
+
+
+def seed_python(seed: int) -> None:
+    random.seed(seed)
+
+
+def prepare_environment(mode: str) -> dict[str, str]:
+    """Environment that must be in place before torch initializes CUDA; returns what was set."""
+    applied: dict[str, str] = {}
+    if mode != "off" and "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
+        # cuBLAS needs a fixed workspace for deterministic results (CUDA >= 10.2).
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        applied["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    return applied
+
+
+def on_numpy_import(numpy: ModuleType, seed: int) -> dict[str, Any]:
+    numpy.random.seed(seed % 2**32)
+    return {"numpy.random.seed": seed % 2**32}
+
+
+def on_torch_import(torch: ModuleType, seed: int, mode: str) -> dict[str, Any]:
+    """Seed torch (CPU and, lazily, every CUDA device) and apply the determinism flags."""
+    applied: dict[str, Any] = {}
+    torch.manual_seed(seed)  # also queues the seed for every CUDA device without initializing CUDA
+    applied["torch.manual_seed"] = seed
+    if mode == "off":
+        return applied
+    torch.use_deterministic_algorithms(True, warn_only=(mode == "warn"))
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    applied["torch.use_deterministic_algorithms"] = True
+    applied["torch.use_deterministic_algorithms.warn_only"] = mode == "warn"
+    applied["torch.backends.cudnn.benchmark"] = False
+    applied["torch.backends.cudnn.deterministic"] = True
+    return applied
+
+
+def mode_from_env() -> str:
+    mode = os.environ.get(protocol.ENV_DETERMINISM, "warn")
+    return mode if mode in protocol.DETERMINISM_MODES else "warn"

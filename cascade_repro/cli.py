@@ -1,0 +1,188 @@
+"""The `cascade` command: parse → one api call → render. The only place exit codes are chosen.
+
+Exit codes: 0 success; for `cascade run`, the script's own code; 1 error; 2 usage; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import asdict
+from typing import Any, Callable
+
+import click
+
+from cascade_repro import __version__
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class _State:
+    def __init__(self, verbose: bool) -> None:
+        self.verbose = verbose
+
+
+def _guard(fn: Callable[[], int | None], ctx: click.Context) -> None:
+    """Run a command body; map CascadeError to its exit code, anything else to 1 (or the traceback)."""
+    from cascade_repro.errors import CascadeError
+
+    state: _State = ctx.obj
+    try:
+        code = fn()
+    except CascadeError as exc:
+        from cascade_repro import render
+
+        render.error(exc.message)
+        if exc.hint:
+            sys.stderr.write(f"  hint: {exc.hint}\n")
+        if state.verbose:
+            raise
+        ctx.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.stderr.write("cascade: interrupted\n")
+        ctx.exit(130)
+    except click.exceptions.Exit:
+        raise
+    except Exception as exc:
+        if state.verbose:
+            raise
+        from cascade_repro import render
+
+        render.error(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        sys.stderr.write("  run with -v for the traceback\n")
+        ctx.exit(1)
+    ctx.exit(code or 0)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="cascade")
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS),
+    default="warning",
+    show_default=True,
+    help="debug shows what was captured and why.",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Show tracebacks of errors.")
+@click.pass_context
+def main(ctx: click.Context, log_level: str, verbose: bool) -> None:
+    """cascade: record PyTorch training runs into MLflow and DVC, and reproduce them.
+
+    \b
+    cascade init                        set up this git repository
+    cascade run train.py --epochs 3     record a run (script args pass through)
+    cascade ls                          list runs
+    cascade show RUN                    the full record of one run
+    """
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper()),
+        format="cascade: %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if log_level != "debug":
+        for noisy in ("alembic", "mlflow", "dvc"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+    ctx.obj = _State(verbose)
+
+
+@main.command()
+@click.pass_context
+def init(ctx: click.Context) -> None:
+    """Set up cascade in this git repository (idempotent; never overwrites your files).
+
+    Writes cascade.yaml and hyperparameters.yaml when missing, runs `dvc init` when needed,
+    configures a local DVC remote, and adds ignore entries for the local MLflow store.
+    """
+
+    def body() -> None:
+        from cascade_repro import api, render
+
+        render.init_result(api.init())
+
+    _guard(body, ctx)
+
+
+@main.command(
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--params", "params_file", metavar="FILE", help="Params file (default: hyperparameters.yaml).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a param (YAML-typed).")
+@click.option("--add", "adds", multiple=True, metavar="KEY=VALUE", help="Add a param not in the file.")
+@click.option("--seed", metavar="N|random", help="Seed (default: `seed` in the params file, else 0).")
+@click.option(
+    "--deterministic",
+    "determinism",
+    type=click.Choice(["off", "warn", "strict"]),
+    help="Determinism mode (default: cascade.yaml, else warn).",
+)
+@click.option("--name", "run_name", help="MLflow run name (default: generated).")
+@click.option("--experiment", help="MLflow experiment (default: cascade.yaml, else the repo name).")
+@click.option("--require-clean", is_flag=True, help="Refuse to run with uncommitted changes.")
+@click.pass_context
+def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options: Any) -> None:
+    """Run SCRIPT with ARGS and record everything about it.
+
+    Options go before SCRIPT; everything after SCRIPT is passed to it untouched. Exits with the
+    script's own exit code.
+
+    \b
+    cascade run train.py --epochs 3
+    cascade run --set optimizer.lr=1e-3 --seed 7 train.py
+    """
+
+    def body() -> int:
+        from cascade_repro import api, render
+
+        request = api.RunRequest(script=script, args=script_args, **options)
+        result = api.run(request, notify=render.notice)
+        render.run_result(result)
+        return result.exit_code
+
+    _guard(body, ctx)
+
+
+@main.command(name="ls")
+@click.option("--all", "all_experiments", is_flag=True, help="Runs of every experiment in the store.")
+@click.option("--limit", default=50, show_default=True, help="At most this many runs, newest first.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def list_command(ctx: click.Context, all_experiments: bool, limit: int, as_json: bool) -> None:
+    """List recorded runs: id, name, version, status, start, duration, commit, key metrics."""
+
+    def body() -> None:
+        from cascade_repro import api, render
+
+        runs = api.list_runs(all_experiments=all_experiments, limit=limit)
+        if as_json:
+            render.emit_json("ls", [r.to_dict() for r in runs])
+        else:
+            render.run_list(runs)
+
+    _guard(body, ctx)
+
+
+@main.command()
+@click.argument("run_ref", metavar="RUN")
+@click.option("--json", "as_json", is_flag=True, help="The full record as JSON.")
+@click.pass_context
+def show(ctx: click.Context, run_ref: str, as_json: bool) -> None:
+    """Show the record of RUN (a run id, a unique prefix of one, a run name or a version)."""
+
+    def body() -> None:
+        from cascade_repro import api, render
+
+        record = api.show_run(run_ref)
+        if as_json:
+            data = asdict(record)
+            data["manifest"] = record.manifest.to_dict()
+            render.emit_json("show", data)
+        else:
+            render.run_record(record)
+
+    _guard(body, ctx)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""The CascadeError tree: every failure a user can act on, with its exit code and the fix.
+
+    CascadeError                 exit 1
+    ├── UsageError               exit 2  (bad option, unknown override key, script not found)
+    ├── NotAGitRepository        exit 1
+    ├── ConfigError              exit 1  (malformed YAML, bad cascade.yaml value)
+    ├── StoreError               exit 1  (MLflow store unreachable or refusing)
+    ├── RunNotFound              exit 1  (with close matches)
+    └── DirtyTreeRefused         exit 1  (--require-clean on a dirty tree)
+
+`cli` is the only place that turns these into exit codes; library code only raises.
+"""
+
+from __future__ import annotations
+
+
+class CascadeError(Exception):
+    """A failure with a message for the user and a hint that names the fix."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class UsageError(CascadeError):
+    exit_code = 2
+
+
+class NotAGitRepository(CascadeError):
+    pass
+
+
+class ConfigError(CascadeError):
+    pass
+
+
+class StoreError(CascadeError):
+    pass
+
+
+class RunNotFound(CascadeError):
+    pass
+
+
+class DirtyTreeRefused(CascadeError):
+    pass

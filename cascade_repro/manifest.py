@@ -1,0 +1,54 @@
+"""The run record (`cascade/run.json`): a frozen, schema-versioned document, to_dict/from_dict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from cascade_repro.errors import CascadeError
+
+SCHEMA = "cascade.run/1"
+ARTIFACT_PATH = "cascade/run.json"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One run, as recorded. Sections are plain JSON-able mappings, documented in DESIGN.md."""
+
+    run_id: str
+    experiment: str
+    cascade_version: str
+    command: dict[str, Any]
+    params: dict[str, Any]
+    determinism: dict[str, Any]
+    git: dict[str, Any]
+    python: dict[str, Any]
+    torch: dict[str, Any]
+    hardware: dict[str, Any]
+    environment: dict[str, str]
+    container: dict[str, Any]
+    data: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    trace: dict[str, Any] | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    outcome: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        body = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {"schema": SCHEMA, **body}
+
+    def with_outcome(self, outcome: dict[str, Any], **sections: Any) -> Manifest:
+        return replace(self, outcome=outcome, **sections)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        schema = str(data.get("schema", ""))
+        if not schema.startswith("cascade.run/"):
+            raise CascadeError(f"not a cascade run record (schema {schema!r})")
+        if schema != SCHEMA:
+            raise CascadeError(
+                f"run record schema {schema} is newer than this cascade understands ({SCHEMA})",
+                hint="upgrade cascade: pip install -U cascade-repro",
+            )
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})

@@ -1,0 +1,116 @@
+"""The user's project: find its git root, and `cascade init` it (settings, params, DVC, ignores)."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from cascade_repro.errors import CascadeError, NotAGitRepository
+
+IGNORE_ENTRIES = ("mlflow.db", "mlruns/", "mlartifacts/", ".cascade/")
+
+
+@dataclass(frozen=True)
+class InitResult:
+    root: Path
+    created: tuple[str, ...]
+    kept: tuple[str, ...]
+    dvc_initialized: bool
+    dvc_remote: str | None
+    ignore_added: tuple[str, ...]
+
+
+def find_repo_root(start: Path | None = None) -> Path:
+    """The top of the git work tree containing `start` (default: the current directory)."""
+    where = start or Path.cwd()
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise CascadeError("git is not installed", hint="install git (e.g. apt-get install git)") from None
+    if out.returncode != 0:
+        raise NotAGitRepository(
+            f"{where} is not inside a git repository",
+            hint="cd into your project, or run `git init && git add -A && git commit -m init` first",
+        )
+    return Path(out.stdout.strip()).resolve()
+
+
+def template_path(name: str) -> Path:
+    """A file from templates/ (inside the installed package, or beside it in a source checkout)."""
+    here = Path(__file__).resolve().parent
+    for base in (here / "templates", here.parent / "templates"):
+        if (base / name).is_file():
+            return base / name
+    raise CascadeError(f"cascade's template {name} is missing", hint="reinstall cascade")
+
+
+def init_project(root: Path, checkpoints_dir: str = "checkpoints") -> InitResult:
+    """Idempotent: writes only what is missing, never overwrites a user's file."""
+    created: list[str] = []
+    kept: list[str] = []
+    for name in ("cascade.yaml", "hyperparameters.yaml"):
+        target = root / name
+        if target.exists():
+            kept.append(name)
+            continue
+        target.write_text(template_path(name).read_text(encoding="utf-8"), encoding="utf-8")
+        created.append(name)
+    ignore_added = _add_ignores(root, (*IGNORE_ENTRIES, f"/{checkpoints_dir.strip('/')}/"))
+    dvc_initialized, remote = _init_dvc(root)
+    return InitResult(root, tuple(created), tuple(kept), dvc_initialized, remote, ignore_added)
+
+
+def default_remote_dir(root: Path) -> Path:
+    """A per-project local DVC remote outside the work tree, so `git clean` never removes it."""
+    digest = hashlib.sha256(str(root).encode()).hexdigest()[:8]
+    return Path.home() / ".cascade" / "dvc-remote" / f"{root.name}-{digest}"
+
+
+def _add_ignores(root: Path, entries: tuple[str, ...]) -> tuple[str, ...]:
+    path = root / ".gitignore"
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    present = {line.strip() for line in text.splitlines()}
+    missing = [e for e in entries if e not in present and e.rstrip("/") not in present]
+    if missing:
+        prefix = "" if not text or text.endswith("\n") else "\n"
+        block = "# cascade: local MLflow store, run scratch, checkpoints (DVC-tracked)\n"
+        path.write_text(text + prefix + block + "\n".join(missing) + "\n", encoding="utf-8")
+    return tuple(missing)
+
+
+def _init_dvc(root: Path) -> tuple[bool, str | None]:
+    import logging
+
+    from dvc.repo import Repo
+
+    initialized = False
+    if not (root / ".dvc").is_dir():
+        dvc_log = logging.getLogger("dvc")
+        level, dvc_log.level = dvc_log.level, logging.WARNING  # our summary says it instead
+        try:
+            Repo.init(str(root))
+        finally:
+            dvc_log.setLevel(level)
+        initialized = True
+    repo = Repo(str(root))
+    try:
+        remotes = repo.config["remote"]
+        if remotes:
+            return initialized, repo.config["core"].get("remote") or next(iter(remotes))
+        remote_dir = default_remote_dir(root)
+        remote_dir.mkdir(parents=True, exist_ok=True)
+        # config.local: a machine-specific path must not end up in the committed .dvc/config.
+        with repo.config.edit("local") as conf:
+            conf["remote"]["cascade-local"] = {"url": str(remote_dir)}
+            conf["core"]["remote"] = "cascade-local"
+        return initialized, "cascade-local"
+    finally:
+        repo.close()

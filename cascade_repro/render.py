@@ -1,0 +1,196 @@
+"""Everything cascade prints: rich tables for people, a versioned JSON envelope for machines."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cascade_repro.api import RunRecord, RunSummary
+    from cascade_repro.project import InitResult
+    from cascade_repro.recorder import RunResult
+
+JSON_SCHEMA = "cascade.cli/1"
+
+
+def notice(message: str) -> None:
+    """A one-line status message on stderr (plain: used while the script's output streams)."""
+    sys.stderr.write(f"cascade: {message}\n")
+    sys.stderr.flush()
+
+
+def error(message: str) -> None:
+    sys.stderr.write(f"cascade: error: {message}\n")
+    sys.stderr.flush()
+
+
+def emit_json(command: str, data: Any) -> None:
+    envelope = {"schema": JSON_SCHEMA, "command": command, "data": data}
+    sys.stdout.write(json.dumps(envelope, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    # Piped output is for grep and less: do not squeeze tables into 80 columns.
+    width = None if sys.stdout.isatty() else 220
+    return Console(highlight=False, soft_wrap=False, width=width)
+
+
+def init_result(result: InitResult) -> None:
+    console = _console()
+    console.print(f"[bold]cascade project[/] at {result.root}")
+    for name in result.created:
+        console.print(f"  created  {name}")
+    for name in result.kept:
+        console.print(f"  kept     {name} (already there; not overwritten)")
+    if result.dvc_initialized:
+        console.print("  ran      dvc init")
+    if result.dvc_remote:
+        console.print(f"  dvc remote: {result.dvc_remote}")
+    if result.ignore_added:
+        console.print(f"  .gitignore += {' '.join(result.ignore_added)}")
+    console.print("next: commit these files, then `cascade run train.py`")
+
+
+def run_result(result: RunResult) -> None:
+    outcome = result.manifest.outcome or {}
+    duration = outcome.get("duration_s")
+    metrics = {k: v for k, v in result.manifest.metrics.get("keys", {}).items() if not k.startswith("cascade.")}
+    shown = ", ".join(f"{k}={_num(v['last'])}" for k, v in list(metrics.items())[:4])
+    notice(
+        f"run {result.run_id} {result.status} in {duration:.1f}s (exit {result.exit_code})"
+        + (f" · {shown}" if shown else "")
+    )
+    for warning in result.warnings:
+        notice(f"warning: {warning}")
+    notice(f"see it: cascade show {result.run_id[:8]}  ·  mlflow ui --backend-store-uri {result.tracking_uri}")
+
+
+def run_list(runs: list[RunSummary]) -> None:
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for column in ("run", "name", "version", "status", "start", "duration", "commit", "metrics"):
+        table.add_column(column)
+    for run in runs:
+        commit = (run.commit or "")[:10] + ("+dirty" if run.dirty else "")
+        table.add_row(
+            run.run_id[:12],
+            run.name or "",
+            run.version or "",
+            run.status,
+            _time(run.start_time),
+            f"{run.duration_s:.1f}s" if run.duration_s is not None else "",
+            commit,
+            "  ".join(f"{k}={_num(v)}" for k, v in run.metrics.items()),
+        )
+    console = _console()
+    if not runs:
+        console.print("no runs yet: record one with `cascade run train.py`")
+        return
+    console.print(table)
+
+
+def run_record(record: RunRecord) -> None:
+    from rich.table import Table
+
+    m = record.manifest
+    console = _console()
+    outcome = m.outcome or {}
+    console.print(f"[bold]run {m.run_id}[/]  {record.status}  experiment {m.experiment}")
+    rows: list[tuple[str, str]] = [
+        ("command", " ".join(["cascade run", m.command.get("script", ""), *m.command.get("argv", [])])),
+        ("cwd", m.command.get("cwd", "")),
+        ("outcome", f"exit {outcome.get('exit_code')} after {outcome.get('duration_s')}s"),
+        ("error", _error(outcome.get("error"))),
+        ("commit", f"{m.git.get('commit')} ({m.git.get('branch') or 'detached'})"),
+        ("dirty", _dirty(m.git)),
+        ("remotes", ", ".join(f"{k} {v}" for k, v in m.git.get("remotes", {}).items())),
+        ("seed", f"{m.params.get('seed')} ({m.params.get('seed_source')})"),
+        ("params", f"{m.params.get('source') or '(none)'}" + _overrides(m.params.get("overrides") or {})),
+        ("determinism", f"{m.determinism.get('mode')}"),
+        ("python", f"{m.python.get('version')} · {len(m.python.get('packages', {}))} packages"),
+        ("torch", _torch(m.torch)),
+        ("cpu", f"{m.hardware.get('cpu', {}).get('model')} · {m.hardware.get('cpu', {}).get('count')} cores"),
+        ("gpus", _gpus(m.torch.get("gpus") or m.hardware.get("gpus"))),
+        ("os", f"{m.hardware.get('os', {}).get('system')} {m.hardware.get('os', {}).get('release')}"),
+        ("container", "yes" if m.container.get("in_container") else "no"),
+        ("env vars", f"{len(m.environment)} recorded"),
+        ("artifacts", record.artifact_uri),
+    ]
+    table = Table(box=None, show_header=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for key, value in rows:
+        if value:
+            table.add_row(key, value)
+    console.print(table)
+    flat = _flatten(m.params.get("values", {}))
+    if flat:
+        params = Table(title="params", box=None, header_style="bold", title_justify="left")
+        params.add_column("key")
+        params.add_column("value")
+        for key, value in flat.items():
+            params.add_row(key, json.dumps(value) if not isinstance(value, str) else value)
+        console.print(params)
+    summary = m.metrics.get("keys", {})
+    if summary:
+        metrics = Table(title="metrics", box=None, header_style="bold", title_justify="left")
+        for column in ("key", "last", "min", "max", "points"):
+            metrics.add_column(column)
+        for key, stats in summary.items():
+            metrics.add_row(key, _num(stats["last"]), _num(stats["min"]), _num(stats["max"]), str(stats["count"]))
+        console.print(metrics)
+
+
+def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and value:
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _num(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def _time(ts: float | None) -> str:
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M") if ts else ""
+
+
+def _dirty(git: dict[str, Any]) -> str:
+    if not git.get("dirty"):
+        return "no"
+    patch = git.get("patch") or {}
+    untracked = git.get("untracked") or []
+    return f"yes: patch {patch.get('size', 0)} bytes, {len(untracked)} untracked file(s)"
+
+
+def _overrides(overrides: dict[str, Any]) -> str:
+    return "" if not overrides else " · overrides " + ", ".join(f"{k}={v}" for k, v in overrides.items())
+
+
+def _torch(torch: dict[str, Any]) -> str:
+    parts = [str(torch.get("version"))]
+    for key in ("cuda", "cudnn", "cpu_capability", "num_threads"):
+        if torch.get(key) is not None:
+            parts.append(f"{key} {torch[key]}")
+    return " · ".join(parts)
+
+
+def _gpus(gpus: Any) -> str:
+    if not gpus:
+        return "none"
+    if isinstance(gpus, str):
+        return gpus
+    return ", ".join(f"{g.get('name')} (cc {g.get('compute_capability')})" for g in gpus)
+
+
+def _error(error: dict[str, Any] | None) -> str:
+    return f"{error['type']}: {error['message']}" if error else ""

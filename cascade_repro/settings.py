@@ -1,0 +1,105 @@
+"""cascade.yaml + CASCADE_* / MLFLOW_TRACKING_URI variables → one frozen Settings object."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from cascade_repro.errors import ConfigError
+from cascade_repro.yaml_io import read_yaml_mapping
+
+SETTINGS_FILE = "cascade.yaml"
+DEFAULT_ENV_PREFIXES = (
+    "CUDA_", "CUBLAS_", "CUDNN_", "NCCL_", "NVIDIA_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "KMP_",
+    "OPENBLAS_", "ATEN_", "PYTHONHASHSEED", "CASCADE_", "MLFLOW_", "HF_", "XLA_", "LD_PRELOAD",
+    "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything configurable, resolved once per command and passed down."""
+
+    root: Path
+    experiment: str
+    tracking_uri: str
+    params_file: str | None = None
+    checkpoints_dir: str = "checkpoints"
+    determinism: str = "warn"
+    untracked_max_bytes: int = 1024 * 1024
+    env_allow_prefixes: tuple[str, ...] = DEFAULT_ENV_PREFIXES
+    key_metrics: tuple[str, ...] = ()
+    dvc_remote: str | None = None
+    docker: Mapping[str, Any] = field(default_factory=dict)
+    metrics_flush_s: float = 5.0
+
+    @property
+    def runs_dir(self) -> Path:
+        """Where run directories live while a run is going (ignored by git, see `cascade init`)."""
+        return self.root / ".cascade" / "runs"
+
+    @property
+    def artifact_root(self) -> str:
+        return (self.root / "mlruns").as_uri()
+
+
+def load_settings(root: Path, environ: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if environ is None else environ
+    path = root / SETTINGS_FILE
+    raw = read_yaml_mapping(path) if path.is_file() else {}
+    known = {
+        "experiment", "tracking_uri", "params_file", "checkpoints_dir", "determinism",
+        "untracked_max_bytes", "env_allow_prefixes", "key_metrics", "dvc", "docker",
+        "metrics_flush_s",
+    }  # fmt: skip
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown setting(s) {', '.join(unknown)}",
+            hint=f"known settings are: {', '.join(sorted(known))}",
+        )
+    determinism = str(env.get("CASCADE_DETERMINISM") or raw.get("determinism") or "warn")
+    if determinism not in ("off", "warn", "strict"):
+        raise ConfigError(
+            f"determinism must be off, warn or strict, not {determinism!r}",
+            hint=f"fix `determinism:` in {path} or CASCADE_DETERMINISM",
+        )
+    tracking = (
+        env.get("MLFLOW_TRACKING_URI")
+        or env.get("CASCADE_TRACKING_URI")
+        or raw.get("tracking_uri")
+        or "sqlite:///mlflow.db"
+    )
+    dvc = raw.get("dvc") or {}
+    return Settings(
+        root=root,
+        experiment=str(env.get("CASCADE_EXPERIMENT") or raw.get("experiment") or root.name),
+        tracking_uri=resolve_tracking_uri(str(tracking), root),
+        params_file=raw.get("params_file"),
+        checkpoints_dir=str(raw.get("checkpoints_dir") or "checkpoints"),
+        determinism=determinism,
+        untracked_max_bytes=_int(raw.get("untracked_max_bytes", 1024 * 1024), "untracked_max_bytes"),
+        env_allow_prefixes=tuple(raw.get("env_allow_prefixes") or DEFAULT_ENV_PREFIXES),
+        key_metrics=tuple(raw.get("key_metrics") or ()),
+        dvc_remote=(dvc.get("remote") if isinstance(dvc, dict) else None),
+        docker=dict(raw.get("docker") or {}),
+        metrics_flush_s=float(raw.get("metrics_flush_s", 5.0)),
+    )
+
+
+def resolve_tracking_uri(uri: str, root: Path) -> str:
+    """Make relative sqlite/file stores absolute against the repo root, as `mlflow ui` there sees them."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str((root / uri[len("sqlite:///") :]).resolve())
+    if "://" not in uri and not uri.startswith("databricks"):
+        return (root / uri).resolve().as_uri()
+    return uri
+
+
+def _int(value: Any, name: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} in cascade.yaml must be an integer, not {value!r}") from None

@@ -1,0 +1,1 @@
+"""Where records live: MLflow (runs, params, metrics, tags, artifacts) and, later, DVC (content)."""

@@ -1,0 +1,238 @@
+"""MLflow through `MlflowClient` with explicit run ids: open a run, write its record, find runs.
+
+MLflow exceptions are translated here into StoreError / RunNotFound; nothing above this module
+sees an mlflow type except `Run` objects returned by the read functions.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import socket
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from cascade_repro.errors import RunNotFound, StoreError
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Run
+
+MAX_PARAM_VALUE = 6000
+MAX_TAG_VALUE = 8000
+MAX_PER_BATCH = 100
+MAX_METRICS_PER_BATCH = 1000
+
+
+def probe_store(uri: str, timeout_s: float = 3.0) -> None:
+    """Fail fast, before the script starts, when the store clearly cannot be reached.
+
+    Deliberately does not import mlflow (1-2 s): HTTP servers get a /health request, databases a TCP
+    connect, a sqlite file a check that its directory is writable.
+    """
+    parts = urllib.parse.urlsplit(uri)
+    fix = "start the tracking server, fix MLFLOW_TRACKING_URI / tracking_uri in cascade.yaml, or unset it"
+    if parts.scheme in ("http", "https"):
+        url = uri.rstrip("/") + "/health"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - user's store
+                response.read(64)
+        except urllib.error.HTTPError:
+            return  # it answered: reachable (auth or routing is MLflow's to report)
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise StoreError(f"MLflow tracking server {uri} is unreachable ({reason})", hint=fix) from None
+    elif parts.scheme.startswith(("postgresql", "mysql", "mssql")):
+        host, port = parts.hostname or "localhost", parts.port or _default_port(parts.scheme)
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+        except OSError as exc:
+            raise StoreError(f"MLflow database {host}:{port} is unreachable ({exc})", hint=fix) from None
+    elif parts.scheme == "sqlite":
+        path = Path(uri[len("sqlite:///") :])
+        directory = path.parent
+        if not directory.is_dir():
+            raise StoreError(f"the directory of the MLflow store {path} does not exist", hint=fix)
+
+
+def _default_port(scheme: str) -> int:
+    return 5432 if scheme.startswith("postgresql") else 3306 if scheme.startswith("mysql") else 1433
+
+
+def client(uri: str) -> MlflowClient:
+    import logging
+    import os
+
+    # cascade prints its own progress; MLflow's download bars and table-creation notes are noise.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    from mlflow import MlflowClient
+
+    if not logging.getLogger("cascade_repro").isEnabledFor(logging.DEBUG):
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+    return MlflowClient(tracking_uri=uri)
+
+
+@dataclass(frozen=True)
+class OpenedRun:
+    run_id: str
+    experiment_id: str
+    artifact_uri: str
+    attached: bool  # an existing run (MLFLOW_RUN_ID set by `mlflow run` or the user)
+
+
+def open_run(
+    mlflow: MlflowClient,
+    experiment: str,
+    artifact_root: str,
+    run_name: str | None,
+    tags: Mapping[str, str],
+    start_ms: int,
+    existing_run_id: str | None = None,
+) -> OpenedRun:
+    try:
+        if existing_run_id:
+            run = mlflow.get_run(existing_run_id)
+            set_tags(mlflow, run.info.run_id, tags)
+            return OpenedRun(run.info.run_id, run.info.experiment_id, run.info.artifact_uri, True)
+        found = mlflow.get_experiment_by_name(experiment)
+        if found is None:
+            experiment_id = mlflow.create_experiment(experiment, artifact_location=artifact_root)
+        else:
+            experiment_id = found.experiment_id
+        run = mlflow.create_run(experiment_id, start_time=start_ms, tags=dict(tags), run_name=run_name)
+        return OpenedRun(run.info.run_id, experiment_id, run.info.artifact_uri, False)
+    except Exception as exc:  # MLflow raises many types (MlflowException, SQLAlchemy, requests)
+        raise StoreError(
+            f"cannot open a run in the MLflow store: {_first_line(exc)}",
+            hint="check MLFLOW_TRACKING_URI / tracking_uri in cascade.yaml and that the store is writable",
+        ) from exc
+
+
+def log_params(mlflow: MlflowClient, run_id: str, flat: Mapping[str, Any]) -> list[str]:
+    """Log flattened params in batches of 100; returns the keys whose values had to be truncated."""
+    from mlflow.entities import Param
+
+    truncated = []
+    items = []
+    for key, value in flat.items():
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        if len(text) > MAX_PARAM_VALUE:
+            truncated.append(key)
+            text = text[: MAX_PARAM_VALUE - 3] + "..."
+        items.append(Param(_valid_key(key), text))
+    for batch in _chunks(items, MAX_PER_BATCH):
+        mlflow.log_batch(run_id, params=batch)
+    return truncated
+
+
+def set_tags(mlflow: MlflowClient, run_id: str, tags: Mapping[str, Any]) -> None:
+    from mlflow.entities import RunTag
+
+    items = [RunTag(k, str(v)[:MAX_TAG_VALUE]) for k, v in tags.items() if v is not None]
+    for batch in _chunks(items, MAX_PER_BATCH):
+        mlflow.log_batch(run_id, tags=batch)
+
+
+def log_metric_points(mlflow: MlflowClient, run_id: str, points: Iterable[tuple[str, float, int, int]]) -> int:
+    """(key, value, timestamp_ms, step) points in batches of ≤ 1000; returns the request count."""
+    from mlflow.entities import Metric
+
+    requests = 0
+    metrics = [Metric(_valid_key(k), v, ts, step) for k, v, ts, step in points]
+    for batch in _chunks(metrics, MAX_METRICS_PER_BATCH):
+        mlflow.log_batch(run_id, metrics=batch)
+        requests += 1
+    return requests
+
+
+def log_json(mlflow: MlflowClient, run_id: str, data: Any, artifact_file: str) -> None:
+    mlflow.log_text(run_id, json.dumps(data, indent=2, sort_keys=True, default=str), artifact_file)
+
+
+def log_file(mlflow: MlflowClient, run_id: str, path: Path, artifact_dir: str) -> None:
+    mlflow.log_artifact(run_id, str(path), artifact_dir)
+
+
+def log_dir(mlflow: MlflowClient, run_id: str, path: Path, artifact_dir: str) -> None:
+    mlflow.log_artifacts(run_id, str(path), artifact_dir)
+
+
+def finish_run(mlflow: MlflowClient, run_id: str, status: str, end_ms: int) -> None:
+    mlflow.set_terminated(run_id, status=status, end_time=end_ms)
+
+
+def read_json_artifact(mlflow: MlflowClient, run_id: str, artifact_file: str) -> Any:
+    with tempfile.TemporaryDirectory(prefix="cascade-") as tmp:
+        try:
+            local = mlflow.download_artifacts(run_id, artifact_file, tmp)
+        except Exception as exc:
+            raise StoreError(f"run {run_id} has no {artifact_file}: {_first_line(exc)}") from exc
+        return json.loads(Path(local).read_text(encoding="utf-8"))
+
+
+def search_runs(mlflow: MlflowClient, experiment: str | None, max_results: int = 1000) -> list[Run]:
+    try:
+        if experiment is None:
+            ids = [e.experiment_id for e in mlflow.search_experiments()]
+        else:
+            found = mlflow.get_experiment_by_name(experiment)
+            ids = [found.experiment_id] if found else []
+        if not ids:
+            return []
+        return list(mlflow.search_runs(ids, max_results=max_results, order_by=["attributes.start_time DESC"]))
+    except Exception as exc:
+        raise StoreError(f"cannot list runs: {_first_line(exc)}", hint="check the tracking URI") from exc
+
+
+def resolve_run(mlflow: MlflowClient, ref: str, experiment: str | None) -> Run:
+    """A run from its id, a unique id prefix, its run name, or its version tag."""
+    from mlflow.exceptions import MlflowException
+
+    if len(ref) == 32:
+        try:
+            return mlflow.get_run(ref)
+        except MlflowException:
+            pass
+    runs = search_runs(mlflow, None)
+    exact = [r for r in runs if ref in (r.info.run_name, r.data.tags.get("cascade.version"))]
+    prefixed = [r for r in runs if r.info.run_id.startswith(ref)] if len(ref) >= 4 else []
+    for matches in (exact, prefixed):
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            preferred = [r for r in matches if experiment is None or _experiment_name(mlflow, r) == experiment]
+            if len(preferred) == 1:
+                return preferred[0]
+            ids = ", ".join(r.info.run_id[:12] for r in matches[:5])
+            raise RunNotFound(f"{ref!r} matches several runs: {ids}", hint="use more of the run id")
+    names = {r.info.run_id: r.info.run_id for r in runs}
+    names.update({r.info.run_name: r.info.run_id for r in runs if r.info.run_name})
+    names.update({r.data.tags["cascade.version"]: r.info.run_id for r in runs if "cascade.version" in r.data.tags})
+    close = difflib.get_close_matches(ref, list(names), n=3, cutoff=0.4)
+    hint = f"did you mean {', '.join(close)}?" if close else "list runs with `cascade ls`"
+    raise RunNotFound(f"no run {ref!r} in the store", hint=hint)
+
+
+def _experiment_name(mlflow: MlflowClient, run: Run) -> str:
+    return str(mlflow.get_experiment(run.info.experiment_id).name)
+
+
+def _valid_key(key: str) -> str:
+    # MLflow allows alphanumerics, underscores, dashes, periods, spaces, slashes and colons.
+    return "".join(c if c.isalnum() or c in "_-. /:" else "_" for c in key) or "_"
+
+
+def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__

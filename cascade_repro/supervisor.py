@@ -1,0 +1,127 @@
+"""Run the child process: stream its output live and to a log, forward signals, report how it ended."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import IO, Mapping, Sequence
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class ChildExit:
+    exit_code: int  # shell convention: 128 + N when killed by signal N
+    signal_received: int | None  # a signal the parent got (Ctrl-C, SIGTERM) while the child ran
+    killed_by_signal: int | None  # the signal that ended the child, if any
+
+
+class Child:
+    """The training process. Output goes to the terminal as it comes and to `log_path`."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> None:
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in wait()
+        self._log_lock = threading.Lock()
+        self.started_at = time.time()
+        self.process = subprocess.Popen(
+            list(argv), env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        self._pumps = [
+            threading.Thread(target=self._pump, args=(self.process.stdout, sys.stdout), daemon=True),
+            threading.Thread(target=self._pump, args=(self.process.stderr, sys.stderr), daemon=True),
+        ]
+        for pump in self._pumps:
+            pump.start()
+        self._received: int | None = None
+        self._signal_count = 0
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def wait(self) -> ChildExit:
+        """Wait for the child, forwarding Ctrl-C/SIGTERM/SIGHUP so it can unwind and flush.
+
+        A terminal's Ctrl-C reaches both processes; the child's bootstrap ignores a repeat within a
+        second, so forwarding is always safe. The third signal kills the child outright.
+        """
+        previous = {sig: signal.getsignal(sig) for sig in FORWARDED}
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        if in_main_thread:
+            for sig in FORWARDED:
+                signal.signal(sig, self._forward)
+        try:
+            while True:
+                try:
+                    code = self.process.wait(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        finally:
+            if in_main_thread:
+                for sig in FORWARDED:
+                    # While the record is finished, signals only warn: nothing may be cut short.
+                    signal.signal(sig, _finishing)
+                self._restore = previous
+        for pump in self._pumps:
+            pump.join(timeout=10)
+        self._log.close()
+        killed = -code if code < 0 else None
+        return ChildExit(128 + killed if killed else code, self._received, killed)
+
+    def restore_signals(self) -> None:
+        for sig, handler in getattr(self, "_restore", {}).items():
+            signal.signal(sig, handler)
+
+    def terminate(self, timeout_s: float = 10.0) -> None:
+        """Stop the child (used when the run cannot be recorded at all)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+    def _forward(self, signum: int, frame: FrameType | None) -> None:
+        self._received = self._received or signum
+        self._signal_count += 1
+        if self.process.poll() is not None:
+            return
+        if self._signal_count >= 3:
+            self.process.kill()
+            return
+        self.process.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+
+    def _pump(self, source: IO[bytes] | None, sink: IO[str]) -> None:
+        if source is None:
+            return
+        fd = source.fileno()
+        target = getattr(sink, "buffer", None)
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            with self._log_lock:
+                self._log.write(chunk)
+                self._log.flush()
+            if target is not None:
+                try:
+                    target.write(chunk)
+                    target.flush()
+                except (OSError, ValueError):
+                    target = None  # the terminal went away; the log still gets everything
+        source.close()
+
+
+def _finishing(signum: int, frame: FrameType | None) -> None:
+    sys.stderr.write("cascade: finishing the run record, one moment...\n")

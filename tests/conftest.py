@@ -1,0 +1,111 @@
+"""Shared fixtures: an isolated HOME/git config/environment, and real tmp git projects."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "func" / "scripts"
+CASCADE = [sys.executable, "-m", "cascade_repro.cli"]
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No test sees the developer's HOME, git identity, MLflow or cascade settings."""
+    home = tmp_path_factory.mktemp("home")
+    for name in list(os.environ):
+        if name.startswith(("MLFLOW_", "CASCADE_")):
+            monkeypatch.delenv(name)
+    gitconfig = home / ".gitconfig"
+    gitconfig.write_text("[user]\n\tname = Test\n\temail = test@example.com\n[init]\n\tdefaultBranch = main\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(gitconfig))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    return home
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout
+
+
+@dataclass
+class Project:
+    """A real git repository with a training script, driven through the real `cascade` CLI."""
+
+    root: Path
+
+    def write(self, rel: str, content: str | bytes) -> Path:
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+        return path
+
+    def commit(self, message: str = "change") -> str:
+        git(self.root, "add", "-A")
+        git(self.root, "commit", "-qm", message)
+        return git(self.root, "rev-parse", "HEAD").strip()
+
+    def cascade(self, *args: str, env: dict[str, str] | None = None, check: bool = False,
+                timeout: float = 300) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        result = subprocess.run(
+            [*CASCADE, *args], cwd=self.root, capture_output=True, text=True, timeout=timeout,
+            env={**os.environ, **(env or {})},
+        )  # fmt: skip
+        if check and result.returncode != 0:
+            raise AssertionError(f"cascade {' '.join(args)} exited {result.returncode}:\n{result.stderr}")
+        return result
+
+    @property
+    def tracking_uri(self) -> str:
+        return f"sqlite:///{self.root / 'mlflow.db'}"
+
+    def client(self) -> Any:
+        from mlflow import MlflowClient
+
+        return MlflowClient(tracking_uri=self.tracking_uri)
+
+    def runs(self) -> list[Any]:
+        if not (self.root / "mlflow.db").exists():
+            return []
+        client = self.client()
+        experiments = client.search_experiments()
+        return list(client.search_runs([e.experiment_id for e in experiments])) if experiments else []
+
+    def only_run(self) -> Any:
+        runs = self.runs()
+        assert len(runs) == 1, f"expected one run, found {len(runs)}"
+        return runs[0]
+
+    def manifest(self, run_id: str) -> dict[str, Any]:
+        local = self.client().download_artifacts(run_id, "cascade/run.json", str(self.root / ".dl"))
+        data = json.loads(Path(local).read_text())
+        shutil.rmtree(self.root / ".dl")
+        return data
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Project:
+    """A committed repo with tests/func/scripts/train.py as train.py and a hyperparameters.yaml."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    git(root, "init", "-q")
+    proj = Project(root)
+    proj.write("train.py", (SCRIPTS / "train.py").read_text())
+    proj.write(
+        "hyperparameters.yaml",
+        "seed: 3\nsteps: 20\noptimizer:\n  lr: 0.1\n  momentum: 0.9\nmodel:\n  hidden: 16\n",
+    )
+    proj.write(".gitignore", "mlflow.db\nmlruns/\n.cascade/\nout/\n")
+    proj.commit("initial")
+    return proj
