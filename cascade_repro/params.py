@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from cascade_repro.errors import UsageError
-from cascade_repro.yaml_io import read_yaml_mapping
+from cascade_repro.yaml_io import parse_yaml, read_yaml_mapping
 
 PARAMS_FILE = "hyperparameters.yaml"
 
@@ -55,7 +55,7 @@ def parse_assignment(text: str, option: str) -> tuple[str, Any]:
     if not sep or not key:
         raise UsageError(f"{option} expects KEY=VALUE, got {text!r}", hint=f"e.g. {option} optimizer.lr=1e-3")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = parse_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key, value

@@ -2,10 +2,34 @@
 
 from __future__ import annotations
 
+import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from cascade_repro.errors import ConfigError
+
+# YAML 1.1 (PyYAML) reads `1e-3` as a string; YAML 1.2 (DVC's ruamel, and every ML user) reads a
+# float. Floats are resolved the 1.2 way so `lr: 1e-3` and `--set lr=1e-3` are numbers.
+_FLOAT_12 = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
+
+
+@lru_cache(maxsize=1)
+def loader() -> Any:
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
+    return Loader
+
+
+def parse_yaml(text: str) -> Any:
+    """One YAML document, floats as in YAML 1.2."""
+    import yaml
+
+    return yaml.load(text, Loader=loader())  # noqa: S506 - a SafeLoader subclass
 
 
 def read_yaml_mapping(path: Path) -> dict[str, Any]:
@@ -17,7 +41,7 @@ def read_yaml_mapping(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        data = parse_yaml(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

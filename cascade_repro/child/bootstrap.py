@@ -76,7 +76,26 @@ def main(argv: list[str]) -> None:
 
     sys.argv = [script, *args]
     sys.path[0] = str(Path(script).resolve().parent)
-    runpy.run_path(script, run_name="__main__")
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except KeyboardInterrupt:
+        _die_of_sigint()
+
+
+def _die_of_sigint() -> None:
+    # What `python script.py` does on an uncaught Ctrl-C (CPython does not for `-m` modules):
+    # print the traceback, run atexit handlers (our flush), then die of SIGINT so the parent and
+    # shells see "killed by signal 2", exit status 130.
+    sys.excepthook(*sys.exc_info())  # type: ignore[arg-type]
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+    raise SystemExit(130)  # only reached if SIGINT is blocked
 
 
 def _wait_for_run_id(run_dir: Path) -> None:

@@ -83,8 +83,8 @@ def _load_params() -> dict[str, Any]:
     script = Path(sys.argv[0]).resolve().parent if sys.argv and sys.argv[0] else Path.cwd()
     for candidate in (script / "hyperparameters.yaml", Path.cwd() / "hyperparameters.yaml"):
         if candidate.is_file():
-            import yaml
+            from cascade_repro.yaml_io import parse_yaml  # same float rules as `cascade run`
 
-            loaded = yaml.safe_load(candidate.read_text(encoding="utf-8")) or {}
+            loaded = parse_yaml(candidate.read_text(encoding="utf-8")) or {}
             return dict(loaded) if isinstance(loaded, dict) else {}
     return {}

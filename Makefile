@@ -1,0 +1,35 @@
+# cascade: `make demo` (venv, install, a real recorded run of the example) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build for development and CI; the package itself accepts a range (see pyproject.toml).
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: install demo test test-fast lint bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q "$(TORCH_PIN)"
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+demo: install
+	PATH="$(abspath $(BIN)):$$PATH" bash scripts/demo.sh
+
+test: install
+	$(BIN)/python -m pytest
+
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow"
+
+lint: install
+	$(BIN)/ruff check cascade_repro tests benchmarks
+	$(BIN)/mypy cascade_repro
+
+bench: install
+	PATH="$(abspath $(BIN)):$$PATH" bash benchmarks/run_all.sh
+
+clean:
+	rm -rf $(VENV) .demo .cascade mlflow.db mlruns .pytest_cache

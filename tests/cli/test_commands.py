@@ -1,0 +1,82 @@
+"""`cascade init`, `ls`, `show` and import hygiene, through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import Project, git
+
+
+def test_init_is_idempotent_and_keeps_user_files(project: Project) -> None:
+    (project.root / "hyperparameters.yaml").write_text("seed: 9\nmine: true\n")
+    first = project.cascade("init", check=True)
+    assert "created  cascade.yaml" in first.stdout
+    assert "kept     hyperparameters.yaml" in first.stdout
+    assert (project.root / ".dvc" / "config").is_file()
+    config_local = (project.root / ".dvc" / "config.local").read_text()
+    assert "cascade-local" in config_local
+    assert "cascade-local" not in (project.root / ".dvc" / "config").read_text()  # machine-specific path
+    (project.root / "cascade.yaml").write_text("experiment: custom\n")
+    gitignore = (project.root / ".gitignore").read_text()
+
+    second = project.cascade("init", check=True)
+    assert "kept     cascade.yaml" in second.stdout
+    assert (project.root / "cascade.yaml").read_text() == "experiment: custom\n"
+    assert (project.root / "hyperparameters.yaml").read_text() == "seed: 9\nmine: true\n"
+    assert (project.root / ".gitignore").read_text() == gitignore  # no duplicate entries
+    for entry in ("mlflow.db", "mlruns/", ".cascade/", "/checkpoints/"):
+        assert gitignore.splitlines().count(entry) <= 1
+        assert entry.rstrip("/").lstrip("/") in gitignore
+
+
+def test_init_outside_git(tmp_path) -> None:
+    result = Project(tmp_path).cascade("init")
+    assert result.returncode == 1 and "not inside a git repository" in result.stderr
+
+
+@pytest.mark.slow
+def test_ls_and_show_json_match_the_store(project: Project) -> None:
+    project.cascade("run", "--name", "alpha", "train.py", check=True)
+    project.cascade("run", "--name", "beta", "--set", "optimizer.lr=0.01", "train.py", check=True)
+    listed = json.loads(project.cascade("ls", "--json", check=True).stdout)
+    assert listed["schema"] == "cascade.cli/1"
+    runs = {r["name"]: r for r in listed["data"]}
+    assert set(runs) == {"alpha", "beta"}
+    head = git(project.root, "rev-parse", "HEAD").strip()
+    assert runs["beta"]["commit"] == head and runs["beta"]["status"] == "FINISHED"
+    assert runs["beta"]["metrics"]["loss"] == project.client().get_run(runs["beta"]["run_id"]).data.metrics["loss"]
+    assert runs["alpha"]["dirty"] is False
+
+    shown = json.loads(project.cascade("show", "beta", "--json", check=True).stdout)["data"]
+    assert shown["manifest"]["run_id"] == runs["beta"]["run_id"]
+    assert shown["manifest"]["params"]["values"]["optimizer"]["lr"] == 0.01
+    by_prefix = json.loads(project.cascade("show", runs["alpha"]["run_id"][:8], "--json", check=True).stdout)
+    assert by_prefix["data"]["manifest"]["command"]["run_name"] == "alpha"
+
+    table = project.cascade("ls", check=True).stdout
+    assert runs["alpha"]["run_id"][:12] in table and "alpha" in table and head[:10] in table
+    human = project.cascade("show", "alpha", check=True).stdout
+    assert head in human and "optimizer.lr" in human and "seed" in human
+
+
+def test_imports_load_no_heavy_module() -> None:
+    """A script's `import cascade_repro`, the CLI and the child bootstrap stay light."""
+    code = (
+        "import sys, cascade_repro, cascade_repro.cli, cascade_repro.child.bootstrap\n"
+        "heavy = {'mlflow', 'dvc', 'git', 'docker', 'torch', 'sqlalchemy', 'rich'}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_help_names_every_command() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "cascade_repro.cli", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for command in ("init", "run", "ls", "show"):
+        assert f"  {command}" in out

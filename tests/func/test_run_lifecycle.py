@@ -1,0 +1,101 @@
+"""How runs end: crash, exit codes, Ctrl-C and SIGTERM keep what was recorded; metrics batching."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import CASCADE, Project
+
+pytestmark = pytest.mark.slow
+
+
+def _loss_steps(project: Project, run_id: str) -> list[int]:
+    return sorted(m.step for m in project.client().get_metric_history(run_id, "loss"))
+
+
+def test_crash_is_failed_with_metrics_before_it(project: Project) -> None:
+    result = project.cascade("run", "train.py", "--crash")
+    assert result.returncode == 1  # what `python train.py --crash` exits with
+    assert "boom at half time" in result.stderr  # the traceback streamed through
+    run = project.only_run()
+    assert run.info.status == "FAILED"
+    assert _loss_steps(project, run.info.run_id) == list(range(11))  # steps 0..10 logged before the raise
+    manifest = project.manifest(run.info.run_id)
+    assert manifest["outcome"]["status"] == "FAILED"
+    assert manifest["outcome"]["error"] == {"type": "RuntimeError", "message": "boom at half time"}
+    assert manifest["outcome"]["exit_code"] == 1
+
+
+def test_exit_code_is_the_scripts(project: Project) -> None:
+    result = project.cascade("run", "train.py", "--exit", "7")
+    assert result.returncode == 7
+    run = project.only_run()
+    assert run.info.status == "FAILED"
+    assert project.manifest(run.info.run_id)["outcome"]["exit_code"] == 7
+
+
+@pytest.mark.parametrize(
+    ("sig", "exit_code", "to_group"),
+    [(signal.SIGINT, 130, True), (signal.SIGINT, 130, False), (signal.SIGTERM, 143, False)],
+    ids=["ctrl-c-terminal", "sigint-parent-only", "sigterm-parent"],
+)
+def test_signal_is_killed_with_everything_recorded(project: Project, sig: int, exit_code: int, to_group: bool) -> None:
+    """Ctrl-C at a terminal reaches the whole process group; kill(1) reaches only the parent."""
+    process = subprocess.Popen(
+        [*CASCADE, "run", "train.py", "--hang"], cwd=project.root, env=dict(os.environ),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    ready = project.root / "out" / "ready"
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "script never got ready"
+        time.sleep(0.1)
+    time.sleep(1.0)  # let the parent open the run and write the manifest
+    if to_group:
+        os.killpg(process.pid, sig)
+    else:
+        process.send_signal(sig)
+    _, stderr = process.communicate(timeout=120)
+
+    assert process.returncode == exit_code, stderr
+    run = project.only_run()
+    assert run.info.status == "KILLED"
+    assert _loss_steps(project, run.info.run_id) == list(range(20))
+    manifest = project.manifest(run.info.run_id)
+    assert manifest["outcome"]["status"] == "KILLED"
+    assert manifest["outcome"]["signal"] == sig
+    assert manifest["git"]["commit"]  # the capture made before the signal is kept
+
+
+def test_script_mlflow_calls_land_in_the_same_run(project: Project) -> None:
+    project.cascade("run", "train.py", "--mlflow", check=True)
+    seen = json.loads((project.root / "out/seen.json").read_text())
+    run = project.only_run()  # exactly one run: mlflow.log_* did not start another
+    assert run.data.metrics["from_mlflow"] == 42.0
+    assert run.data.params["from_mlflow_param"] == "yes"
+    assert run.data.metrics["loss"] > 0
+    assert seen["mlflow_tracking_uri"] == f"sqlite:///{project.root / 'mlflow.db'}"
+    assert run.info.status == "FINISHED"
+
+
+def test_metrics_are_written_in_batches_of_at_most_1000(project: Project) -> None:
+    project.write("cascade.yaml", "metrics_flush_s: 600\n")  # only full batches, then the rest at exit
+    project.commit("slow flush")
+    project.cascade("run", "train.py", "--points", "2500", check=True)
+    run = project.only_run()
+    manifest = project.manifest(run.info.run_id)
+    history = project.client().get_metric_history(run.info.run_id, "extra")
+    assert sorted((m.step, m.value) for m in history) == [(i, float(i)) for i in range(2500)]
+    points = manifest["metrics"]["points"]
+    assert points == 2500 + 2 * 20 + 1  # extra + loss and lr per step + the peak-RSS figure
+    assert manifest["metrics"]["requests"] == math.ceil(points / 1000)
+    assert manifest["metrics"]["keys"]["extra"] == {"count": 2500, "last": 2499.0, "min": 0.0, "max": 2499.0}
+    assert run.data.metrics["cascade.peak_rss_mb"] > 10
