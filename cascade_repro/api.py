@@ -91,14 +91,15 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
 def _invocation_options(request: RunRequest) -> list[str]:
     options: list[str] = []
     for flag, values in (("--set", request.sets), ("--add", request.adds)):
-        for value in values:
-            options += [flag, value]
-    for flag, value in (
+        for assignment in values:
+            options += [flag, assignment]
+    single: tuple[tuple[str, str | None], ...] = (
         ("--params", request.params_file),
         ("--seed", request.seed),
         ("--deterministic", request.determinism),
         ("--name", request.run_name),
-    ):
+    )
+    for flag, value in single:
         if value is not None:
             options += [flag, value]
     return options
@@ -179,7 +180,9 @@ def show_run(ref: str, cwd: Path | None = None) -> RunRecord:
     client = mlflow_store.client(settings.tracking_uri)
     run = mlflow_store.resolve_run(client, ref, settings.experiment)
     manifest = Manifest.from_dict(mlflow_store.read_json_artifact(client, run.info.run_id, ARTIFACT_PATH))
-    return RunRecord(manifest, run.info.status, dict(run.data.metrics), dict(run.data.tags), run.info.artifact_uri)
+    return RunRecord(
+        manifest, run.info.status, dict(run.data.metrics), dict(run.data.tags), run.info.artifact_uri
+    )
 
 
 def command_line(manifest: Manifest) -> str:

@@ -229,7 +229,9 @@ class _Recording:
         git: GitState = captured["git"]
         truncated = mlflow_store.log_params(self.mlflow, run_id, self._flat_params())
         if truncated:
-            self.warnings.append(f"param values truncated to MLflow's 6000 characters: {', '.join(truncated)}")
+            self.warnings.append(
+                f"param values truncated to MLflow's 6000 characters: {', '.join(truncated)}"
+            )
         mlflow_store.set_tags(self.mlflow, run_id, {"cascade.dirty": str(git.dirty).lower()})
         self._log_dirty_state(git)
         self.manifest = self._manifest(captured, facts={})
@@ -393,7 +395,11 @@ def _empty_capture() -> dict[str, Any]:
 def _status(ended: ChildExit) -> str:
     if ended.exit_code == 0 and ended.signal_received is None:
         return "FINISHED"
-    if ended.signal_received is not None or ended.killed_by_signal is not None or ended.exit_code in (130, 143):
+    if (
+        ended.signal_received is not None
+        or ended.killed_by_signal is not None
+        or ended.exit_code in (130, 143)
+    ):
         return "KILLED"
     return "FAILED"
 

@@ -58,7 +58,9 @@ def init_result(result: InitResult) -> None:
 def run_result(result: RunResult) -> None:
     outcome = result.manifest.outcome or {}
     duration = outcome.get("duration_s")
-    metrics = {k: v for k, v in result.manifest.metrics.get("keys", {}).items() if not k.startswith("cascade.")}
+    metrics = {
+        k: v for k, v in result.manifest.metrics.get("keys", {}).items() if not k.startswith("cascade.")
+    }
     shown = ", ".join(f"{k}={_num(v['last'])}" for k, v in list(metrics.items())[:4])
     notice(
         f"run {result.run_id} {result.status} in {duration:.1f}s (exit {result.exit_code})"
@@ -66,7 +68,9 @@ def run_result(result: RunResult) -> None:
     )
     for warning in result.warnings:
         notice(f"warning: {warning}")
-    notice(f"see it: cascade show {result.run_id[:8]}  ·  mlflow ui --backend-store-uri {result.tracking_uri}")
+    notice(
+        f"see it: cascade show {result.run_id[:8]}  ·  mlflow ui --backend-store-uri {result.tracking_uri}"
+    )
 
 
 def run_list(runs: list[RunSummary]) -> None:
@@ -142,7 +146,9 @@ def run_record(record: RunRecord) -> None:
         for column in ("key", "last", "min", "max", "points"):
             metrics.add_column(column)
         for key, stats in summary.items():
-            metrics.add_row(key, _num(stats["last"]), _num(stats["min"]), _num(stats["max"]), str(stats["count"]))
+            metrics.add_row(
+                key, _num(stats["last"]), _num(stats["min"]), _num(stats["max"]), str(stats["count"])
+            )
         console.print(metrics)
 
 

@@ -45,7 +45,8 @@ class GitState:
             if self.patch
             else None,
             "untracked": [
-                {k: v for k, v in vars(u).items() if v is not None or k in ("stored",)} for u in self.untracked
+                {k: v for k, v in vars(u).items() if v is not None or k in ("stored",)}
+                for u in self.untracked
             ],
         }
 
@@ -60,7 +61,13 @@ def git(root: Path, *args: str, binary: bool = False) -> bytes:
 
 def head_commit(root: Path) -> str:
     """HEAD's commit; a repository with no commit yet cannot be recorded."""
-    out = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD^{commit}"], cwd=root, capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        ["git", "rev-parse", "--verify", "-q", "HEAD^{commit}"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if out.returncode != 0:
         raise NotAGitRepository(
             f"the git repository at {root} has no commit yet",
@@ -81,7 +88,9 @@ def capture_git(root: Path, exclude: tuple[str, ...], max_untracked_bytes: int) 
     commit = head_commit(root)
     branch = git(root, "rev-parse", "--abbrev-ref", "HEAD").decode().strip()
     # --binary (implies --full-index) makes binary changes round-trip through `git apply`.
-    patch = git(root, "diff", "HEAD", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames")
+    patch = git(
+        root, "diff", "HEAD", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames"
+    )
     listed = git(root, "ls-files", "--others", "--exclude-standard", "-z").decode("utf-8", "surrogateescape")
     untracked = tuple(
         _untracked(root, rel, max_untracked_bytes)
@@ -121,8 +130,8 @@ def _untracked(root: Path, rel: str, max_bytes: int) -> UntrackedFile:
     path = root / rel
     if path.is_symlink():
         target = os.readlink(path)
-        digest = hashlib.sha256(target.encode("utf-8", "surrogateescape")).hexdigest()
-        return UntrackedFile(rel, len(target), digest, stored=True, symlink_target=target)
+        link_digest = hashlib.sha256(target.encode("utf-8", "surrogateescape")).hexdigest()
+        return UntrackedFile(rel, len(target), link_digest, stored=True, symlink_target=target)
     size = path.stat().st_size
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

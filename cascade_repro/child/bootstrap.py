@@ -86,7 +86,7 @@ def _die_of_sigint() -> None:
     # What `python script.py` does on an uncaught Ctrl-C (CPython does not for `-m` modules):
     # print the traceback, run atexit handlers (our flush), then die of SIGINT so the parent and
     # shells see "killed by signal 2", exit status 130.
-    sys.excepthook(*sys.exc_info())  # type: ignore[arg-type]
+    sys.excepthook(*sys.exc_info())
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -31,9 +31,7 @@ def torch_stack(torch: ModuleType) -> dict[str, Any]:
         "cuda": _safe(lambda: torch.version.cuda),
         "hip": _safe(lambda: torch.version.hip),
         "cudnn": _safe(lambda: torch.backends.cudnn.version()) if cuda_available else None,
-        "nccl": _safe(lambda: ".".join(map(str, torch.cuda.nccl.version())))
-        if cuda_available
-        else None,
+        "nccl": _safe(lambda: ".".join(map(str, torch.cuda.nccl.version()))) if cuda_available else None,
         "cuda_available": cuda_available,
         "cpu_capability": _safe(lambda: torch.backends.cpu.get_cpu_capability()),
         "num_threads": _safe(torch.get_num_threads),

@@ -85,7 +85,10 @@ class MetricsWriter:
                     if sampled:
                         now = int(time.time() * 1000)
                         self._queue([(k, v, now, 0) for k, v in sampled.items()])
-                due = self._pending_since is not None and time.monotonic() - self._pending_since >= self._flush_s
+                due = (
+                    self._pending_since is not None
+                    and time.monotonic() - self._pending_since >= self._flush_s
+                )
                 while len(self._pending) >= mlflow_store.MAX_METRICS_PER_BATCH or (due and self._pending):
                     self._write(limit=mlflow_store.MAX_METRICS_PER_BATCH)
                     due = False

@@ -139,7 +139,9 @@ def set_tags(mlflow: MlflowClient, run_id: str, tags: Mapping[str, Any]) -> None
         mlflow.log_batch(run_id, tags=batch)
 
 
-def log_metric_points(mlflow: MlflowClient, run_id: str, points: Iterable[tuple[str, float, int, int]]) -> int:
+def log_metric_points(
+    mlflow: MlflowClient, run_id: str, points: Iterable[tuple[str, float, int, int]]
+) -> int:
     """(key, value, timestamp_ms, step) points in batches of ≤ 1000; returns the request count."""
     from mlflow.entities import Metric
 
@@ -206,14 +208,18 @@ def resolve_run(mlflow: MlflowClient, ref: str, experiment: str | None) -> Run:
         if len(matches) == 1:
             return matches[0]
         if len(matches) > 1:
-            preferred = [r for r in matches if experiment is None or _experiment_name(mlflow, r) == experiment]
+            preferred = [
+                r for r in matches if experiment is None or _experiment_name(mlflow, r) == experiment
+            ]
             if len(preferred) == 1:
                 return preferred[0]
             ids = ", ".join(r.info.run_id[:12] for r in matches[:5])
             raise RunNotFound(f"{ref!r} matches several runs: {ids}", hint="use more of the run id")
     names = {r.info.run_id: r.info.run_id for r in runs}
     names.update({r.info.run_name: r.info.run_id for r in runs if r.info.run_name})
-    names.update({r.data.tags["cascade.version"]: r.info.run_id for r in runs if "cascade.version" in r.data.tags})
+    names.update(
+        {r.data.tags["cascade.version"]: r.info.run_id for r in runs if "cascade.version" in r.data.tags}
+    )
     close = difflib.get_close_matches(ref, list(names), n=3, cutoff=0.4)
     hint = f"did you mean {', '.join(close)}?" if close else "list runs with `cascade ls`"
     raise RunNotFound(f"no run {ref!r} in the store", hint=hint)

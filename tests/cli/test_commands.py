@@ -48,7 +48,10 @@ def test_ls_and_show_json_match_the_store(project: Project) -> None:
     assert set(runs) == {"alpha", "beta"}
     head = git(project.root, "rev-parse", "HEAD").strip()
     assert runs["beta"]["commit"] == head and runs["beta"]["status"] == "FINISHED"
-    assert runs["beta"]["metrics"]["loss"] == project.client().get_run(runs["beta"]["run_id"]).data.metrics["loss"]
+    assert (
+        runs["beta"]["metrics"]["loss"]
+        == project.client().get_run(runs["beta"]["run_id"]).data.metrics["loss"]
+    )
     assert runs["alpha"]["dirty"] is False
 
     shown = json.loads(project.cascade("show", "beta", "--json", check=True).stdout)["data"]

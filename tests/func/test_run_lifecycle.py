@@ -46,7 +46,9 @@ def test_exit_code_is_the_scripts(project: Project) -> None:
     [(signal.SIGINT, 130, True), (signal.SIGINT, 130, False), (signal.SIGTERM, 143, False)],
     ids=["ctrl-c-terminal", "sigint-parent-only", "sigterm-parent"],
 )
-def test_signal_is_killed_with_everything_recorded(project: Project, sig: int, exit_code: int, to_group: bool) -> None:
+def test_signal_is_killed_with_everything_recorded(
+    project: Project, sig: int, exit_code: int, to_group: bool
+) -> None:
     """Ctrl-C at a terminal reaches the whole process group; kill(1) reaches only the parent."""
     process = subprocess.Popen(
         [*CASCADE, "run", "train.py", "--hang"], cwd=project.root, env=dict(os.environ),

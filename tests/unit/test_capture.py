@@ -10,8 +10,8 @@ import pytest
 from cascade_repro.capture.environment import REDACTED, capture_environment, looks_secret
 from cascade_repro.capture.git import strip_credentials
 from cascade_repro.capture.packages import capture_packages, normalize
-from cascade_repro.manifest import Manifest
 from cascade_repro.errors import CascadeError
+from cascade_repro.manifest import Manifest
 from cascade_repro.settings import load_settings, resolve_tracking_uri
 
 
@@ -71,12 +71,19 @@ def test_editable_and_direct_origins_are_read(tmp_path: Path) -> None:
     (site / "legacy-2.0-py3.11.egg-info").mkdir()
     packages = capture_packages([str(site)])
     assert packages["mypkg"] == {"version": "1.2.3", "origin": "editable", "url": "file:///src/mypkg"}
-    assert packages["other-pkg"] == {"version": "0.1", "origin": "git", "url": "https://github.com/o/p", "commit": "abc"}
+    assert packages["other-pkg"] == {
+        "version": "0.1",
+        "origin": "git",
+        "url": "https://github.com/o/p",
+        "commit": "abc",
+    }
     assert packages["legacy"]["version"] == "2.0"
 
 
 def test_tracking_uri_resolution(tmp_path: Path) -> None:
-    assert resolve_tracking_uri("sqlite:///mlflow.db", tmp_path) == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    assert (
+        resolve_tracking_uri("sqlite:///mlflow.db", tmp_path) == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    )
     assert resolve_tracking_uri("sqlite:////abs/m.db", tmp_path) == "sqlite:////abs/m.db"
     assert resolve_tracking_uri("http://h:5000", tmp_path) == "http://h:5000"
     settings = load_settings(tmp_path, {"MLFLOW_TRACKING_URI": "http://x:1"})
@@ -94,8 +101,8 @@ def test_unknown_setting_is_refused(tmp_path: Path) -> None:
 
 def test_manifest_round_trip_and_newer_schema() -> None:
     manifest = Manifest(
-        run_id="r", experiment="e", cascade_version="0", command={"script": "t.py"}, params={}, determinism={},
-        git={}, python={}, torch={}, hardware={}, environment={}, container={},
+        run_id="r", experiment="e", cascade_version="0", command={"script": "t.py"}, params={},
+        determinism={}, git={}, python={}, torch={}, hardware={}, environment={}, container={},
     )  # fmt: skip
     data = json.loads(json.dumps(manifest.to_dict()))
     assert Manifest.from_dict(data) == manifest
@@ -105,7 +112,9 @@ def test_manifest_round_trip_and_newer_schema() -> None:
         Manifest.from_dict({"run_id": "x"})
 
 
-def test_import_hook_keeps_loader_class_and_calls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_import_hook_keeps_loader_class_and_calls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from cascade_repro.child.hooks import ImportHooks
 
     (tmp_path / "hooked_mod.py").write_text("VALUE = 41\n")

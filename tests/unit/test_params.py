@@ -24,7 +24,12 @@ def test_overrides_are_typed_as_yaml(params_file: Path) -> None:
     assert resolved.values["epochs"] == 10
     assert resolved.values["name"] == "run 2"
     assert resolved.values["optimizer"]["betas"] == [0.5, 0.6]
-    assert resolved.overrides == {"optimizer.lr": 0.001, "epochs": 10, "name": "run 2", "optimizer.betas": [0.5, 0.6]}
+    assert resolved.overrides == {
+        "optimizer.lr": 0.001,
+        "epochs": 10,
+        "name": "run 2",
+        "optimizer.betas": [0.5, 0.6],
+    }
     assert resolved.source == "hyperparameters.yaml"
 
 
@@ -41,9 +46,7 @@ def test_add_below_a_scalar_is_refused(params_file: Path) -> None:
         resolve_params(params_file, params_file.parent, adds=["epochs.inner=1"])
 
 
-@pytest.mark.parametrize(
-    ("option", "seed", "source"), [(None, 5, "params"), ("9", 9, "option")]
-)
+@pytest.mark.parametrize(("option", "seed", "source"), [(None, 5, "params"), ("9", 9, "option")])
 def test_seed_sources(params_file: Path, option: str | None, seed: int, source: str) -> None:
     resolved = resolve_params(params_file, params_file.parent, seed=option)
     assert (resolved.seed, resolved.seed_source, resolved.values["seed"]) == (seed, source, seed)
