@@ -168,7 +168,7 @@ def list_command(ctx: click.Context, all_experiments: bool, limit: int, as_json:
         if as_json:
             render.emit_json("ls", [r.to_dict() for r in runs])
         else:
-            render.run_list(runs)
+            render.run_list(runs, show_experiment=all_experiments)
 
     _guard(body, ctx)
 

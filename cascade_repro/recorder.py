@@ -224,14 +224,12 @@ class _Recording:
             flush_s=plan.settings.metrics_flush_s,
             sample=self._sample_memory,
         ).start()
-        self.notify(f"run {run_id} · experiment {plan.settings.experiment} · {plan.settings.tracking_uri}")
+        self.notify(f"run {run_id} · experiment {self.opened.experiment} · {plan.settings.tracking_uri}")
         captured = self.capture.value()
         git: GitState = captured["git"]
-        truncated = mlflow_store.log_params(self.mlflow, run_id, self._flat_params())
-        if truncated:
-            self.warnings.append(
-                f"param values truncated to MLflow's 6000 characters: {', '.join(truncated)}"
-            )
+        self.warnings += mlflow_store.log_params(
+            self.mlflow, run_id, self._flat_params(), existing=self.opened.existing_params
+        )
         mlflow_store.set_tags(self.mlflow, run_id, {"cascade.dirty": str(git.dirty).lower()})
         self._log_dirty_state(git)
         self.manifest = self._manifest(captured, facts={})
@@ -274,7 +272,7 @@ class _Recording:
         mlflow_store.finish_run(self.mlflow, run_id, status, end_ms)
         shutil.rmtree(self.run_dir, ignore_errors=True)
         return RunResult(
-            run_id, status, ended.exit_code, self.plan.settings.tracking_uri, self.plan.settings.experiment,
+            run_id, status, ended.exit_code, self.plan.settings.tracking_uri, self.opened.experiment,
             manifest, tuple(self.warnings),
         )  # fmt: skip
 
@@ -347,7 +345,7 @@ class _Recording:
         determinism = facts.get("determinism") or {"mode": plan.determinism}
         return Manifest(
             run_id=self.opened.run_id,
-            experiment=plan.settings.experiment,
+            experiment=self.opened.experiment,
             cascade_version=__version__,
             command={
                 "script": plan.script_rel,

@@ -73,15 +73,17 @@ def run_result(result: RunResult) -> None:
     )
 
 
-def run_list(runs: list[RunSummary]) -> None:
+def run_list(runs: list[RunSummary], show_experiment: bool = False) -> None:
     from rich.table import Table
 
     table = Table(box=None, header_style="bold")
-    for column in ("run", "name", "version", "status", "start", "duration", "commit", "metrics"):
+    columns = ("run", "name", "version", "status", "start", "duration", "commit", "metrics")
+    for column in ("experiment", *columns) if show_experiment else columns:
         table.add_column(column)
     for run in runs:
         commit = (run.commit or "")[:10] + ("+dirty" if run.dirty else "")
         table.add_row(
+            *((run.experiment,) if show_experiment else ()),
             run.run_id[:12],
             run.name or "",
             run.version or "",

@@ -82,8 +82,10 @@ def client(uri: str) -> MlflowClient:
 class OpenedRun:
     run_id: str
     experiment_id: str
+    experiment: str
     artifact_uri: str
     attached: bool  # an existing run (MLFLOW_RUN_ID set by `mlflow run` or the user)
+    existing_params: dict[str, str]
 
 
 def open_run(
@@ -99,14 +101,17 @@ def open_run(
         if existing_run_id:
             run = mlflow.get_run(existing_run_id)
             set_tags(mlflow, run.info.run_id, tags)
-            return OpenedRun(run.info.run_id, run.info.experiment_id, run.info.artifact_uri, True)
+            name = mlflow.get_experiment(run.info.experiment_id).name
+            return OpenedRun(
+                run.info.run_id, run.info.experiment_id, name, run.info.artifact_uri, True, dict(run.data.params)
+            )
         found = mlflow.get_experiment_by_name(experiment)
         if found is None:
             experiment_id = mlflow.create_experiment(experiment, artifact_location=artifact_root)
         else:
             experiment_id = found.experiment_id
         run = mlflow.create_run(experiment_id, start_time=start_ms, tags=dict(tags), run_name=run_name)
-        return OpenedRun(run.info.run_id, experiment_id, run.info.artifact_uri, False)
+        return OpenedRun(run.info.run_id, experiment_id, experiment, run.info.artifact_uri, False, {})
     except Exception as exc:  # MLflow raises many types (MlflowException, SQLAlchemy, requests)
         raise StoreError(
             f"cannot open a run in the MLflow store: {_first_line(exc)}",
@@ -114,21 +119,32 @@ def open_run(
         ) from exc
 
 
-def log_params(mlflow: MlflowClient, run_id: str, flat: Mapping[str, Any]) -> list[str]:
-    """Log flattened params in batches of 100; returns the keys whose values had to be truncated."""
+def log_params(
+    mlflow: MlflowClient, run_id: str, flat: Mapping[str, Any], existing: Mapping[str, str] | None = None
+) -> list[str]:
+    """Log flattened params in batches of 100; returns warnings (truncated values, conflicts).
+
+    MLflow refuses to change a logged param, so on a run someone else opened (`mlflow run`), a
+    key already logged with another value is left as it is and reported; the manifest has ours.
+    """
     from mlflow.entities import Param
 
-    truncated = []
+    warnings = []
     items = []
     for key, value in flat.items():
+        name = _valid_key(key)
         text = value if isinstance(value, str) else json.dumps(value, default=str)
         if len(text) > MAX_PARAM_VALUE:
-            truncated.append(key)
+            warnings.append(f"param {key} truncated to MLflow's {MAX_PARAM_VALUE} characters")
             text = text[: MAX_PARAM_VALUE - 3] + "..."
-        items.append(Param(_valid_key(key), text))
+        if existing and name in existing:
+            if existing[name] != text:
+                warnings.append(f"param {key}={text} not logged: the run already has {key}={existing[name]}")
+            continue
+        items.append(Param(name, text))
     for batch in _chunks(items, MAX_PER_BATCH):
         mlflow.log_batch(run_id, params=batch)
-    return truncated
+    return warnings
 
 
 def set_tags(mlflow: MlflowClient, run_id: str, tags: Mapping[str, Any]) -> None:
