@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 from dataclasses import dataclass, replace
@@ -16,6 +17,8 @@ from cascade_repro.project import InitResult, find_repo_root, init_project
 from cascade_repro.recorder import Notify, RunPlan, RunResult, own_paths, record_run
 from cascade_repro.settings import Settings, load_settings
 from cascade_repro.store import mlflow_store
+
+log = logging.getLogger(__name__)
 
 
 def init(cwd: Path | None = None) -> InitResult:
@@ -70,6 +73,13 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
             )
     params_file = find_params_file(root, script, request.params_file, settings.params_file)
     resolved = resolve_params(params_file, root, request.sets, request.adds, request.seed)
+    log.debug("repo root %s, HEAD %s, settings %s", root, commit[:12], _settings_source(root, environ))
+    log.debug("params from %s; overrides %s", params_file or "(no params file)", resolved.overrides or "none")
+    log.debug("seed %d (from %s); determinism %s", resolved.seed, resolved.seed_source,
+              request.determinism or settings.determinism)  # fmt: skip
+    log.debug(
+        "store %s (%s), experiment %s", settings.tracking_uri, _store_source(environ), settings.experiment
+    )
     mlflow_store.probe_store(settings.tracking_uri)
     plan = RunPlan(
         settings=settings,
@@ -86,6 +96,19 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
         invocation=("cascade", "run", *_invocation_options(request), request.script, *request.args),
     )
     return record_run(plan, notify)
+
+
+def _settings_source(root: Path, environ: Mapping[str, str]) -> str:
+    overrides = sorted(k for k in environ if k.startswith("CASCADE_"))
+    base = "cascade.yaml" if (root / "cascade.yaml").is_file() else "defaults (no cascade.yaml)"
+    return base + (f" + {', '.join(overrides)}" if overrides else "")
+
+
+def _store_source(environ: Mapping[str, str]) -> str:
+    for name in ("MLFLOW_TRACKING_URI", "CASCADE_TRACKING_URI"):
+        if environ.get(name):
+            return f"from {name}"
+    return "from cascade.yaml or MLflow's default"
 
 
 def _invocation_options(request: RunRequest) -> list[str]:

@@ -107,6 +107,8 @@ def record_run(plan: RunPlan, notify: Notify) -> RunResult:
         plan.cwd,
         run_dir / protocol.OUTPUT_LOG,
     )
+    log.debug("child pid %d: %s %s (cwd %s)", child.pid, plan.script_rel, " ".join(plan.args), plan.cwd)
+    log.debug("child environment adds %s", {k: env[k] for k in sorted(set(env) - set(plan.environ))})
     capture = _Worker("cascade-capture", lambda: _capture(plan, env))
     capture.start()
     recording = _Recording(plan, run_dir, start_ms, child, capture, notify)
@@ -171,6 +173,8 @@ def _capture(plan: RunPlan, env: Mapping[str, str]) -> dict[str, Any]:
     python = capture_python()
     system = capture_system(env)
     environment = capture_environment(env, plan.settings.env_allow_prefixes)
+    for item in git.untracked:
+        log.debug("untracked %s: %d bytes, %s", item.path, item.size, "kept" if item.stored else item.reason)
     log.debug(
         "captured in %.0f ms: commit %s (%s), %d packages, %d env vars, %d untracked files",
         (time.perf_counter() - started) * 1000, git.commit[:12], "dirty" if git.dirty else "clean",

@@ -137,6 +137,7 @@ class MetricsWriter:
         try:
             self.requests += mlflow_store.log_metric_points(self._mlflow, self._run_id, batch)
             self.points += len(batch)
+            log.debug("wrote %d metric points in one request (%d so far)", len(batch), self.points)
         except Exception as exc:  # keep training; report at the end of the run
             message = f"MLflow refused {len(batch)} metric points: {exc}"
             log.warning(message)

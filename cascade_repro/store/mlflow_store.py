@@ -103,7 +103,12 @@ def open_run(
             set_tags(mlflow, run.info.run_id, tags)
             name = mlflow.get_experiment(run.info.experiment_id).name
             return OpenedRun(
-                run.info.run_id, run.info.experiment_id, name, run.info.artifact_uri, True, dict(run.data.params)
+                run.info.run_id,
+                run.info.experiment_id,
+                name,
+                run.info.artifact_uri,
+                True,
+                dict(run.data.params),
             )
         found = mlflow.get_experiment_by_name(experiment)
         if found is None:

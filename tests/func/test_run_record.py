@@ -156,3 +156,20 @@ def test_stock_mlflow_ui_tags(project: Project) -> None:
     assert run.info.artifact_uri.startswith((project.root / "mlruns").as_uri() + "/")
     log = project.client().download_artifacts(run.info.run_id, "cascade/output.log", str(project.root / ".o"))
     assert "trained 20 steps" in Path(log).read_text()
+
+
+def test_untracked_file_over_the_limit_is_named_not_kept(project: Project) -> None:
+    project.write("cascade.yaml", "untracked_max_bytes: 1000\n")
+    project.commit("small limit")
+    project.write("big.bin", b"\x01" * 5000)
+    project.write("small.txt", "ok\n")
+    result = project.cascade("run", "train.py", check=True)
+    run = project.only_run()
+    untracked = {u["path"]: u for u in project.manifest(run.info.run_id)["git"]["untracked"]}
+    assert untracked["big.bin"]["stored"] is False
+    assert untracked["big.bin"]["sha256"] == hashlib.sha256(b"\x01" * 5000).hexdigest()
+    assert "dvc add" in untracked["big.bin"]["reason"]
+    assert untracked["small.txt"]["stored"] is True
+    assert "big.bin" in result.stderr and "dvc add" in result.stderr
+    artifacts = {a.path for a in project.client().list_artifacts(run.info.run_id, "cascade/untracked")}
+    assert artifacts == {"cascade/untracked/small.txt"}
