@@ -72,7 +72,8 @@ class Child:
                 self._restore = previous
         for pump in self._pumps:
             pump.join(timeout=10)
-        self._log.close()
+        with self._log_lock:
+            self._log.close()
         killed = -code if code < 0 else None
         return ChildExit(128 + killed if killed else code, self._received, killed)
 
@@ -112,8 +113,9 @@ class Child:
             if not chunk:
                 break
             with self._log_lock:
-                self._log.write(chunk)
-                self._log.flush()
+                if not self._log.closed:  # a grandchild may hold the pipe after the child is gone
+                    self._log.write(chunk)
+                    self._log.flush()
             if target is not None:
                 try:
                     target.write(chunk)

@@ -12,6 +12,7 @@ import os
 import runpy
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from types import FrameType, ModuleType, TracebackType
@@ -21,6 +22,7 @@ from cascade_repro.child import protocol, seeding
 from cascade_repro.child.hooks import ImportHooks
 
 RUN_ID_WAIT_S = 300.0
+GPU_SAMPLE_S = 60.0
 
 
 class Facts:
@@ -57,6 +59,7 @@ def main(argv: list[str]) -> None:
         from cascade_repro.child.torch_probe import flags
 
         facts.update(determinism={"mode": mode, "applied": applied, "flags_at_start": flags(torch)})
+        _sample_gpu_memory(torch)
 
     def after_numpy(numpy: ModuleType) -> None:
         applied.update(seeding.on_numpy_import(numpy, seed))
@@ -96,6 +99,23 @@ def _die_of_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGINT)
     raise SystemExit(130)  # only reached if SIGINT is blocked
+
+
+def _sample_gpu_memory(torch: ModuleType, every_s: float = GPU_SAMPLE_S) -> None:
+    """On long runs, log peak GPU memory every minute (only once the script itself uses CUDA)."""
+    from cascade_repro.child import runtime
+    from cascade_repro.child.torch_probe import gpu_memory
+
+    def loop() -> None:
+        started = time.monotonic()
+        while True:
+            time.sleep(every_s)
+            figures = gpu_memory(torch)  # {} until CUDA is initialized; never initializes it
+            if figures:
+                step = int(time.monotonic() - started)
+                runtime.log_metrics({f"cascade.{k}": v for k, v in figures.items()}, step=step)
+
+    threading.Thread(target=loop, name="cascade-gpu-memory", daemon=True).start()
 
 
 def _wait_for_run_id(run_dir: Path) -> None:

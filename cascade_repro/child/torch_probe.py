@@ -71,7 +71,9 @@ def flags(torch: ModuleType) -> dict[str, Any]:
 
 def gpu_memory(torch: ModuleType) -> dict[str, float]:
     """Peak allocated/reserved memory per initialized CUDA device, in MiB."""
-    if not (_safe(torch.cuda.is_available) is True and _safe(torch.cuda.is_initialized) is True):
+    # is_initialized first: it reads a flag, while is_available() may start the CUDA driver,
+    # which would break CUDA in DataLoader workers forked later.
+    if not (_safe(torch.cuda.is_initialized) is True and _safe(torch.cuda.is_available) is True):
         return {}
     out: dict[str, float] = {}
     for index in range(torch.cuda.device_count()):
