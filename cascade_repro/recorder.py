@@ -41,6 +41,7 @@ from cascade_repro.supervisor import Child, ChildExit
 log = logging.getLogger(__name__)
 
 Notify = Callable[[str], None]
+PARENT_NICENESS = 10
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ def record_run(plan: RunPlan, notify: Notify) -> RunResult:
         plan.cwd,
         run_dir / protocol.OUTPUT_LOG,
     )
+    _yield_cpu_to_the_child()
     log.debug("child pid %d: %s %s (cwd %s)", child.pid, plan.script_rel, " ".join(plan.args), plan.cwd)
     log.debug("child environment adds %s", {k: env[k] for k in sorted(set(env) - set(plan.environ))})
     capture = _Worker("cascade-capture", lambda: _capture(plan, env))
@@ -131,6 +133,19 @@ def record_run(plan: RunPlan, notify: Notify) -> RunResult:
         return recording.finish(ended)
     finally:
         child.restore_signals()
+
+
+def _yield_cpu_to_the_child() -> None:
+    """Lower this (parent) process's priority once the child runs at the user's priority.
+
+    The parent's work (importing MLflow, writing batches) is bookkeeping: on a machine whose cores
+    the training already fills, it should take idle time, not the script's. It still gets a core
+    at full speed while the script imports its libraries (single-threaded).
+    """
+    try:
+        os.nice(PARENT_NICENESS)
+    except OSError:
+        pass
 
 
 def child_environment(plan: RunPlan, run_dir: Path) -> dict[str, str]:
