@@ -39,6 +39,7 @@ class RunRequest:
     run_name: str | None = None
     experiment: str | None = None
     require_clean: bool = False
+    trace_interval: int | None = None
     cwd: Path | None = None
     environ: Mapping[str, str] | None = None
 
@@ -51,6 +52,10 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
     settings = load_settings(root, environ)
     if request.experiment:
         settings = replace(settings, experiment=request.experiment)
+    if request.trace_interval is not None:
+        if request.trace_interval < 0:
+            raise UsageError("--trace-interval must be 0 (no trace) or a positive number of steps")
+        settings = replace(settings, trace_interval=request.trace_interval)
     script = (cwd / request.script).resolve()
     if not script.is_file():
         raise UsageError(f"script not found: {request.script}", hint=f"give a path relative to {cwd}")

@@ -130,6 +130,12 @@ def init(ctx: click.Context) -> None:
 @click.option("--name", "run_name", help="MLflow run name (default: generated).")
 @click.option("--experiment", help="MLflow experiment (default: cascade.yaml, else the repo name).")
 @click.option("--require-clean", is_flag=True, help="Refuse to run with uncommitted changes.")
+@click.option(
+    "--trace-interval",
+    type=int,
+    metavar="N",
+    help="Fingerprint every Nth optimizer step (default: cascade.yaml, else 1); 0: no trace.",
+)
 @click.pass_context
 def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options: Any) -> None:
     """Run SCRIPT with ARGS and record everything about it.

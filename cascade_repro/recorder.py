@@ -153,6 +153,7 @@ def child_environment(plan: RunPlan, run_dir: Path) -> dict[str, str]:
     env[protocol.ENV_RUN_DIR] = str(run_dir)
     env[protocol.ENV_SEED] = str(plan.params.seed)
     env[protocol.ENV_DETERMINISM] = plan.determinism
+    env[protocol.ENV_TRACE_INTERVAL] = str(plan.settings.trace_interval)
     env["PYTHONHASHSEED"] = str(plan.params.seed % 4294967296)
     env["MLFLOW_TRACKING_URI"] = plan.settings.tracking_uri
     env.setdefault("MLFLOW_EXPERIMENT_NAME", plan.settings.experiment)
@@ -284,9 +285,9 @@ class _Recording:
             outcome, metrics={**self.writer.summary_dict(), "resources": resources}
         )
         mlflow_store.log_json(self.mlflow, run_id, manifest.to_dict(), ARTIFACT_PATH)
-        output = self.run_dir / protocol.OUTPUT_LOG
-        if output.exists():
-            mlflow_store.log_file(self.mlflow, run_id, output, "cascade")
+        for name in (protocol.OUTPUT_LOG, protocol.TRACE_FILE):
+            if (self.run_dir / name).exists():
+                mlflow_store.log_file(self.mlflow, run_id, self.run_dir / name, "cascade")
         mlflow_store.set_tags(self.mlflow, run_id, self._end_tags(manifest))
         mlflow_store.finish_run(self.mlflow, run_id, status, end_ms)
         shutil.rmtree(self.run_dir, ignore_errors=True)
@@ -361,7 +362,9 @@ class _Recording:
         system = dict(captured["system"])
         container = system.pop("container")
         torch = facts.get("torch") or {"version": _installed_version("torch"), "probed": False}
-        determinism = facts.get("determinism") or {"mode": plan.determinism}
+        determinism = dict(facts.get("determinism") or {"mode": plan.determinism})
+        if "nondeterministic_ops" in facts:
+            determinism["nondeterministic_ops"] = facts["nondeterministic_ops"]
         return Manifest(
             run_id=self.opened.run_id,
             experiment=self.opened.experiment,
@@ -388,6 +391,7 @@ class _Recording:
             hardware=system,
             environment=captured["environment"],
             container=container,
+            trace=_trace_section(self.run_dir / protocol.TRACE_FILE, facts.get("trace")),
             outcome={"status": "RUNNING", "start_time": self.start_ms / 1000},
         )
 
@@ -402,6 +406,19 @@ class _Recording:
         for key, value in (facts.get("gpu_memory") or {}).items():
             values[f"cascade.{key}"] = round(float(value), 1)
         return values
+
+
+def _trace_section(path: Path, header: dict[str, Any] | None) -> dict[str, Any] | None:
+    if header is None or not path.exists():
+        return None
+    with open(path, "rb") as handle:
+        steps = sum(1 for line in handle if line.strip())
+    return {
+        "artifact": f"cascade/{protocol.TRACE_FILE}",
+        "format": "cascade.trace/1",
+        "steps": steps,
+        **header,
+    }
 
 
 def _empty_capture() -> dict[str, Any]:

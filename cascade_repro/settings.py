@@ -34,6 +34,7 @@ class Settings:
     dvc_remote: str | None = None
     docker: Mapping[str, Any] = field(default_factory=dict)
     metrics_flush_s: float = 5.0
+    trace_interval: int = 1  # record every Nth optimizer step; 0 turns the trace off
 
     @property
     def runs_dir(self) -> Path:
@@ -52,7 +53,7 @@ def load_settings(root: Path, environ: Mapping[str, str] | None = None) -> Setti
     known = {
         "experiment", "tracking_uri", "params_file", "checkpoints_dir", "determinism",
         "untracked_max_bytes", "env_allow_prefixes", "key_metrics", "dvc", "docker",
-        "metrics_flush_s",
+        "metrics_flush_s", "trace_interval",
     }  # fmt: skip
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -86,6 +87,7 @@ def load_settings(root: Path, environ: Mapping[str, str] | None = None) -> Setti
         dvc_remote=(dvc.get("remote") if isinstance(dvc, dict) else None),
         docker=dict(raw.get("docker") or {}),
         metrics_flush_s=float(raw.get("metrics_flush_s", 5.0)),
+        trace_interval=_int(raw.get("trace_interval", 1), "trace_interval"),
     )
 
 

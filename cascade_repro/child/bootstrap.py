@@ -56,10 +56,24 @@ def main(argv: list[str]) -> None:
 
     def after_torch(torch: ModuleType) -> None:
         applied.update(seeding.on_torch_import(torch, seed, mode))
+        try:
+            _observe_torch(torch)
+        except Exception as exc:  # observing must never break the user's script
+            sys.stderr.write(f"cascade: the step trace is off: {type(exc).__name__}: {exc}\n")
+
+    def _observe_torch(torch: ModuleType) -> None:
         from cascade_repro.child.torch_probe import flags
 
         facts.update(determinism={"mode": mode, "applied": applied, "flags_at_start": flags(torch)})
         _sample_gpu_memory(torch)
+        interval = int(os.environ.get(protocol.ENV_TRACE_INTERVAL, "1") or 0)
+        if interval > 0:
+            from cascade_repro.child.trace import StepTracer
+
+            tracer = StepTracer(torch, run_dir / protocol.TRACE_FILE, interval)
+            tracer.install()
+            atexit.register(tracer.close)
+            facts.update(trace=tracer.header())
 
     def after_numpy(numpy: ModuleType) -> None:
         applied.update(seeding.on_numpy_import(numpy, seed))
@@ -75,6 +89,7 @@ def main(argv: list[str]) -> None:
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupt_once_per_second())
     _record_uncaught_exceptions(facts)
+    _record_nondeterministic_ops(facts)
     atexit.register(_record_at_exit, facts)
 
     sys.argv = [script, *args]
@@ -150,6 +165,27 @@ def _interrupt_once_per_second() -> Callable[[int, FrameType | None], None]:
         raise KeyboardInterrupt
 
     return handler
+
+
+def _record_nondeterministic_ops(facts: Facts) -> None:
+    """Names of the ops that torch reports as nondeterministic (mode warn) during the run."""
+    import warnings
+
+    original = warnings.showwarning
+    seen: list[str] = []
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:  # fmt: skip
+        text = str(message)
+        marker = " does not have a deterministic implementation"
+        if marker in text:
+            op = text.split(marker, 1)[0].strip()
+            if op not in seen:
+                seen.append(op)
+                facts.update(nondeterministic_ops=list(seen))
+        original(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
 
 
 def _record_uncaught_exceptions(facts: Facts) -> None:

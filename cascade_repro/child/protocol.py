@@ -11,12 +11,14 @@ from typing import Any
 ENV_RUN_DIR = "CASCADE_RUN_DIR"
 ENV_SEED = "CASCADE_SEED"
 ENV_DETERMINISM = "CASCADE_DETERMINISM"
+ENV_TRACE_INTERVAL = "CASCADE_TRACE_INTERVAL"  # record every Nth optimizer step; 0: no trace
 
 # Files inside the run directory.
 PARAMS_FILE = "params.json"  # parent → child: resolved hyperparameters
 RUN_ID_FILE = "mlflow_run_id"  # parent → child: written once the MLflow run exists
 EVENTS_FILE = "events.jsonl"  # child → parent: metric events, one JSON array per line
 FACTS_FILE = "child.json"  # child → parent: flags applied, torch stack, exception, GPU memory
+TRACE_FILE = "trace.jsonl"  # child → parent: one JSON record per traced step
 OUTPUT_LOG = "output.log"  # parent: the script's stdout and stderr as the terminal saw them
 
 DETERMINISM_MODES = ("off", "warn", "strict")

@@ -1,0 +1,216 @@
+"""The per-step trace, recorded from inside the training process without touching the script.
+
+A step is one `optimizer.step()` of any torch.optim optimizer (global step hooks), numbered from 0.
+For step k the record holds, in causal order: the RNG fingerprints at the step's start (after step
+k-1 ended), the fingerprint of the last batch a DataLoader yielded, the loss of the last
+`backward()` (exact bits), the gradients and the parameters after the step. "After step k" is read
+when step k+1 begins (or at exit), so a write outside the optimizer (EMA, hook, in-place edit)
+between the two steps counts as part of step k. One parameter hash per step serves as both
+"after k" and "before k+1".
+
+Records are streamed to `trace.jsonl` and flushed every step, so a crashed run keeps its prefix.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import random
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from cascade_repro.determinism import fingerprint
+
+_LOSS_INT = {2: "int16", 4: "int32", 8: "int64"}
+
+
+class StepTracer:
+    def __init__(self, torch: ModuleType, path: Path, interval: int = 1) -> None:
+        self.torch = torch
+        self.interval = max(1, int(interval))
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._lock = threading.Lock()
+        self.step = 0
+        self._pending: dict[str, Any] | None = None  # step k, waiting for its params-after
+        self._pending_params: list[Any] = []
+        self._names: dict[int, str] = {}
+        self._loss: Any = None
+        self._batch: str | None = None
+        self._rng = self._rng_fingerprint()  # step 0 starts now (seeded already)
+        self.nondeterministic: list[str] = []
+        self._closed = False
+
+    # -- hooks ------------------------------------------------------------------------------
+    def install(self) -> None:
+        torch = self.torch
+        optim = importlib.import_module("torch.optim.optimizer")  # not loaded by `import torch` alone
+        optim.register_optimizer_step_pre_hook(self._guarded(self._before_step))
+        optim.register_optimizer_step_post_hook(self._guarded(self._after_step))
+        original_backward = torch.Tensor.backward
+        tracer = self
+
+        def backward(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            if tensor.numel() == 1:
+                tracer._loss = tensor.detach()
+            return original_backward(tensor, *args, **kwargs)
+
+        torch.Tensor.backward = backward
+        self._wrap_dataloader()
+
+    def _wrap_dataloader(self) -> None:
+        loader = importlib.import_module("torch.utils.data").DataLoader
+        original_iter = loader.__iter__
+        tracer = self
+
+        def __iter__(self: Any) -> Any:  # noqa: N807 - replaces DataLoader.__iter__
+            for batch in original_iter(self):
+                tracer._batch = tracer._batch_fingerprint(batch)
+                yield batch
+
+        loader.__iter__ = __iter__
+
+    def _guarded(self, hook: Any) -> Any:
+        """A failing fingerprint turns the trace off; it never reaches the user's training loop."""
+
+        def run(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if self._closed:
+                return
+            try:
+                hook(optimizer, args, kwargs)
+            except Exception as exc:
+                self._closed = True
+                self._pending = None
+                sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
+
+        return run
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if not self._names:
+                self._names = _parameter_names(self.torch)
+            if self._pending is not None:
+                self._pending["params_after"] = self._hash_params(self._pending_params)
+                self._write(self._pending)
+                self._pending = None
+            if self.step % self.interval != 0:
+                return
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            record: dict[str, Any] = {
+                "step": self.step,
+                "rng": self._rng,
+                "batch": self._batch,
+                "loss": self._loss_record(),
+                "grads": self._hash_grads(params),
+            }
+            if self.step == 0:
+                record["params_before"] = self._hash_params(params)
+            self._pending = record
+            self._pending_params = params
+
+    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        with self._lock:
+            self.step += 1
+            self._rng = self._rng_fingerprint()
+            self._loss = None
+
+    def close(self) -> None:
+        """At exit: the last step's parameters-after are the final weights."""
+        with self._lock:
+            if self._file.closed:
+                return
+            self._closed = True
+            if self._pending is not None:
+                self._pending["params_after"] = self._hash_params(self._pending_params)
+                self._write(self._pending)
+                self._pending = None
+            self._file.close()
+
+    # -- pieces -----------------------------------------------------------------------------
+    def _write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def _name(self, tensor: Any, index: int) -> str:
+        return self._names.get(id(tensor)) or f"param{index}"
+
+    def _hash_params(self, params: list[Any]) -> dict[str, str]:
+        hashes = fingerprint.fingerprints(self.torch, params)
+        return {self._name(p, i): h for i, (p, h) in enumerate(zip(params, hashes, strict=True))}
+
+    def _hash_grads(self, params: list[Any]) -> dict[str, str]:
+        with_grad = [(i, p) for i, p in enumerate(params) if p.grad is not None]
+        hashes = fingerprint.fingerprints(self.torch, [p.grad for _, p in with_grad])
+        return {self._name(p, i): h for (i, p), h in zip(with_grad, hashes, strict=True)}
+
+    def _loss_record(self) -> dict[str, Any] | None:
+        loss = self._loss
+        if loss is None:
+            return None
+        flat = loss.reshape(1)
+        view = _LOSS_INT.get(flat.element_size())
+        bits = int(flat.view(getattr(self.torch, view)).item()) if view and flat.is_floating_point() else None
+        return {"bits": bits, "value": float(flat.item()), "dtype": str(loss.dtype).replace("torch.", "")}
+
+    def _batch_fingerprint(self, batch: Any) -> str | None:
+        tensors = _tensors_in(self.torch, batch)
+        if not tensors:
+            return None
+        hashes = fingerprint.fingerprints(self.torch, tensors)
+        return hashes[0] if len(hashes) == 1 else _combine(hashes)
+
+    def _rng_fingerprint(self) -> dict[str, str]:
+        torch = self.torch
+        # Hashes of ints and tuples of ints do not depend on PYTHONHASHSEED; bytes go through blake2b.
+        states = {
+            "torch": fingerprint.cpu_hash(torch.get_rng_state()),
+            "python": f"{hash(random.getstate()) & (2**64 - 1):016x}",
+        }
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and hasattr(numpy, "random"):
+            state = numpy.random.get_state(legacy=False)["state"]
+            states["numpy"] = _combine([state["key"].tobytes().hex(), str(state["pos"])])
+        if torch.cuda.is_initialized():
+            states["cuda"] = _combine([fingerprint.cpu_hash(s) for s in torch.cuda.get_rng_state_all()])
+        return states
+
+    def header(self) -> dict[str, Any]:
+        return {"algorithm": fingerprint.ALGORITHM, "interval": self.interval}
+
+
+def _combine(parts: list[str]) -> str:
+    import hashlib
+
+    return hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
+
+
+def _tensors_in(torch: Any, batch: Any, limit: int = 16) -> list[Any]:
+    found: list[Any] = []
+    stack = [batch]
+    while stack and len(found) < limit:
+        item = stack.pop(0)
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item[k] for k in sorted(item, key=str))
+    return found
+
+
+def _parameter_names(torch: Any) -> dict[int, str]:
+    """id(parameter) → its module path (e.g. "encoder.0.weight"), from the live root modules."""
+    modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
+    children = {id(c) for m in modules for c in m.children()}
+    names: dict[int, str] = {}
+    for root in modules:
+        if id(root) in children:
+            continue
+        for name, param in root.named_parameters():
+            names.setdefault(id(param), name)
+    return names

@@ -1,0 +1,103 @@
+"""Fingerprints of tensors over their bit patterns: equal iff every bit (and dtype, shape) is equal.
+
+Never a float sum: ±0.0, NaN payloads and one-ulp changes all change the fingerprint. This module
+runs inside the training process, so it imports only the standard library, torch (passed in by the
+caller, never imported here) and, when installed, xxhash.
+
+- CPU tensors: xxh3-64 over the tensor's memory (read in place through its data pointer), seeded
+  with its dtype and shape. Without xxhash: blake2b-64 (slower; recorded as the algorithm).
+- Tensors on an accelerator: an order-sensitive integer checksum computed on the device; all
+  tensors of one step come back in a single small copy (`device_checksums`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+from typing import Any, Sequence
+
+xxhash: Any
+try:
+    import xxhash
+
+    ALGORITHM = "xxh3_64"
+except ImportError:  # the child may run where only torch is installed
+    xxhash = None
+    ALGORITHM = "blake2b_64"
+
+DEVICE_ALGORITHM = "poswsum_2x64"
+_MULTIPLIER = 0x9E3779B97F4A7C15 - 2**64  # golden-ratio constant as a signed int64
+_INT_VIEW = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def _header(tensor: Any) -> bytes:
+    return f"{tensor.dtype}|{tuple(tensor.shape)}|".encode()
+
+
+def _raw(tensor: Any) -> Any:
+    """A zero-copy view of a CPU tensor's bytes."""
+    size = tensor.numel() * tensor.element_size()
+    if size == 0:
+        return b""
+    return (ctypes.c_ubyte * size).from_address(tensor.data_ptr())
+
+
+def cpu_hash(tensor: Any) -> str:
+    """16 hex digits over dtype, shape and the bytes of a CPU tensor."""
+    t = tensor.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if xxhash is not None:
+        h = xxhash.xxh3_64(_header(t))
+        h.update(_raw(t))
+        return h.hexdigest()
+    b = hashlib.blake2b(_header(t), digest_size=8)
+    b.update(_raw(t))
+    return b.hexdigest()
+
+
+def device_checksums(torch: Any, tensors: Sequence[Any]) -> list[str]:
+    """Order-sensitive checksums of tensors on one device, copied back to the host once.
+
+    Each tensor's bits are read as integers x_i; two sums (Σ x_i·w_i, Σ (x_i xor i)·(2i+1)) with
+    position weights w_i wrap around in int64, so a permutation, a flipped sign bit or a NaN
+    payload changes them. Works on CPU tensors too (that is how it is tested without a GPU).
+    """
+    if not tensors:
+        return []
+    sums = []
+    for tensor in tensors:
+        t = tensor.detach().reshape(-1)
+        bits = t.view(getattr(torch, _INT_VIEW[t.element_size()])).to(torch.int64)
+        pos = torch.arange(bits.numel(), device=bits.device, dtype=torch.int64)
+        weights = pos * _MULTIPLIER + 1
+        first = (bits * weights).sum()
+        second = ((bits ^ pos) * (2 * pos + 1)).sum()
+        meta = _meta_code(t)
+        sums.append(torch.stack([first + meta, second - meta]))
+    host = torch.stack(sums).cpu().tolist()  # the one copy back
+    return [f"{a & 0xFFFFFFFFFFFFFFFF:016x}{b & 0xFFFFFFFFFFFFFFFF:016x}" for a, b in host]
+
+
+def _meta_code(t: Any) -> int:
+    digest = hashlib.blake2b(_header(t), digest_size=7).digest()
+    return int.from_bytes(digest, "little")
+
+
+def fingerprints(torch: Any, tensors: Sequence[Any]) -> list[str]:
+    """Fingerprint each tensor where it lives: CPU tensors hashed in place, the rest on device."""
+    out: list[str | None] = [None] * len(tensors)
+    by_device: dict[Any, list[int]] = {}
+    for index, tensor in enumerate(tensors):
+        if tensor.device.type == "cpu":
+            out[index] = cpu_hash(tensor)
+        else:
+            by_device.setdefault(tensor.device, []).append(index)
+    for indices in by_device.values():
+        for index, value in zip(indices, device_checksums(torch, [tensors[i] for i in indices]), strict=True):
+            out[index] = value
+    return [v or "" for v in out]
+
+
+def algorithm_for(device_type: str) -> str:
+    return ALGORITHM if device_type == "cpu" else DEVICE_ALGORITHM
