@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from cascade_repro.capture.git import head_commit, is_dirty
+from cascade_repro.determinism.verdict import Verdict, judge
 from cascade_repro.errors import DirtyTreeRefused, UsageError
 from cascade_repro.manifest import ARTIFACT_PATH, Manifest
 from cascade_repro.params import find_params_file, resolve_params
@@ -211,6 +213,50 @@ def show_run(ref: str, cwd: Path | None = None) -> RunRecord:
     return RunRecord(
         manifest, run.info.status, dict(run.data.metrics), dict(run.data.tags), run.info.artifact_uri
     )
+
+
+def verify(
+    ref_a: str,
+    ref_b: str,
+    cwd: Path | None = None,
+    rtol: float = 1e-5,
+    atol: float = 1e-8,
+    record: bool = True,
+) -> Verdict:
+    """Compare two recorded runs step by step; record the verdict on the later one."""
+    settings = _context(cwd)
+    mlflow_store.probe_store(settings.tracking_uri)
+    client = mlflow_store.client(settings.tracking_uri)
+    runs = [mlflow_store.resolve_run(client, ref, settings.experiment) for ref in (ref_a, ref_b)]
+    manifests = [mlflow_store.read_json_artifact(client, r.info.run_id, ARTIFACT_PATH) for r in runs]
+    traces = [_trace(client, r.info.run_id, m) for r, m in zip(runs, manifests, strict=True)]
+    verdict = judge(manifests[0], manifests[1], traces[0], traces[1], rtol=rtol, atol=atol)
+    if record:
+        earlier, later = sorted(runs, key=lambda r: r.info.start_time or 0)
+        mlflow_store.set_tags(
+            client,
+            later.info.run_id,
+            {"cascade.verdict": verdict.verdict, "cascade.verified_against": earlier.info.run_id},
+        )
+        mlflow_store.log_json(
+            client, later.info.run_id, verdict.to_dict(), f"cascade/verify/{earlier.info.run_id}.json"
+        )
+    return verdict
+
+
+def _trace(client: Any, run_id: str, manifest: Mapping[str, Any]) -> list[dict[str, Any]]:
+    section = manifest.get("trace") or {}
+    if not section.get("artifact"):
+        return []
+    text = mlflow_store.read_text_artifact(client, run_id, section["artifact"])
+    records = []
+    for line in text.splitlines():
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                break  # a run killed mid-write: its trace ends at the last whole record
+    return records
 
 
 def command_line(manifest: Manifest) -> str:

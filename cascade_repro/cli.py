@@ -83,6 +83,7 @@ def main(ctx: click.Context, log_level: str, verbose: bool) -> None:
     cascade run train.py --epochs 3     record a run (script args pass through)
     cascade ls                          list runs
     cascade show RUN                    the full record of one run
+    cascade verify RUN_A RUN_B          did B reproduce A? first divergent step and its causes
     """
     logging.basicConfig(
         level=getattr(logging, log_level.upper()),
@@ -196,6 +197,36 @@ def show(ctx: click.Context, run_ref: str, as_json: bool) -> None:
             render.emit_json("show", data)
         else:
             render.run_record(record)
+
+    _guard(body, ctx)
+
+
+@main.command()
+@click.argument("run_a", metavar="RUN_A")
+@click.argument("run_b", metavar="RUN_B")
+@click.option(
+    "--rtol", default=1e-5, show_default=True, help="Relative loss tolerance for NUMERICALLY_EQUIVALENT."
+)
+@click.option("--atol", default=1e-8, show_default=True, help="Absolute loss tolerance.")
+@click.option("--no-record", is_flag=True, help="Do not tag the later run with the verdict.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable verdict.")
+@click.pass_context
+def verify(ctx: click.Context, run_a: str, run_b: str, rtol: float, atol: float, no_record: bool,
+           as_json: bool) -> None:  # fmt: skip
+    """Compare two runs step by step and say whether they reproduce each other.
+
+    Exit 0: BITWISE_IDENTICAL or NUMERICALLY_EQUIVALENT; 3: DIVERGED or INCOMPARABLE; 1: error.
+    """
+
+    def body() -> int:
+        from cascade_repro import api, render
+
+        verdict = api.verify(run_a, run_b, rtol=rtol, atol=atol, record=not no_record)
+        if as_json:
+            render.emit_json("verify", verdict.to_dict())
+        else:
+            render.verdict(verdict)
+        return 0 if verdict.reproduced else 3
 
     _guard(body, ctx)
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cascade_repro.api import RunRecord, RunSummary
+    from cascade_repro.determinism.verdict import Verdict
     from cascade_repro.project import InitResult
     from cascade_repro.recorder import RunResult
 
@@ -152,6 +153,27 @@ def run_record(record: RunRecord) -> None:
                 key, _num(stats["last"]), _num(stats["min"]), _num(stats["max"]), str(stats["count"])
             )
         console.print(metrics)
+
+
+def verdict(result: Verdict) -> None:
+    console = _console()
+    style = "green" if result.reproduced else "red"
+    console.print(f"[bold {style}]{result.verdict}[/]  {result.run_a[:12]} → {result.run_b[:12]}")
+    console.print(f"  {result.summary}")
+    c = result.comparison
+    if c.step is not None:
+        for difference in c.differences:
+            names = f" {', '.join(difference.names[:6])}" if difference.names else ""
+            console.print(f"  step {c.step} · {difference.facet}:{names} ({difference.detail})")
+    if result.causes:
+        console.print("  Likely causes, most likely first:")
+        for index, cause in enumerate(result.causes, 1):
+            console.print(f"    {index}. {cause.summary}")
+            console.print(f"       evidence: {cause.evidence}")
+            console.print(f"       fix: {cause.fix}")
+    for record_difference in result.differences:
+        if not any(record_difference.summary == cause.summary for cause in result.causes):
+            console.print(f"  also differs (class {record_difference.klass}): {record_difference.summary}")
 
 
 def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:

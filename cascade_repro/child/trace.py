@@ -13,6 +13,7 @@ Records are streamed to `trace.jsonl` and flushed every step, so a crashed run k
 
 from __future__ import annotations
 
+import array
 import gc
 import importlib
 import json
@@ -166,10 +167,10 @@ class StepTracer:
 
     def _rng_fingerprint(self) -> dict[str, str]:
         torch = self.torch
-        # Hashes of ints and tuples of ints do not depend on PYTHONHASHSEED; bytes go through blake2b.
+        version, internal, gauss_next = random.getstate()
         states = {
             "torch": fingerprint.cpu_hash(torch.get_rng_state()),
-            "python": f"{hash(random.getstate()) & (2**64 - 1):016x}",
+            "python": _combine([array.array("Q", internal).tobytes().hex(), repr(gauss_next)]),
         }
         numpy = sys.modules.get("numpy")
         if numpy is not None and hasattr(numpy, "random"):

@@ -199,6 +199,15 @@ def read_json_artifact(mlflow: MlflowClient, run_id: str, artifact_file: str) ->
         return json.loads(Path(local).read_text(encoding="utf-8"))
 
 
+def read_text_artifact(mlflow: MlflowClient, run_id: str, artifact_file: str) -> str:
+    with tempfile.TemporaryDirectory(prefix="cascade-") as tmp:
+        try:
+            local = mlflow.download_artifacts(run_id, artifact_file, tmp)
+        except Exception as exc:
+            raise StoreError(f"run {run_id} has no {artifact_file}: {_first_line(exc)}") from exc
+        return Path(local).read_text(encoding="utf-8")
+
+
 def search_runs(mlflow: MlflowClient, experiment: str | None, max_results: int = 1000) -> list[Run]:
     try:
         if experiment is None:

@@ -1,0 +1,140 @@
+"""Compare two step traces in causal order and find the first step where anything differs.
+
+Pure: records in, a `TraceComparison` out. Per step the facets are compared in the order they
+come into being: rng → batch → params before → loss → grads → params after.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+FACETS = ("rng", "batch", "params_before", "loss", "grads", "params_after")
+FACET_WORDS = {
+    "rng": "RNG state at the step's start",
+    "batch": "the batch",
+    "params_before": "parameters before the first step",
+    "loss": "the loss",
+    "grads": "gradients",
+    "params_after": "parameters after the optimizer step",
+}
+
+
+@dataclass(frozen=True)
+class FacetDifference:
+    facet: str
+    names: tuple[str, ...]  # tensors or RNG streams that differ ("" for loss and batch)
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"facet": self.facet, "names": list(self.names), "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class TraceComparison:
+    steps_a: int
+    steps_b: int
+    compared: int
+    step: int | None  # the first step where anything differs, within the overlap
+    differences: tuple[FacetDifference, ...] = ()
+    loss_max_rel: float = 0.0  # the largest relative loss difference over the overlap
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def same_length(self) -> bool:
+        return self.steps_a == self.steps_b
+
+    def facets(self) -> list[str]:
+        return [d.facet for d in self.differences]
+
+
+def compare_traces(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> TraceComparison:
+    overlap = min(len(a), len(b))
+    first: int | None = None
+    differences: list[FacetDifference] = []
+    for index in range(overlap):
+        found = _step_differences(a[index], b[index])
+        if found:
+            first = int(a[index].get("step", index))
+            differences = found
+            break
+    return TraceComparison(
+        steps_a=len(a),
+        steps_b=len(b),
+        compared=overlap,
+        step=first,
+        differences=tuple(differences),
+        loss_max_rel=_loss_max_rel(a[:overlap], b[:overlap]),
+    )
+
+
+def _step_differences(x: dict[str, Any], y: dict[str, Any]) -> list[FacetDifference]:
+    out: list[FacetDifference] = []
+    for facet in FACETS:
+        left, right = x.get(facet), y.get(facet)
+        if facet == "loss":
+            if _loss_bits(left) != _loss_bits(right):
+                out.append(FacetDifference("loss", (), _loss_detail(left, right)))
+        elif isinstance(left, dict) or isinstance(right, dict):
+            left, right = left or {}, right or {}
+            names = tuple(sorted(k for k in set(left) | set(right) if left.get(k) != right.get(k)))
+            if names:
+                out.append(
+                    FacetDifference(facet, names, f"{len(names)} of {len(set(left) | set(right))} differ")
+                )
+        elif left != right:
+            out.append(FacetDifference(facet, (), "fingerprints differ"))
+    return out
+
+
+def _loss_bits(loss: dict[str, Any] | None) -> Any:
+    return None if loss is None else (loss.get("dtype"), loss.get("bits"))
+
+
+def _loss_detail(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
+    if a is None or b is None:
+        return "recorded in one run only"
+    va, vb = float(a["value"]), float(b["value"])
+    if math.isnan(va) or math.isnan(vb):
+        return f"{va!r} vs {vb!r}"
+    ulps = _ulps(va, vb) if a.get("dtype") == b.get("dtype") == "float32" else None
+    extra = f", {ulps} ulp" if ulps is not None and ulps < 1000 else ""
+    return f"{va!r} vs {vb!r} (|Δ| {abs(va - vb):.3g}{extra})"
+
+
+def _ulps(x: float, y: float) -> int:
+    ix = struct.unpack("<i", struct.pack("<f", x))[0]
+    iy = struct.unpack("<i", struct.pack("<f", y))[0]
+    return abs(ix - iy)
+
+
+def _loss_max_rel(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> float:
+    worst = 0.0
+    for x, y in zip(a, b, strict=True):
+        la, lb = x.get("loss"), y.get("loss")
+        if not la or not lb:
+            continue
+        va, vb = float(la["value"]), float(lb["value"])
+        if math.isnan(va) or math.isnan(vb):
+            if math.isnan(va) != math.isnan(vb):
+                return math.inf
+            continue
+        scale = max(abs(va), abs(vb), 1e-30)
+        worst = max(worst, abs(va - vb) / scale)
+    return worst
+
+
+def losses_within(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], rtol: float, atol: float) -> bool:
+    """Every step's loss agrees within atol + rtol·|loss| (the numpy.isclose rule, symmetric)."""
+    for x, y in zip(a, b, strict=False):
+        la, lb = x.get("loss"), y.get("loss")
+        if not la or not lb:
+            continue
+        va, vb = float(la["value"]), float(lb["value"])
+        if math.isnan(va) and math.isnan(vb):
+            continue
+        if not abs(va - vb) <= atol + rtol * max(abs(va), abs(vb)):
+            return False
+    return True

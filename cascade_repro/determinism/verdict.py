@@ -1,0 +1,140 @@
+"""The verdict of comparing two runs: BITWISE_IDENTICAL, NUMERICALLY_EQUIVALENT, DIVERGED, INCOMPARABLE."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from cascade_repro.determinism.compare import FACET_WORDS, TraceComparison, compare_traces, losses_within
+from cascade_repro.determinism.explain import Cause, Difference, likely_causes, manifest_differences
+
+BITWISE_IDENTICAL = "BITWISE_IDENTICAL"
+NUMERICALLY_EQUIVALENT = "NUMERICALLY_EQUIVALENT"
+DIVERGED = "DIVERGED"
+INCOMPARABLE = "INCOMPARABLE"
+REPRODUCED = (BITWISE_IDENTICAL, NUMERICALLY_EQUIVALENT)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    verdict: str
+    run_a: str
+    run_b: str
+    comparison: TraceComparison
+    differences: tuple[Difference, ...]
+    causes: tuple[Cause, ...]
+    summary: str
+
+    @property
+    def reproduced(self) -> bool:
+        return self.verdict in REPRODUCED
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.comparison
+        return {
+            "schema": "cascade.verdict/1",
+            "verdict": self.verdict,
+            "run_a": self.run_a,
+            "run_b": self.run_b,
+            "summary": self.summary,
+            "steps": {"a": c.steps_a, "b": c.steps_b, "compared": c.compared},
+            "first_divergence": None
+            if c.step is None
+            else {"step": c.step, "facets": [d.to_dict() for d in c.differences]},
+            "loss_max_relative_difference": c.loss_max_rel,
+            "record_differences": [d.to_dict() for d in self.differences],
+            "likely_causes": [cause.to_dict() for cause in self.causes],
+        }
+
+
+def judge(
+    manifest_a: Mapping[str, Any],
+    manifest_b: Mapping[str, Any],
+    trace_a: Sequence[dict[str, Any]],
+    trace_b: Sequence[dict[str, Any]],
+    rtol: float = 1e-5,
+    atol: float = 1e-8,
+) -> Verdict:
+    a_id, b_id = str(manifest_a.get("run_id")), str(manifest_b.get("run_id"))
+    differences = manifest_differences(manifest_a, manifest_b)
+    header_a, header_b = manifest_a.get("trace") or {}, manifest_b.get("trace") or {}
+    if not trace_a or not trace_b:
+        missing = a_id if not trace_a else b_id
+        comparison = compare_traces([], [])
+        return Verdict(
+            INCOMPARABLE,
+            a_id,
+            b_id,
+            comparison,
+            tuple(differences),
+            (),
+            f"run {missing[:12]} has no step trace (recorded with --trace-interval 0 or no optimizer)",
+        )
+    for key in ("algorithm", "interval"):
+        if header_a.get(key) != header_b.get(key):
+            comparison = compare_traces([], [])
+            return Verdict(
+                INCOMPARABLE,
+                a_id,
+                b_id,
+                comparison,
+                tuple(differences),
+                (),
+                f"the traces differ in {key}: {header_a.get(key)} vs {header_b.get(key)}",
+            )
+    comparison = compare_traces(trace_a, trace_b)
+    causes = tuple(likely_causes(manifest_a, manifest_b, comparison, differences))
+    class_a = [d for d in differences if d.klass == "A"]
+    if comparison.step is None and comparison.same_length:
+        return Verdict(
+            BITWISE_IDENTICAL,
+            a_id,
+            b_id,
+            comparison,
+            tuple(differences),
+            (),
+            f"all {comparison.compared} steps are bitwise identical",
+        )
+    where = _where(comparison)
+    if not comparison.same_length:
+        overlap = (
+            f"the first {comparison.compared} are bitwise identical"
+            if comparison.step is None
+            else f"within them, {where}"
+        )
+        return Verdict(
+            INCOMPARABLE,
+            a_id,
+            b_id,
+            comparison,
+            tuple(differences),
+            causes,
+            f"the runs have {comparison.steps_a} and {comparison.steps_b} steps; {overlap}",
+        )
+    if class_a and losses_within(trace_a, trace_b, rtol, atol):
+        return Verdict(
+            NUMERICALLY_EQUIVALENT,
+            a_id,
+            b_id,
+            comparison,
+            tuple(differences),
+            causes,
+            f"losses agree within rtol {rtol:g} (max {comparison.loss_max_rel:.2g}); bitwise equality is "
+            f"not expected because {class_a[0].summary}",
+        )
+    return Verdict(DIVERGED, a_id, b_id, comparison, tuple(differences), causes, where)
+
+
+def _where(comparison: TraceComparison) -> str:
+    first = comparison.differences[0]
+    parts = [
+        f"DIVERGED at step {comparison.step} (of {comparison.compared}): {FACET_WORDS[first.facet]} differ"
+    ]
+    if first.names:
+        parts.append(" in " + ", ".join(first.names[:4]) + (" …" if len(first.names) > 4 else ""))
+    if first.facet == "loss":
+        parts.append(f" ({first.detail})")
+    others = [FACET_WORDS[d.facet] for d in comparison.differences[1:]]
+    if others:
+        parts.append("; also " + ", ".join(others))
+    return "".join(parts)
