@@ -73,7 +73,7 @@ def device_checksums(torch: Any, tensors: Sequence[Any]) -> list[str]:
         weights = pos * _MULTIPLIER + 1
         first = (bits * weights).sum()
         second = ((bits ^ pos) * (2 * pos + 1)).sum()
-        meta = _meta_code(t)
+        meta = _meta_code(tensor)  # dtype and the original shape
         sums.append(torch.stack([first + meta, second - meta]))
     host = torch.stack(sums).cpu().tolist()  # the one copy back
     return [f"{a & 0xFFFFFFFFFFFFFFFF:016x}{b & 0xFFFFFFFFFFFFFFFF:016x}" for a, b in host]

@@ -95,7 +95,7 @@ def judge(
             (),
             f"all {comparison.compared} steps are bitwise identical",
         )
-    where = _where(comparison)
+    where = _where(comparison) if comparison.step is not None else ""
     if not comparison.same_length:
         overlap = (
             f"the first {comparison.compared} are bitwise identical"

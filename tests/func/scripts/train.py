@@ -47,6 +47,10 @@ for step in range(hp["steps"]):
     loss = torch.nn.functional.mse_loss(model(x), y)
     loss.backward()
     opt.step()
+    if os.environ.get("PERTURB_AT_STEP") == str(step):  # not allow-listed: invisible to the record
+        with torch.no_grad():
+            weight = model[0].weight.view(-1)
+            weight[0] = torch.nextafter(weight[0], torch.tensor(float("inf")))
     losses.append(loss.item())
     cascade_repro.log_metrics({"loss": loss.item(), "lr": hp["optimizer"]["lr"]}, step=step)
     if args.crash and step == hp["steps"] // 2:

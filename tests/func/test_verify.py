@@ -1,0 +1,92 @@
+"""`cascade verify` on real recorded runs: each scenario has a known verdict, step and facet."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.conftest import Project
+
+pytestmark = pytest.mark.slow
+
+
+def _run(project: Project, *args: str, env: dict[str, str] | None = None) -> str:
+    before = {r.info.run_id for r in project.runs()}
+    project.cascade("run", *args, env=env, check=True)
+    (new,) = {r.info.run_id for r in project.runs()} - before
+    return new
+
+
+def _verify(project: Project, a: str, b: str) -> tuple[int, dict[str, Any]]:
+    result = project.cascade("verify", a, b, "--json")
+    assert result.returncode in (0, 3), result.stderr
+    return result.returncode, json.loads(result.stdout)["data"]
+
+
+def test_same_seeded_run_twice_is_bitwise_identical_and_recorded(project: Project) -> None:
+    a = _run(project, "train.py")
+    b = _run(project, "train.py")
+    code, verdict = _verify(project, a, b)
+    assert code == 0
+    assert verdict["verdict"] == "BITWISE_IDENTICAL"
+    assert verdict["steps"] == {"a": 20, "b": 20, "compared": 20}
+    later = project.client().get_run(b)
+    assert later.data.tags["cascade.verdict"] == "BITWISE_IDENTICAL"
+    assert later.data.tags["cascade.verified_against"] == a
+    manifest = project.manifest(a)
+    assert manifest["trace"]["steps"] == 20 and manifest["trace"]["algorithm"] == "xxh3_64"
+    human = project.cascade("verify", a, b).stdout
+    assert "BITWISE_IDENTICAL" in human and "all 20 steps are bitwise identical" in human
+
+
+def test_unseeded_runs_diverge_at_step_zero_in_the_rng(project: Project) -> None:
+    a = _run(project, "--seed", "random", "train.py")
+    b = _run(project, "--seed", "random", "train.py")
+    code, verdict = _verify(project, a, b)
+    assert code == 3
+    assert verdict["verdict"] == "DIVERGED"
+    first = verdict["first_divergence"]
+    assert first["step"] == 0
+    assert first["facets"][0]["facet"] == "rng" and "torch" in first["facets"][0]["names"]
+    assert verdict["likely_causes"][0]["summary"].startswith("seed ")
+
+
+def test_one_ulp_write_after_step_k_is_found_at_step_k(project: Project) -> None:
+    a = _run(project, "train.py")
+    b = _run(project, "train.py", env={"PERTURB_AT_STEP": "5"})
+    code, verdict = _verify(project, a, b)
+    assert code == 3 and verdict["verdict"] == "DIVERGED"
+    first = verdict["first_divergence"]
+    assert first["step"] == 5
+    assert [f["facet"] for f in first["facets"]] == ["params_after"]  # loss and grads equal at step 5
+    assert first["facets"][0]["names"] == ["0.weight"]
+    assert verdict["record_differences"] == []
+    assert "write outside the optimizer changed 0.weight after step 5" in verdict["likely_causes"][0]["summary"]
+
+
+def test_changed_learning_rate_names_the_param_first(project: Project) -> None:
+    a = _run(project, "train.py")
+    b = _run(project, "--set", "optimizer.lr=0.05", "train.py")
+    code, verdict = _verify(project, a, b)
+    assert code == 3 and verdict["verdict"] == "DIVERGED"
+    assert verdict["first_divergence"]["step"] in (0, 1)
+    assert verdict["likely_causes"][0]["summary"] == "params differ: optimizer.lr 0.1 → 0.05"
+
+
+def test_runs_of_different_length_are_incomparable_with_the_overlap_compared(project: Project) -> None:
+    a = _run(project, "train.py")
+    b = _run(project, "--set", "steps=12", "train.py")
+    code, verdict = _verify(project, a, b)
+    assert code == 3
+    assert verdict["verdict"] == "INCOMPARABLE"
+    assert verdict["steps"] == {"a": 20, "b": 12, "compared": 12}
+    assert verdict["first_divergence"] is None
+    assert "the first 12 are bitwise identical" in verdict["summary"]
+
+
+def test_verify_of_an_unknown_run(project: Project) -> None:
+    a = _run(project, "train.py")
+    result = project.cascade("verify", a, "nosuchrun")
+    assert result.returncode == 1 and "no run 'nosuchrun'" in result.stderr

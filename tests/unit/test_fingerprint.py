@@ -1,0 +1,74 @@
+"""Fingerprints see every bit: ±0, NaN payloads, one ulp, dtype, shape and element order."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import torch
+
+from cascade_repro.determinism.fingerprint import cpu_hash, device_checksums, fingerprints
+
+
+def _nan(payload: int) -> torch.Tensor:
+    return torch.tensor([struct.unpack("<f", struct.pack("<I", 0x7FC00000 | payload))[0]], dtype=torch.float32)
+
+
+def _both(t: torch.Tensor) -> tuple[str, str]:
+    return cpu_hash(t), device_checksums(torch, [t])[0]
+
+
+def _all_differ(*tensors: torch.Tensor) -> None:
+    for index in range(2):  # CPU hash, then the on-device checksum run on the CPU
+        values = [_both(t)[index] for t in tensors]
+        assert len(set(values)) == len(values), values
+
+
+def test_equal_bits_equal_fingerprints() -> None:
+    x = torch.randn(7, 5)
+    assert _both(x) == _both(x.clone())
+    assert cpu_hash(x.t()) == cpu_hash(x.t().contiguous())
+
+
+def test_signed_zeros_differ() -> None:
+    _all_differ(torch.tensor([0.0, 1.0]), torch.tensor([-0.0, 1.0]))
+
+
+def test_nan_payloads_differ() -> None:
+    a, b = _nan(1), _nan(2)
+    assert torch.isnan(a).all() and torch.isnan(b).all()
+    _all_differ(a, b)
+
+
+def test_one_ulp_differs() -> None:
+    x = torch.randn(1000)
+    y = x.clone()
+    y[537] = torch.nextafter(y[537], torch.tensor(float("inf")))
+    _all_differ(x, y)
+
+
+def test_dtype_and_shape_are_part_of_the_fingerprint() -> None:
+    x = torch.randn(4, 6)
+    _all_differ(x, x.bfloat16().float(), x.reshape(6, 4), x.reshape(24))
+    assert cpu_hash(x.bfloat16()) != cpu_hash(x.half())
+    zeros = torch.zeros(8)
+    _all_differ(zeros, zeros.bfloat16(), zeros.double())
+
+
+def test_a_permutation_differs() -> None:
+    x = torch.arange(64, dtype=torch.float32)
+    _all_differ(x, x.flip(0), x[torch.randperm(64, generator=torch.Generator().manual_seed(1))])
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int64, torch.float64])
+def test_every_dtype_is_fingerprinted(dtype: torch.dtype) -> None:
+    x = (torch.arange(10) % 3).to(dtype)
+    y = x.clone()
+    y[4] = 1 if dtype != torch.bool else (not bool(y[4]))
+    y[4] = y[4] if y[4] != x[4] else 2
+    _all_differ(x, y)
+
+
+def test_fingerprints_route_by_device_and_keep_order() -> None:
+    tensors = [torch.randn(3), torch.randn(4, 4), torch.zeros(0)]
+    assert fingerprints(torch, tensors) == [cpu_hash(t) for t in tensors]

@@ -1,0 +1,68 @@
+"""Verdict logic on hand-written traces and records (the functional tests cover real runs)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from cascade_repro.determinism.verdict import judge
+
+
+def _record(step: int, loss: float = 1.0) -> dict[str, Any]:
+    return {
+        "step": step,
+        "rng": {"torch": f"r{step}"},
+        "batch": f"b{step}",
+        "loss": {"bits": int(loss * 1e6), "value": loss, "dtype": "float32"},
+        "grads": {"w": f"g{step}"},
+        "params_after": {"w": f"p{step}"},
+    }
+
+
+def _manifest(run_id: str, **torch: Any) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "params": {"values": {"lr": 0.1}, "seed": 0},
+        "git": {"commit": "c1"},
+        "command": {"script": "t.py", "argv": []},
+        "determinism": {"mode": "warn"},
+        "torch": {"version": "2.13.0", "num_threads": 2, **torch},
+        "environment": {},
+        "hardware": {"cpu": {"model": "x"}},
+        "trace": {"algorithm": "xxh3_64", "interval": 1},
+    }
+
+
+def test_class_a_difference_within_tolerance_is_numerically_equivalent() -> None:
+    trace = [_record(i, 1.0 - i / 10) for i in range(5)]
+    other = copy.deepcopy(trace)
+    for record in other:
+        record["grads"]["w"] += "x"
+        record["loss"]["bits"] += 1
+        record["loss"]["value"] *= 1 + 1e-7
+    verdict = judge(_manifest("a"), _manifest("b", cpu_capability="AVX2"), trace, other, rtol=1e-5)
+    assert verdict.verdict == "NUMERICALLY_EQUIVALENT"
+    assert "cpu_capability None → AVX2" in verdict.summary
+    strict = judge(_manifest("a"), _manifest("b", cpu_capability="AVX2"), trace, other, rtol=1e-9, atol=0)
+    assert strict.verdict == "DIVERGED"
+
+
+def test_causal_order_reports_the_earliest_facet_first() -> None:
+    trace = [_record(i) for i in range(3)]
+    other = copy.deepcopy(trace)
+    other[1]["batch"] = "changed"
+    other[1]["params_after"]["w"] = "changed"
+    verdict = judge(_manifest("a"), _manifest("b"), trace, other)
+    assert verdict.verdict == "DIVERGED"
+    assert verdict.comparison.step == 1
+    assert verdict.comparison.facets() == ["batch", "params_after"]
+    assert "the data differs at step 1" in verdict.causes[0].summary
+
+
+def test_missing_trace_or_other_algorithm_is_incomparable() -> None:
+    trace = [_record(0)]
+    assert judge(_manifest("a"), _manifest("b"), trace, []).verdict == "INCOMPARABLE"
+    other = _manifest("b")
+    other["trace"] = {"algorithm": "blake2b_64", "interval": 1}
+    verdict = judge(_manifest("a"), other, trace, trace)
+    assert verdict.verdict == "INCOMPARABLE" and "algorithm" in verdict.summary
