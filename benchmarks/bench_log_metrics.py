@@ -17,28 +17,44 @@ from common import CASCADE, HERE, clean_env, median, scratch_repo, verdict
 def main() -> None:
     repo = scratch_repo({"steps.py": HERE / "scripts" / "steps.py"})
     env = clean_env()
-    subprocess.run([*CASCADE, "run", "steps.py", "cascade.json", "cascade"], cwd=repo, env=env, check=True,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [*CASCADE, "run", "steps.py", "cascade.json", "cascade"],
+        cwd=repo,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     mlflow_env = {**env, "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'direct.db'}"}
-    subprocess.run([sys.executable, "steps.py", "mlflow.json", "mlflow"], cwd=repo, env=mlflow_env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "steps.py", "mlflow.json", "mlflow"],
+        cwd=repo,
+        env=mlflow_env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
     ours = json.loads((repo / "cascade.json").read_text())
     theirs = json.loads((repo / "mlflow.json").read_text())
     ratio = median(ours["times"]["on"]) / median(ours["times"]["off"])
     mlflow_ratio = median(theirs["times"]["on"]) / median(theirs["times"]["off"])
 
-    listed = subprocess.run([*CASCADE, "ls", "--json"], cwd=repo, env=env, check=True, capture_output=True, text=True)
+    listed = subprocess.run(
+        [*CASCADE, "ls", "--json"], cwd=repo, env=env, check=True, capture_output=True, text=True
+    )
     run_id = json.loads(listed.stdout)["data"][0]["run_id"]
-    shown = subprocess.run([*CASCADE, "show", run_id, "--json"], cwd=repo, env=env, check=True, capture_output=True,
-                           text=True)  # fmt: skip
+    shown = subprocess.run(
+        [*CASCADE, "show", run_id, "--json"], cwd=repo, env=env, check=True, capture_output=True, text=True
+    )
     metrics = json.loads(shown.stdout)["data"]["manifest"]["metrics"]
 
     print(f"step time (off)                 : {median(ours['times']['off']) * 1e3:.3f} ms")
     print(f"cascade log_metrics every step  : ratio {ratio:.4f}  (target <= 1.03: {verdict(ratio, 1.03)})")
     print(f"mlflow.log_metrics every step   : ratio {mlflow_ratio:.4f}  (the competitor, same run)")
-    print(f"one log_metrics call, 5 scalars : {ours['enqueue_us']:.2f} us  (target <= 10: "
-          f"{verdict(ours['enqueue_us'], 10)})")  # fmt: skip
+    print(
+        f"one log_metrics call, 5 scalars : {ours['enqueue_us']:.2f} us  (target <= 10: "
+        f"{verdict(ours['enqueue_us'], 10)})"
+    )
     points, requests = metrics["points"], metrics["requests"]
     print(f"MLflow requests for {points} points: {requests} (ceil(N/1000) = {math.ceil(points / 1000)})")
 

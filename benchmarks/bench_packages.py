@@ -23,7 +23,9 @@ def main() -> None:
         packages = capture_packages()
         ours.append(time.perf_counter() - started)
         started = time.perf_counter()
-        frozen = subprocess.run([sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True, check=True)
+        frozen = subprocess.run(
+            [sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True, check=True
+        )
         theirs.append(time.perf_counter() - started)
     ratio = median(ours) / median(theirs)
     lines = [line for line in frozen.stdout.splitlines() if line and not line.startswith("#")]

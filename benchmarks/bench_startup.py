@@ -16,14 +16,18 @@ REPEATS = 5
 
 def first_line_delay(command: list[str], repo, env) -> float:  # type: ignore[no-untyped-def]
     started = time.time()
-    subprocess.run(command, cwd=repo, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        command, cwd=repo, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     return float((repo / "first_line.json").read_text()) - started
 
 
 def main() -> None:
     repo = scratch_repo({"first_line.py": HERE / "scripts" / "first_line.py"})
     env = clean_env()
-    subprocess.run([*CASCADE, "run", "first_line.py"], cwd=repo, env=env, check=True, capture_output=True)  # warm
+    subprocess.run(
+        [*CASCADE, "run", "first_line.py"], cwd=repo, env=env, check=True, capture_output=True
+    )  # warm
     bare, ours = [], []
     for _ in range(REPEATS):
         bare.append(first_line_delay([sys.executable, "first_line.py"], repo, env))

@@ -16,13 +16,17 @@ REPEATS = 6
 
 def wall(command: list[str], repo, env) -> float:  # type: ignore[no-untyped-def]
     started = time.perf_counter()
-    subprocess.run(command, cwd=repo, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        command, cwd=repo, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     return time.perf_counter() - started
 
 
 def main() -> None:
     example = ROOT / "examples" / "digits"
-    repo = scratch_repo({"train.py": example / "train.py", "hyperparameters.yaml": example / "hyperparameters.yaml"})
+    repo = scratch_repo(
+        {"train.py": example / "train.py", "hyperparameters.yaml": example / "hyperparameters.yaml"}
+    )
     env = clean_env()
     wall([*CASCADE, "run", "train.py", "--epochs", "1"], repo, env)  # creates the store; warms caches
     bare, ours = [], []
@@ -35,8 +39,10 @@ def main() -> None:
     ratio = min(ours) / min(bare)
     print(f"python train.py      : best {min(bare):.2f} s, median {median(bare):.2f} s (of {REPEATS})")
     print(f"cascade run train.py : best {min(ours):.2f} s, median {median(ours):.2f} s")
-    print(f"ratio of the best    : {ratio:.3f}  (target <= 1.05: {verdict(ratio, 1.05)}); "
-          f"of the medians {median(ours) / median(bare):.3f}")  # fmt: skip
+    print(
+        f"ratio of the best    : {ratio:.3f}  (target <= 1.05: {verdict(ratio, 1.05)}); "
+        f"of the medians {median(ours) / median(bare):.3f}"
+    )
 
 
 if __name__ == "__main__":

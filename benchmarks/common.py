@@ -21,8 +21,13 @@ def scratch_repo(files: dict[str, Path]) -> Path:
     for name, source in files.items():
         shutil.copyfile(source, root / name)
     (root / ".gitignore").write_text("mlflow.db\nmlruns/\n.cascade/\n*.json\n")
-    env = {**os.environ, "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "b@e", "GIT_COMMITTER_NAME": "bench",
-           "GIT_COMMITTER_EMAIL": "b@e"}  # fmt: skip
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "bench",
+        "GIT_AUTHOR_EMAIL": "b@e",
+        "GIT_COMMITTER_NAME": "bench",
+        "GIT_COMMITTER_EMAIL": "b@e",
+    }
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "bench"]):
         subprocess.run(["git", *args], cwd=root, check=True, env=env)
     return root

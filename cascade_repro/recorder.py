@@ -154,6 +154,7 @@ def child_environment(plan: RunPlan, run_dir: Path) -> dict[str, str]:
     env[protocol.ENV_SEED] = str(plan.params.seed)
     env[protocol.ENV_DETERMINISM] = plan.determinism
     env[protocol.ENV_TRACE_INTERVAL] = str(plan.settings.trace_interval)
+    env[protocol.ENV_TRACE_GRADS] = "1" if plan.settings.trace_grads else "0"
     env["PYTHONHASHSEED"] = str(plan.params.seed % 4294967296)
     env["MLFLOW_TRACKING_URI"] = plan.settings.tracking_uri
     env.setdefault("MLFLOW_EXPERIMENT_NAME", plan.settings.experiment)

@@ -35,6 +35,7 @@ class Settings:
     docker: Mapping[str, Any] = field(default_factory=dict)
     metrics_flush_s: float = 5.0
     trace_interval: int = 1  # record every Nth optimizer step; 0 turns the trace off
+    trace_grads: bool = True  # gradient fingerprints: tell "backward differs" from "a write between steps"
 
     @property
     def runs_dir(self) -> Path:
@@ -53,7 +54,7 @@ def load_settings(root: Path, environ: Mapping[str, str] | None = None) -> Setti
     known = {
         "experiment", "tracking_uri", "params_file", "checkpoints_dir", "determinism",
         "untracked_max_bytes", "env_allow_prefixes", "key_metrics", "dvc", "docker",
-        "metrics_flush_s", "trace_interval",
+        "metrics_flush_s", "trace_interval", "trace_grads",
     }  # fmt: skip
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -88,6 +89,7 @@ def load_settings(root: Path, environ: Mapping[str, str] | None = None) -> Setti
         docker=dict(raw.get("docker") or {}),
         metrics_flush_s=float(raw.get("metrics_flush_s", 5.0)),
         trace_interval=_int(raw.get("trace_interval", 1), "trace_interval"),
+        trace_grads=bool(raw.get("trace_grads", True)),
     )
 
 

@@ -65,4 +65,5 @@ if mode == "cascade":
         cascade_repro.log_metrics(values, step=i)
     enqueue_us = (time.perf_counter() - started) / calls * 1e6
 
-json.dump({"times": times, "enqueue_us": enqueue_us, "logged_steps": step}, open(out, "w"))
+with open(out, "w") as handle:
+    json.dump({"times": times, "enqueue_us": enqueue_us, "logged_steps": step}, handle)

@@ -70,7 +70,8 @@ def main(argv: list[str]) -> None:
         if interval > 0:
             from cascade_repro.child.trace import StepTracer
 
-            tracer = StepTracer(torch, run_dir / protocol.TRACE_FILE, interval)
+            grads = os.environ.get(protocol.ENV_TRACE_GRADS, "1") != "0"
+            tracer = StepTracer(torch, run_dir / protocol.TRACE_FILE, interval, grads=grads)
             tracer.install()
             atexit.register(tracer.close)
             facts.update(trace=tracer.header())

@@ -12,6 +12,7 @@ ENV_RUN_DIR = "CASCADE_RUN_DIR"
 ENV_SEED = "CASCADE_SEED"
 ENV_DETERMINISM = "CASCADE_DETERMINISM"
 ENV_TRACE_INTERVAL = "CASCADE_TRACE_INTERVAL"  # record every Nth optimizer step; 0: no trace
+ENV_TRACE_GRADS = "CASCADE_TRACE_GRADS"  # "0": no gradient fingerprints
 
 # Files inside the run directory.
 PARAMS_FILE = "params.json"  # parent → child: resolved hyperparameters

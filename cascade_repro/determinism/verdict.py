@@ -70,7 +70,7 @@ def judge(
             (),
             f"run {missing[:12]} has no step trace (recorded with --trace-interval 0 or no optimizer)",
         )
-    for key in ("algorithm", "interval"):
+    for key in ("algorithm", "interval", "grads"):
         if header_a.get(key) != header_b.get(key):
             comparison = compare_traces([], [])
             return Verdict(

@@ -11,7 +11,8 @@ from cascade_repro.determinism.fingerprint import cpu_hash, device_checksums, fi
 
 
 def _nan(payload: int) -> torch.Tensor:
-    return torch.tensor([struct.unpack("<f", struct.pack("<I", 0x7FC00000 | payload))[0]], dtype=torch.float32)
+    value = struct.unpack("<f", struct.pack("<I", 0x7FC00000 | payload))[0]
+    return torch.tensor([value], dtype=torch.float32)
 
 
 def _both(t: torch.Tensor) -> tuple[str, str]:
@@ -60,7 +61,9 @@ def test_a_permutation_differs() -> None:
     _all_differ(x, x.flip(0), x[torch.randperm(64, generator=torch.Generator().manual_seed(1))])
 
 
-@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int64, torch.float64])
+@pytest.mark.parametrize(
+    "dtype", [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int64, torch.float64]
+)
 def test_every_dtype_is_fingerprinted(dtype: torch.dtype) -> None:
     x = (torch.arange(10) % 3).to(dtype)
     y = x.clone()
