@@ -50,8 +50,10 @@ class StepTracer:
         self._loss: Any = None
         self._batch: str | None = None
         self._rng = self._rng_fingerprint()  # step 0 starts now (seeded already)
-        self.nondeterministic: list[str] = []
         self._closed = False
+        self._mode = "undecided"  # "optimizer" or "manual" once known
+        self._manual: list[Any] = []
+        self._rng_next = self._rng
 
     # -- hooks ------------------------------------------------------------------------------
     def install(self) -> None:
@@ -59,15 +61,21 @@ class StepTracer:
         optim = importlib.import_module("torch.optim.optimizer")  # not loaded by `import torch` alone
         optim.register_optimizer_step_pre_hook(self._guarded(self._before_step))
         optim.register_optimizer_step_post_hook(self._guarded(self._after_step))
-        original_backward = torch.Tensor.backward
+        autograd = importlib.import_module("torch.autograd")
+        original_backward = autograd.backward
         tracer = self
 
-        def backward(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-            if tensor.numel() == 1:
-                tracer._loss = tensor.detach()
-            return original_backward(tensor, *args, **kwargs)
+        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            # Tensor.backward() calls torch.autograd.backward(), so this sees both spellings.
+            loss = tensors if isinstance(tensors, torch.Tensor) else None
+            if loss is not None and loss.numel() == 1:
+                tracer._loss = loss.detach()
+            tracer._guarded_manual(tracer._before_backward)
+            result = original_backward(tensors, *args, **kwargs)
+            tracer._guarded_manual(tracer._after_backward)
+            return result
 
-        torch.Tensor.backward = backward
+        autograd.backward = backward  # type: ignore[attr-defined]
         self._wrap_dataloader()
 
     def _wrap_dataloader(self) -> None:
@@ -97,12 +105,73 @@ class StepTracer:
 
         return run
 
+    def _guarded_manual(self, hook: Any) -> None:
+        if self._closed or self._mode == "optimizer":
+            return
+        try:
+            with self._lock:
+                hook()
+        except Exception as exc:
+            self._closed = True
+            self._pending = None
+            sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
+
+    # Scripts that update weights by hand (no torch.optim) get one record per backward(). The mode
+    # is decided at the second backward: an optimizer step before it means "optimizer"; weights
+    # that changed since the first backward mean "manual"; unchanged weights (gradient
+    # accumulation, a backward for analysis) leave it undecided and the first record is dropped.
+    def _before_backward(self) -> None:
+        if self._pending is None:
+            return
+        params = self._manual_params()
+        after = self._hash_params(params)
+        if self._mode == "undecided":
+            if after == self._pending.get("params_before"):
+                self._pending = None
+                return
+            self._mode = "manual"
+        self._pending["params_after"] = after
+        if self.step != 0:
+            self._pending.pop("params_before", None)
+        self._write(self._pending)
+        self._pending = None
+        self.step += 1
+        self._rng = self._rng_next
+
+    def _after_backward(self) -> None:
+        params = self._manual_params()
+        if not params:
+            return
+        record: dict[str, Any] = {
+            "step": self.step,
+            "rng": self._rng,
+            "batch": self._batch,
+            "loss": self._loss_record(),
+            "grads": self._hash_grads(params) if self.grads else None,
+        }
+        if self._mode == "undecided":
+            record["params_before"] = self._hash_params(params)
+        self._pending = record
+        self._pending_params = params
+        self._rng_next = self._rng_fingerprint()  # the next step starts after this update
+
+    def _manual_params(self) -> list[Any]:
+        if not self._manual:
+            found = _named_parameters(self.torch)
+            self._names = {id(p): name for name, p in found}
+            self._manual = [p for _, p in found]
+        return self._manual
+
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         with self._lock:
             if self._closed:
                 return
+            if self._mode != "optimizer":
+                if self._mode == "undecided":
+                    self._pending = None  # a manual-mode guess from the first backward(s)
+                self._mode = "optimizer"
             if not self._names:
-                self._names = _parameter_names(self.torch)
+                self._names = {id(p): name for name, p in _named_parameters(self.torch)}
             if self._pending is not None:
                 self._pending["params_after"] = self._hash_params(self._pending_params)
                 self._write(self._pending)
@@ -230,16 +299,19 @@ def _tensors_in(torch: Any, batch: Any, limit: int = 16) -> list[Any]:
     return found
 
 
-def _parameter_names(torch: Any) -> dict[int, str]:
-    """id(parameter) → its module path (e.g. "encoder.0.weight"), from the live root modules."""
+def _named_parameters(torch: Any) -> list[tuple[str, Any]]:
+    """(module path, parameter) for every parameter of the live root modules, sorted by path."""
     with warnings.catch_warnings():  # isinstance() on some lazy torch objects warns
         warnings.simplefilter("ignore")
         modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
     children = {id(c) for m in modules for c in m.children()}
-    names: dict[int, str] = {}
+    seen: set[int] = set()
+    found: list[tuple[str, Any]] = []
     for root in modules:
         if id(root) in children:
             continue
         for name, param in root.named_parameters():
-            names.setdefault(id(param), name)
-    return names
+            if id(param) not in seen:
+                seen.add(id(param))
+                found.append((name, param))
+    return sorted(found, key=lambda item: item[0])

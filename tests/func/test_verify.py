@@ -91,3 +91,20 @@ def test_verify_of_an_unknown_run(project: Project) -> None:
     a = _run(project, "train.py")
     result = project.cascade("verify", a, "nosuchrun")
     assert result.returncode == 1 and "no run 'nosuchrun'" in result.stderr
+
+
+def test_manual_sgd_without_an_optimizer_is_traced_and_verified(project: Project) -> None:
+    from tests.conftest import SCRIPTS
+
+    project.write("manual_sgd.py", (SCRIPTS / "manual_sgd.py").read_text())
+    project.commit("manual sgd")
+    a = _run(project, "manual_sgd.py")
+    b = _run(project, "manual_sgd.py")
+    assert project.manifest(a)["trace"]["steps"] == 20
+    code, verdict = _verify(project, a, b)
+    assert code == 0 and verdict["verdict"] == "BITWISE_IDENTICAL"
+    c = _run(project, "--set", "optimizer.lr=0.2", "manual_sgd.py")
+    code, verdict = _verify(project, a, c)
+    assert code == 3 and verdict["first_divergence"]["step"] == 0
+    assert [f["facet"] for f in verdict["first_divergence"]["facets"]] == ["params_after"]
+    assert verdict["likely_causes"][0]["summary"] == "params differ: optimizer.lr 0.1 → 0.2"
