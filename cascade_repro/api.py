@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shlex
 from dataclasses import dataclass, replace
@@ -202,16 +203,54 @@ class RunRecord:
     metrics: dict[str, float]
     tags: dict[str, str]
     artifact_uri: str
+    trace: TraceSummary | None = None
 
 
-def show_run(ref: str, cwd: Path | None = None) -> RunRecord:
+@dataclass(frozen=True)
+class TraceSummary:
+    """`cascade show --trace`: what the step trace holds, and the loss curve's extremes."""
+
+    steps: int
+    first_step: int | None
+    last_step: int | None
+    algorithm: str | None
+    interval: int | None
+    loss_first: float | None
+    loss_last: float | None
+    loss_min: tuple[int, float] | None  # (step, value)
+    loss_max: tuple[int, float] | None
+    nonfinite_losses: int
+
+
+def show_run(ref: str, cwd: Path | None = None, trace: bool = False) -> RunRecord:
     settings = _context(cwd)
     mlflow_store.probe_store(settings.tracking_uri)
     client = mlflow_store.client(settings.tracking_uri)
     run = mlflow_store.resolve_run(client, ref, settings.experiment)
-    manifest = Manifest.from_dict(mlflow_store.read_json_artifact(client, run.info.run_id, ARTIFACT_PATH))
+    data = mlflow_store.read_json_artifact(client, run.info.run_id, ARTIFACT_PATH)
+    manifest = Manifest.from_dict(data)
+    summary = (
+        _summarize_trace(_trace(client, run.info.run_id, data), data.get("trace") or {}) if trace else None
+    )
     return RunRecord(
-        manifest, run.info.status, dict(run.data.metrics), dict(run.data.tags), run.info.artifact_uri
+        manifest, run.info.status, dict(run.data.metrics), dict(run.data.tags), run.info.artifact_uri, summary
+    )
+
+
+def _summarize_trace(records: list[dict[str, Any]], header: Mapping[str, Any]) -> TraceSummary:
+    losses = [(int(r["step"]), float(r["loss"]["value"])) for r in records if r.get("loss")]
+    finite = [(step, value) for step, value in losses if math.isfinite(value)]
+    return TraceSummary(
+        steps=len(records),
+        first_step=records[0]["step"] if records else None,
+        last_step=records[-1]["step"] if records else None,
+        algorithm=header.get("algorithm"),
+        interval=header.get("interval"),
+        loss_first=losses[0][1] if losses else None,
+        loss_last=losses[-1][1] if losses else None,
+        loss_min=min(finite, key=lambda item: item[1]) if finite else None,
+        loss_max=max(finite, key=lambda item: item[1]) if finite else None,
+        nonfinite_losses=len(losses) - len(finite),
     )
 
 

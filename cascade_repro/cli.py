@@ -182,15 +182,16 @@ def list_command(ctx: click.Context, all_experiments: bool, limit: int, as_json:
 
 @main.command()
 @click.argument("run_ref", metavar="RUN")
+@click.option("--trace", "with_trace", is_flag=True, help="Summarize the step trace (steps, loss extremes).")
 @click.option("--json", "as_json", is_flag=True, help="The full record as JSON.")
 @click.pass_context
-def show(ctx: click.Context, run_ref: str, as_json: bool) -> None:
+def show(ctx: click.Context, run_ref: str, with_trace: bool, as_json: bool) -> None:
     """Show the record of RUN (a run id, a unique prefix of one, a run name or a version)."""
 
     def body() -> None:
         from cascade_repro import api, render
 
-        record = api.show_run(run_ref)
+        record = api.show_run(run_ref, trace=with_trace)
         if as_json:
             data = asdict(record)
             data["manifest"] = record.manifest.to_dict()

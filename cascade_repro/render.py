@@ -143,6 +143,10 @@ def run_record(record: RunRecord) -> None:
         for key, value in flat.items():
             params.add_row(key, json.dumps(value) if not isinstance(value, str) else value)
         console.print(params)
+    if record.trace is not None:
+        _trace_summary(console, record.trace)
+    elif m.trace:
+        console.print(f"trace: {m.trace.get('steps')} steps (cascade show --trace for the loss curve)")
     summary = m.metrics.get("keys", {})
     if summary:
         metrics = Table(title="metrics", box=None, header_style="bold", title_justify="left")
@@ -174,6 +178,21 @@ def verdict(result: Verdict) -> None:
     for record_difference in result.differences:
         if not any(record_difference.summary == cause.summary for cause in result.causes):
             console.print(f"  also differs (class {record_difference.klass}): {record_difference.summary}")
+
+
+def _trace_summary(console: Any, t: Any) -> None:
+    span = f", steps {t.first_step}..{t.last_step}" if t.steps else ""
+    console.print(f"[bold]trace[/]  {t.steps} steps recorded (every {t.interval}, {t.algorithm}){span}")
+    if t.loss_first is None:
+        return
+    parts = [f"loss first {_num(t.loss_first)}", f"last {_num(t.loss_last)}"]
+    if t.loss_min:
+        parts.append(f"min {_num(t.loss_min[1])} at step {t.loss_min[0]}")
+    if t.loss_max:
+        parts.append(f"max {_num(t.loss_max[1])} at step {t.loss_max[0]}")
+    if t.nonfinite_losses:
+        parts.append(f"{t.nonfinite_losses} non-finite")
+    console.print("  " + ", ".join(parts))
 
 
 def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -108,3 +108,43 @@ def test_manual_sgd_without_an_optimizer_is_traced_and_verified(project: Project
     assert code == 3 and verdict["first_divergence"]["step"] == 0
     assert [f["facet"] for f in verdict["first_divergence"]["facets"]] == ["params_after"]
     assert verdict["likely_causes"][0]["summary"] == "params differ: optimizer.lr 0.1 → 0.2"
+
+
+def test_another_cpu_capability_is_numerically_equivalent(project: Project) -> None:
+    """A class-A difference (other CPU kernels): bitwise equality is not expected, tolerance is."""
+    import torch
+
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        pytest.skip("this CPU has no vector capability to step down from")
+    a = _run(project, "train.py")
+    b = _run(project, "train.py", env={"ATEN_CPU_CAPABILITY": "default"})
+    code, verdict = _verify(project, a, b)
+    assert project.manifest(b)["torch"]["cpu_capability"] == "DEFAULT"
+    assert code == 0 and verdict["verdict"] == "NUMERICALLY_EQUIVALENT", verdict["summary"]
+    assert "cpu_capability" in verdict["summary"]
+    strict = json.loads(project.cascade("verify", a, b, "--rtol", "0", "--atol", "0", "--json").stdout)[
+        "data"
+    ]
+    assert strict["verdict"] == "DIVERGED"
+
+
+def test_show_trace_summarizes_the_recorded_losses(project: Project) -> None:
+    run_id = _run(project, "train.py")
+    losses = json.loads((project.root / "out/losses.json").read_text())
+    shown = json.loads(project.cascade("show", run_id, "--trace", "--json", check=True).stdout)["data"][
+        "trace"
+    ]
+    assert shown["steps"] == len(losses) == 20
+    assert (shown["first_step"], shown["last_step"]) == (0, 19)
+    assert shown["loss_first"] == losses[0] and shown["loss_last"] == losses[-1]  # the same bits
+    assert shown["loss_min"] == [losses.index(min(losses)), min(losses)]
+    human = project.cascade("show", run_id, "--trace", check=True).stdout
+    assert "20 steps recorded" in human
+
+
+def test_trace_interval_zero_records_no_trace(project: Project) -> None:
+    a = _run(project, "--trace-interval", "0", "train.py")
+    b = _run(project, "train.py")
+    assert project.manifest(a)["trace"] is None
+    code, verdict = _verify(project, a, b)
+    assert code == 3 and verdict["verdict"] == "INCOMPARABLE" and "no step trace" in verdict["summary"]
