@@ -148,3 +148,21 @@ def test_trace_interval_zero_records_no_trace(project: Project) -> None:
     assert project.manifest(a)["trace"] is None
     code, verdict = _verify(project, a, b)
     assert code == 3 and verdict["verdict"] == "INCOMPARABLE" and "no step trace" in verdict["summary"]
+
+
+def test_shuffled_dataloader_with_workers_is_reproduced_batch_for_batch(project: Project) -> None:
+    from tests.conftest import SCRIPTS
+
+    project.write("loader.py", (SCRIPTS / "loader.py").read_text())
+    project.commit("loader")
+    a = _run(project, "loader.py")
+    b = _run(project, "loader.py")
+    records = project.cascade("show", a, "--trace", "--json", check=True)
+    assert json.loads(records.stdout)["data"]["trace"]["steps"] == 16
+    code, verdict = _verify(project, a, b)
+    assert code == 0 and verdict["verdict"] == "BITWISE_IDENTICAL"
+    c = _run(project, "--seed", "5", "loader.py")
+    code, verdict = _verify(project, a, c)
+    assert verdict["first_divergence"]["step"] == 0
+    assert verdict["first_divergence"]["facets"][0]["facet"] == "rng"
+    assert "batch" in [f["facet"] for f in verdict["first_divergence"]["facets"]]  # another shuffle
