@@ -135,7 +135,9 @@ def run_record(record: RunRecord) -> None:
         if value:
             table.add_row(key, value)
     console.print(table)
-    flat = _flatten(m.params.get("values", {}))
+    from cascade_repro.params import flatten
+
+    flat = flatten(m.params.get("values", {}))
     if flat:
         params = Table(title="params", box=None, header_style="bold", title_justify="left")
         params.add_column("key")
@@ -193,16 +195,6 @@ def _trace_summary(console: Any, t: Any) -> None:
     if t.nonfinite_losses:
         parts.append(f"{t.nonfinite_losses} non-finite")
     console.print("  " + ", ".join(parts))
-
-
-def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict) and value:
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def _num(value: float) -> str:

@@ -8,7 +8,8 @@ when step k+1 begins (or at exit), so a write outside the optimizer (EMA, hook, 
 between the two steps counts as part of step k. One parameter hash per step serves as both
 "after k" and "before k+1".
 
-Records are streamed to `trace.jsonl` and flushed every step, so a crashed run keeps its prefix.
+Records are streamed to `trace.jsonl` (flushed every half second and at exit), so a crashed run
+keeps its prefix. Scripts without an optimizer get one record per `backward()` (see below).
 """
 
 from __future__ import annotations
@@ -142,13 +143,7 @@ class StepTracer:
         params = self._manual_params()
         if not params:
             return
-        record: dict[str, Any] = {
-            "step": self.step,
-            "rng": self._rng,
-            "batch": self._batch,
-            "loss": self._loss_record(),
-            "grads": self._hash_grads(params) if self.grads else None,
-        }
+        record = self._new_record(params)
         if self._mode == "undecided":
             record["params_before"] = self._hash_params(params)
         self._pending = record
@@ -179,13 +174,7 @@ class StepTracer:
             if self.step % self.interval != 0:
                 return
             params = [p for group in optimizer.param_groups for p in group["params"]]
-            record: dict[str, Any] = {
-                "step": self.step,
-                "rng": self._rng,
-                "batch": self._batch,
-                "loss": self._loss_record(),
-                "grads": self._hash_grads(params) if self.grads else None,
-            }
+            record = self._new_record(params)
             if self.step == 0:
                 record["params_before"] = self._hash_params(params)
             self._pending = record
@@ -210,6 +199,16 @@ class StepTracer:
             self._file.close()
 
     # -- pieces -----------------------------------------------------------------------------
+    def _new_record(self, params: list[Any]) -> dict[str, Any]:
+        """Step k up to its gradients; "params_after" is added when step k+1 begins."""
+        return {
+            "step": self.step,
+            "rng": self._rng,
+            "batch": self._batch,
+            "loss": self._loss_record(),
+            "grads": self._hash_grads(params) if self.grads else None,
+        }
+
     def _write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
         now = time.monotonic()

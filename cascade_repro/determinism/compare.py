@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 FACETS = ("rng", "batch", "params_before", "loss", "grads", "params_after")
 FACET_WORDS = {
@@ -110,29 +110,28 @@ def _ulps(x: float, y: float) -> int:
     return abs(ix - iy)
 
 
+def _loss_pairs(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> Iterator[tuple[float, float]]:
+    """(loss in a, loss in b) for each step both recorded a loss."""
+    for x, y in zip(a, b, strict=False):
+        la, lb = x.get("loss"), y.get("loss")
+        if la and lb:
+            yield float(la["value"]), float(lb["value"])
+
+
 def _loss_max_rel(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> float:
     worst = 0.0
-    for x, y in zip(a, b, strict=True):
-        la, lb = x.get("loss"), y.get("loss")
-        if not la or not lb:
-            continue
-        va, vb = float(la["value"]), float(lb["value"])
+    for va, vb in _loss_pairs(a, b):
         if math.isnan(va) or math.isnan(vb):
             if math.isnan(va) != math.isnan(vb):
                 return math.inf
             continue
-        scale = max(abs(va), abs(vb), 1e-30)
-        worst = max(worst, abs(va - vb) / scale)
+        worst = max(worst, abs(va - vb) / max(abs(va), abs(vb), 1e-30))
     return worst
 
 
 def losses_within(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], rtol: float, atol: float) -> bool:
     """Every step's loss agrees within atol + rtol·|loss| (the numpy.isclose rule, symmetric)."""
-    for x, y in zip(a, b, strict=False):
-        la, lb = x.get("loss"), y.get("loss")
-        if not la or not lb:
-            continue
-        va, vb = float(la["value"]), float(lb["value"])
+    for va, vb in _loss_pairs(a, b):
         if math.isnan(va) and math.isnan(vb):
             continue
         if not abs(va - vb) <= atol + rtol * max(abs(va), abs(vb)):

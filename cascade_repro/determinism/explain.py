@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from cascade_repro.determinism.compare import FACET_WORDS, TraceComparison
+from cascade_repro.params import flatten
 
 CLASS_A_TORCH = (
     "version",
@@ -55,7 +56,7 @@ class Cause:
 
 def manifest_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Difference]:
     out: list[Difference] = []
-    pa, pb = _flat(a.get("params", {}).get("values", {})), _flat(b.get("params", {}).get("values", {}))
+    pa, pb = flatten(a.get("params", {}).get("values", {})), flatten(b.get("params", {}).get("values", {}))
     changed = sorted(k for k in set(pa) | set(pb) if k != "seed" and pa.get(k) != pb.get(k))
     if changed:
         listed = ", ".join(f"{k} {pa.get(k, '—')} → {pb.get(k, '—')}" for k in changed[:6])
@@ -185,16 +186,6 @@ def likely_causes(
 
 def _mode(manifest: Mapping[str, Any]) -> str:
     return str(manifest.get("determinism", {}).get("mode"))
-
-
-def _flat(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, Mapping) and value:
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def _patch(git: Mapping[str, Any]) -> Any:

@@ -56,44 +56,27 @@ def judge(
     atol: float = 1e-8,
 ) -> Verdict:
     a_id, b_id = str(manifest_a.get("run_id")), str(manifest_b.get("run_id"))
-    differences = manifest_differences(manifest_a, manifest_b)
+    differences = tuple(manifest_differences(manifest_a, manifest_b))
+
+    def verdict(
+        kind: str, summary: str, comparison: TraceComparison, causes: tuple[Cause, ...] = ()
+    ) -> Verdict:
+        return Verdict(kind, a_id, b_id, comparison, differences, causes, summary)
+
     header_a, header_b = manifest_a.get("trace") or {}, manifest_b.get("trace") or {}
     if not trace_a or not trace_b:
         missing = a_id if not trace_a else b_id
-        comparison = compare_traces([], [])
-        return Verdict(
-            INCOMPARABLE,
-            a_id,
-            b_id,
-            comparison,
-            tuple(differences),
-            (),
-            f"run {missing[:12]} has no step trace (recorded with --trace-interval 0 or no optimizer)",
-        )
+        reason = f"run {missing[:12]} has no step trace (recorded with --trace-interval 0 or no optimizer)"
+        return verdict(INCOMPARABLE, reason, compare_traces([], []))
     for key in ("algorithm", "interval", "grads"):
         if header_a.get(key) != header_b.get(key):
-            comparison = compare_traces([], [])
-            return Verdict(
-                INCOMPARABLE,
-                a_id,
-                b_id,
-                comparison,
-                tuple(differences),
-                (),
-                f"the traces differ in {key}: {header_a.get(key)} vs {header_b.get(key)}",
-            )
+            reason = f"the traces differ in {key}: {header_a.get(key)} vs {header_b.get(key)}"
+            return verdict(INCOMPARABLE, reason, compare_traces([], []))
     comparison = compare_traces(trace_a, trace_b)
-    causes = tuple(likely_causes(manifest_a, manifest_b, comparison, differences))
-    class_a = [d for d in differences if d.klass == "A"]
+    causes = tuple(likely_causes(manifest_a, manifest_b, comparison, list(differences)))
     if comparison.step is None and comparison.same_length:
-        return Verdict(
-            BITWISE_IDENTICAL,
-            a_id,
-            b_id,
-            comparison,
-            tuple(differences),
-            (),
-            f"all {comparison.compared} steps are bitwise identical",
+        return verdict(
+            BITWISE_IDENTICAL, f"all {comparison.compared} steps are bitwise identical", comparison
         )
     where = _where(comparison) if comparison.step is not None else ""
     if not comparison.same_length:
@@ -102,27 +85,16 @@ def judge(
             if comparison.step is None
             else f"within them, {where}"
         )
-        return Verdict(
-            INCOMPARABLE,
-            a_id,
-            b_id,
-            comparison,
-            tuple(differences),
-            causes,
-            f"the runs have {comparison.steps_a} and {comparison.steps_b} steps; {overlap}",
-        )
+        summary = f"the runs have {comparison.steps_a} and {comparison.steps_b} steps; {overlap}"
+        return verdict(INCOMPARABLE, summary, comparison, causes)
+    class_a = [d for d in differences if d.klass == "A"]
     if class_a and losses_within(trace_a, trace_b, rtol, atol):
-        return Verdict(
-            NUMERICALLY_EQUIVALENT,
-            a_id,
-            b_id,
-            comparison,
-            tuple(differences),
-            causes,
-            f"losses agree within rtol {rtol:g} (max {comparison.loss_max_rel:.2g}); bitwise equality is "
-            f"not expected because {class_a[0].summary}",
+        summary = (
+            f"losses agree within rtol {rtol:g} (max {comparison.loss_max_rel:.2g}); bitwise equality is not "
+            f"expected because {class_a[0].summary}"
         )
-    return Verdict(DIVERGED, a_id, b_id, comparison, tuple(differences), causes, where)
+        return verdict(NUMERICALLY_EQUIVALENT, summary, comparison, causes)
+    return verdict(DIVERGED, where, comparison, causes)
 
 
 def _where(comparison: TraceComparison) -> str:

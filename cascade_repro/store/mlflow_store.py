@@ -191,12 +191,7 @@ def finish_run(mlflow: MlflowClient, run_id: str, status: str, end_ms: int) -> N
 
 
 def read_json_artifact(mlflow: MlflowClient, run_id: str, artifact_file: str) -> Any:
-    with tempfile.TemporaryDirectory(prefix="cascade-") as tmp:
-        try:
-            local = mlflow.download_artifacts(run_id, artifact_file, tmp)
-        except Exception as exc:
-            raise StoreError(f"run {run_id} has no {artifact_file}: {_first_line(exc)}") from exc
-        return json.loads(Path(local).read_text(encoding="utf-8"))
+    return json.loads(read_text_artifact(mlflow, run_id, artifact_file))
 
 
 def read_text_artifact(mlflow: MlflowClient, run_id: str, artifact_file: str) -> str:
