@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from cascade_repro.capture.git import head_commit, is_dirty
 from cascade_repro.determinism.verdict import Verdict, judge
-from cascade_repro.errors import DirtyTreeRefused, UsageError
+from cascade_repro.errors import DirtyTreeRefused, RunNotFound, StoreError, UsageError
 from cascade_repro.manifest import ARTIFACT_PATH, Manifest
 from cascade_repro.params import find_params_file, resolve_params
 from cascade_repro.project import InitResult, find_repo_root, init_project
@@ -227,7 +227,7 @@ def show_run(ref: str, cwd: Path | None = None, trace: bool = False) -> RunRecor
     mlflow_store.probe_store(settings.tracking_uri)
     client = mlflow_store.client(settings.tracking_uri)
     run = mlflow_store.resolve_run(client, ref, settings.experiment)
-    data = mlflow_store.read_json_artifact(client, run.info.run_id, ARTIFACT_PATH)
+    data = _manifest_data(client, run.info.run_id)
     manifest = Manifest.from_dict(data)
     summary = (
         _summarize_trace(_trace(client, run.info.run_id, data), data.get("trace") or {}) if trace else None
@@ -267,7 +267,7 @@ def verify(
     mlflow_store.probe_store(settings.tracking_uri)
     client = mlflow_store.client(settings.tracking_uri)
     runs = [mlflow_store.resolve_run(client, ref, settings.experiment) for ref in (ref_a, ref_b)]
-    manifests = [mlflow_store.read_json_artifact(client, r.info.run_id, ARTIFACT_PATH) for r in runs]
+    manifests = [_manifest_data(client, r.info.run_id) for r in runs]
     traces = [_trace(client, r.info.run_id, m) for r, m in zip(runs, manifests, strict=True)]
     verdict = judge(manifests[0], manifests[1], traces[0], traces[1], rtol=rtol, atol=atol)
     if record:
@@ -281,6 +281,17 @@ def verify(
             client, later.info.run_id, verdict.to_dict(), f"cascade/verify/{earlier.info.run_id}.json"
         )
     return verdict
+
+
+def _manifest_data(client: Any, run_id: str) -> dict[str, Any]:
+    try:
+        data = mlflow_store.read_json_artifact(client, run_id, ARTIFACT_PATH)
+    except StoreError:
+        raise RunNotFound(
+            f"run {run_id} has no cascade record ({ARTIFACT_PATH})",
+            hint="it was not made by `cascade run`, or its recording stopped before the record was written",
+        ) from None
+    return dict(data)
 
 
 def _trace(client: Any, run_id: str, manifest: Mapping[str, Any]) -> list[dict[str, Any]]:

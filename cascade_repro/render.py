@@ -183,6 +183,11 @@ def verdict(result: Verdict) -> None:
 
 
 def _trace_summary(console: Any, t: Any) -> None:
+    if t.algorithm is None:
+        console.print(
+            "[bold]trace[/]  none: the script ran no optimizer step or backward(), or --trace-interval 0"
+        )
+        return
     span = f", steps {t.first_step}..{t.last_step}" if t.steps else ""
     console.print(f"[bold]trace[/]  {t.steps} steps recorded (every {t.interval}, {t.algorithm}){span}")
     if t.loss_first is None:
