@@ -99,3 +99,14 @@ def test_bad_seed_is_a_usage_error(project: Project) -> None:
     result = project.cascade("run", "--seed", "abc", "train.py")
     assert result.returncode == 2 and "--seed must be an integer or 'random'" in result.stderr
     _nothing_recorded(project)
+
+
+def test_a_run_not_made_by_cascade_is_named_as_such(project: Project) -> None:
+    client = project.client()
+    experiment = client.create_experiment("plain", artifact_location=(project.root / "mlruns").as_uri())
+    foreign = client.create_run(experiment).info.run_id
+    for command in (["show", foreign], ["verify", foreign, foreign]):
+        result = project.cascade(*command)
+        assert result.returncode == 1
+        assert f"run {foreign} has no cascade record" in result.stderr
+        assert "not made by `cascade run`" in result.stderr
