@@ -9,10 +9,9 @@ import os
 import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from cascade_repro.capture.git import head_commit, is_dirty
-from cascade_repro.determinism.verdict import Verdict, judge
 from cascade_repro.errors import DirtyTreeRefused, RunNotFound, StoreError, UsageError
 from cascade_repro.manifest import ARTIFACT_PATH, Manifest
 from cascade_repro.params import find_params_file, resolve_params
@@ -20,6 +19,9 @@ from cascade_repro.project import InitResult, find_repo_root, init_project
 from cascade_repro.recorder import Notify, RunPlan, RunResult, own_paths, record_run
 from cascade_repro.settings import Settings, load_settings
 from cascade_repro.store import mlflow_store
+
+if TYPE_CHECKING:
+    from cascade_repro.determinism.verdict import Verdict
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +265,8 @@ def verify(
     record: bool = True,
 ) -> Verdict:
     """Compare two recorded runs step by step; record the verdict on the later one."""
+    from cascade_repro.determinism.verdict import judge  # not on `cascade run`'s start path
+
     settings = _context(cwd)
     mlflow_store.probe_store(settings.tracking_uri)
     client = mlflow_store.client(settings.tracking_uri)

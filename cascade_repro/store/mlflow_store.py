@@ -10,9 +10,7 @@ import difflib
 import json
 import socket
 import tempfile
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
@@ -38,13 +36,16 @@ def probe_store(uri: str, timeout_s: float = 3.0) -> None:
     parts = urllib.parse.urlsplit(uri)
     fix = "start the tracking server, fix MLFLOW_TRACKING_URI / tracking_uri in cascade.yaml, or unset it"
     if parts.scheme in ("http", "https"):
+        from urllib import error as url_error  # only remote stores pay for the HTTP stack
+        from urllib import request as url_request
+
         url = uri.rstrip("/") + "/health"
         try:
-            with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - user's store
+            with url_request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - user's store
                 response.read(64)
-        except urllib.error.HTTPError:
+        except url_error.HTTPError:
             return  # it answered: reachable (auth or routing is MLflow's to report)
-        except (urllib.error.URLError, OSError) as exc:
+        except (url_error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise StoreError(f"MLflow tracking server {uri} is unreachable ({reason})", hint=fix) from None
     elif parts.scheme.startswith(("postgresql", "mysql", "mssql")):
