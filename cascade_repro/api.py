@@ -6,7 +6,6 @@ import json
 import logging
 import math
 import os
-import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -311,7 +310,3 @@ def _trace(client: Any, run_id: str, manifest: Mapping[str, Any]) -> list[dict[s
             except ValueError:
                 break  # a run killed mid-write: its trace ends at the last whole record
     return records
-
-
-def command_line(manifest: Manifest) -> str:
-    return shlex.join(manifest.command.get("invocation") or ["python", manifest.command["script"]])

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -29,7 +28,6 @@ class Child:
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> None:
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in wait()
         self._log_lock = threading.Lock()
-        self.started_at = time.time()
         self.process = subprocess.Popen(
             list(argv), env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )

@@ -48,6 +48,7 @@ class StepTracer:
         self._pending: dict[str, Any] | None = None  # step k, waiting for its params-after
         self._pending_params: list[Any] = []
         self._names: dict[int, str] = {}
+        self._named = False  # module paths looked up (once, from the live modules)
         self._loss: Any = None
         self._batch: str | None = None
         self._rng = self._rng_fingerprint()  # step 0 starts now (seeded already)
@@ -151,10 +152,11 @@ class StepTracer:
         self._rng_next = self._rng_fingerprint()  # the next step starts after this update
 
     def _manual_params(self) -> list[Any]:
-        if not self._manual:
+        if not self._named:
             found = _named_parameters(self.torch)
             self._names = {id(p): name for name, p in found}
             self._manual = [p for _, p in found]
+            self._named = True
         return self._manual
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -165,8 +167,9 @@ class StepTracer:
                 if self._mode == "undecided":
                     self._pending = None  # a manual-mode guess from the first backward(s)
                 self._mode = "optimizer"
-            if not self._names:
+            if not self._named:  # once: a script with no nn.Module must not rescan every step
                 self._names = {id(p): name for name, p in _named_parameters(self.torch)}
+                self._named = True
             if self._pending is not None:
                 self._pending["params_after"] = self._hash_params(self._pending_params)
                 self._write(self._pending)

@@ -97,7 +97,3 @@ def fingerprints(torch: Any, tensors: Sequence[Any]) -> list[str]:
         for index, value in zip(indices, device_checksums(torch, [tensors[i] for i in indices]), strict=True):
             out[index] = value
     return [v or "" for v in out]
-
-
-def algorithm_for(device_type: str) -> str:
-    return ALGORITHM if device_type == "cpu" else DEVICE_ALGORITHM
