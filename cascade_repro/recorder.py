@@ -215,7 +215,6 @@ class _Recording:
         self.mlflow: Any = None
         self.opened: mlflow_store.OpenedRun | None = None
         self.writer: MetricsWriter | None = None
-        self.manifest: Manifest | None = None
         self.warnings: list[str] = []
         self.peak_rss_mb = 0.0
 
@@ -251,10 +250,14 @@ class _Recording:
         self.warnings += mlflow_store.log_params(
             self.mlflow, run_id, self._flat_params(), existing=self.opened.existing_params
         )
-        mlflow_store.set_tags(self.mlflow, run_id, {"cascade.dirty": str(git.dirty).lower()})
+        mlflow_store.set_tags(
+            self.mlflow,
+            run_id,
+            {"cascade.dirty": str(git.dirty).lower(), "mlflow.source.git.repoURL": git.remotes.get("origin")},
+        )
         self._log_dirty_state(git)
-        self.manifest = self._manifest(captured, facts={})
-        mlflow_store.log_json(self.mlflow, run_id, self.manifest.to_dict(), ARTIFACT_PATH)
+        early = self._manifest(captured, facts={})  # kept if the parent dies before finish()
+        mlflow_store.log_json(self.mlflow, run_id, early.to_dict(), ARTIFACT_PATH)
 
     # -- after the child ended --------------------------------------------------------------
     def finish(self, ended: ChildExit) -> RunResult:
@@ -305,7 +308,6 @@ class _Recording:
 
     def _start_tags(self) -> dict[str, str]:
         plan = self.plan
-        remote = _origin_url(plan.settings.root)
         tags = {
             "mlflow.source.git.commit": plan.commit,
             "mlflow.source.name": plan.script_rel,
@@ -317,8 +319,6 @@ class _Recording:
             "cascade.argv": json.dumps(list(plan.args)),
             "mlflow.note.content": _note(plan),
         }
-        if remote:
-            tags["mlflow.source.git.repoURL"] = remote
         if plan.run_name:
             tags["mlflow.runName"] = plan.run_name
         return tags
@@ -363,9 +363,7 @@ class _Recording:
         system = dict(captured["system"])
         container = system.pop("container")
         torch = facts.get("torch") or {"version": _installed_version("torch"), "probed": False}
-        determinism = dict(facts.get("determinism") or {"mode": plan.determinism})
-        if "nondeterministic_ops" in facts:
-            determinism["nondeterministic_ops"] = facts["nondeterministic_ops"]
+        determinism = facts.get("determinism") or {"mode": plan.determinism}
         return Manifest(
             run_id=self.opened.run_id,
             experiment=self.opened.experiment,
@@ -465,16 +463,6 @@ def _installed_version(name: str) -> str | None:
         return version(name)
     except PackageNotFoundError:
         return None
-
-
-def _origin_url(root: Path) -> str | None:
-    from cascade_repro.capture.git import git, strip_credentials
-
-    try:
-        url = git(root, "config", "--get", "remote.origin.url").decode().strip()
-    except CascadeError:
-        return None
-    return strip_credentials(url) if url else None
 
 
 def _relative(path: Path, root: Path) -> str:

@@ -39,6 +39,7 @@ class Child:
             pump.start()
         self._received: int | None = None
         self._signal_count = 0
+        self._previous_handlers: dict[int, object] = {}  # restored by restore_signals()
 
     @property
     def pid(self) -> int:
@@ -50,9 +51,9 @@ class Child:
         A terminal's Ctrl-C reaches both processes; the child's bootstrap ignores a repeat within a
         second, so forwarding is always safe. The third signal kills the child outright.
         """
-        previous = {sig: signal.getsignal(sig) for sig in FORWARDED}
         in_main_thread = threading.current_thread() is threading.main_thread()
         if in_main_thread:
+            self._previous_handlers = {sig: signal.getsignal(sig) for sig in FORWARDED}
             for sig in FORWARDED:
                 signal.signal(sig, self._forward)
         try:
@@ -67,7 +68,6 @@ class Child:
                 for sig in FORWARDED:
                     # While the record is finished, signals only warn: nothing may be cut short.
                     signal.signal(sig, _finishing)
-                self._restore = previous
         for pump in self._pumps:
             pump.join(timeout=10)
         with self._log_lock:
@@ -76,8 +76,8 @@ class Child:
         return ChildExit(128 + killed if killed else code, self._received, killed)
 
     def restore_signals(self) -> None:
-        for sig, handler in getattr(self, "_restore", {}).items():
-            signal.signal(sig, handler)
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
 
     def terminate(self, timeout_s: float = 10.0) -> None:
         """Stop the child (used when the run cannot be recorded at all)."""

@@ -33,6 +33,7 @@ class Facts:
         self.data: dict[str, Any] = {"pid": os.getpid(), "started_at": time.time()}
 
     def update(self, **values: Any) -> None:
+        """Merge values (or, with none, re-save sections changed in place)."""
         self.data.update(values)
         try:
             protocol.write_json_atomic(self.path, self.data)
@@ -52,10 +53,13 @@ def main(argv: list[str]) -> None:
 
     seeding.seed_python(seed)
     applied: dict[str, Any] = {"random.seed": seed, **seeding.prepare_environment(mode)}
-    facts.update(determinism={"mode": mode, "applied": applied})
+    # One section, updated in place as libraries load and ops warn, re-saved on every change.
+    determinism: dict[str, Any] = {"mode": mode, "applied": applied}
+    facts.update(determinism=determinism)
 
     def after_torch(torch: ModuleType) -> None:
         applied.update(seeding.on_torch_import(torch, seed, mode))
+        facts.update()
         try:
             _observe_torch(torch)
         except Exception as exc:  # observing must never break the user's script
@@ -64,7 +68,8 @@ def main(argv: list[str]) -> None:
     def _observe_torch(torch: ModuleType) -> None:
         from cascade_repro.child.torch_probe import flags
 
-        facts.update(determinism={"mode": mode, "applied": applied, "flags_at_start": flags(torch)})
+        determinism["flags_at_start"] = flags(torch)
+        facts.update()
         _sample_gpu_memory(torch)
         interval = int(os.environ.get(protocol.ENV_TRACE_INTERVAL, "1") or 0)
         if interval > 0:
@@ -78,7 +83,7 @@ def main(argv: list[str]) -> None:
 
     def after_numpy(numpy: ModuleType) -> None:
         applied.update(seeding.on_numpy_import(numpy, seed))
-        facts.update(determinism={**facts.data["determinism"], "applied": applied})
+        facts.update()
 
     ImportHooks(
         before={"mlflow": lambda: _wait_for_run_id(run_dir)},
@@ -90,7 +95,7 @@ def main(argv: list[str]) -> None:
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupt_once_per_second())
     _record_uncaught_exceptions(facts)
-    _record_nondeterministic_ops(facts)
+    _record_nondeterministic_ops(facts, determinism)
     atexit.register(_record_at_exit, facts)
 
     sys.argv = [script, *args]
@@ -168,7 +173,7 @@ def _interrupt_once_per_second() -> Callable[[int, FrameType | None], None]:
     return handler
 
 
-def _record_nondeterministic_ops(facts: Facts) -> None:
+def _record_nondeterministic_ops(facts: Facts, determinism: dict[str, Any]) -> None:
     """Names of the ops that torch reports as nondeterministic (mode warn) during the run."""
     import warnings
 
@@ -183,7 +188,8 @@ def _record_nondeterministic_ops(facts: Facts) -> None:
             op = text.split(marker, 1)[0].strip()
             if op not in seen:
                 seen.append(op)
-                facts.update(nondeterministic_ops=list(seen))
+                determinism["nondeterministic_ops"] = list(seen)
+                facts.update()
         original(message, category, filename, lineno, file, line)
 
     warnings.showwarning = show

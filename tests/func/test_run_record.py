@@ -143,9 +143,15 @@ def test_environment_stack_and_redaction(project: Project) -> None:
 
 
 def test_stock_mlflow_ui_tags(project: Project) -> None:
+    git(project.root, "remote", "add", "origin", "https://alice:ghp_secret@example.com/team/proj.git")
     project.cascade("run", "--name", "first-try", "train.py", check=True)
     run = project.only_run()
     tags = run.data.tags
+    # The remote is recorded without its credentials, in the record and in MLflow's repoURL tag.
+    assert tags["mlflow.source.git.repoURL"] == "https://example.com/team/proj.git"
+    manifest = project.manifest(run.info.run_id)
+    assert manifest["git"]["remotes"] == {"origin": "https://example.com/team/proj.git"}
+    assert "ghp_secret" not in json.dumps(manifest) and "ghp_secret" not in json.dumps(tags)
     assert tags["mlflow.source.name"] == "train.py"
     assert tags["mlflow.source.type"] == "LOCAL"
     assert tags["mlflow.source.git.commit"] == git(project.root, "rev-parse", "HEAD").strip()
