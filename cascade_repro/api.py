@@ -8,12 +8,13 @@ import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from cascade_repro import versions
 from cascade_repro.capture.git import head_commit, is_dirty
-from cascade_repro.errors import DirtyTreeRefused, RunNotFound, StoreError, UsageError
+from cascade_repro.errors import DirtyTreeRefused, RestoreRefused, RunNotFound, StoreError, UsageError
 from cascade_repro.manifest import ARTIFACT_PATH, Manifest
-from cascade_repro.params import find_params_file, resolve_params
+from cascade_repro.params import ResolvedParams, find_params_file, resolve_params
 from cascade_repro.project import InitResult, find_repo_root, init_project
 from cascade_repro.recorder import Notify, RunPlan, RunResult, own_paths, record_run
 from cascade_repro.settings import Settings, load_settings
@@ -21,6 +22,7 @@ from cascade_repro.store import mlflow_store
 
 if TYPE_CHECKING:
     from cascade_repro.determinism.verdict import Verdict
+    from cascade_repro.restore import RestorePlan, Worktree
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,11 @@ class RunRequest:
     trace_interval: int | None = None
     cwd: Path | None = None
     environ: Mapping[str, str] | None = None
+    version: str | None = None  # `--tag`: label the run once it has finished
+    force_version: bool = False
+    git_tag: bool = True
+    restored_params: ResolvedParams | None = None  # `cascade restore`: the recorded params, as they were
+    extra_tags: Mapping[str, str] | None = None
 
 
 def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult:
@@ -80,16 +87,23 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
                 f"--require-clean: the working tree has uncommitted changes ({shown})",
                 hint="commit or stash them, or drop --require-clean to record them as a patch",
             )
-    params_file = find_params_file(root, script, request.params_file, settings.params_file)
-    resolved = resolve_params(params_file, root, request.sets, request.adds, request.seed)
+    if request.restored_params is not None:
+        resolved = request.restored_params
+    else:
+        params_file = find_params_file(root, script, request.params_file, settings.params_file)
+        resolved = resolve_params(params_file, root, request.sets, request.adds, request.seed)
     log.debug("repo root %s, HEAD %s, settings %s", root, commit[:12], _settings_source(root, environ))
-    log.debug("params from %s; overrides %s", params_file or "(no params file)", resolved.overrides or "none")
+    log.debug(
+        "params from %s; overrides %s", resolved.source or "(no params file)", resolved.overrides or "none"
+    )
     log.debug("seed %d (from %s); determinism %s", resolved.seed, resolved.seed_source,
               request.determinism or settings.determinism)  # fmt: skip
     log.debug(
         "store %s (%s), experiment %s", settings.tracking_uri, _store_source(environ), settings.experiment
     )
     mlflow_store.probe_store(settings.tracking_uri)
+    if request.version is not None:
+        _check_version_free(settings, root, request)
     plan = RunPlan(
         settings=settings,
         script=script,
@@ -103,8 +117,28 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
         environ=environ,
         exclude=exclude,
         invocation=("cascade", "run", *_invocation_options(request), request.script, *request.args),
+        extra_tags=dict(request.extra_tags or {}),
     )
-    return record_run(plan, notify)
+    result = record_run(plan, notify)
+    if request.version is None:
+        return result
+    if result.status != "FINISHED":
+        message = f"not tagged {request.version}: the run {result.status}; `cascade tag {result.run_id[:8]} "
+        return replace(result, warnings=(*result.warnings, message + f"{request.version}` tags it anyway"))
+    client = mlflow_store.client(settings.tracking_uri)
+    tagged = versions.tag_run(client, root, client.get_run(result.run_id), request.version,
+                              force=request.force_version, git_tag=request.git_tag)  # fmt: skip
+    return replace(result, version=tagged.version)
+
+
+def _check_version_free(settings: Settings, root: Path, request: RunRequest) -> None:
+    """`--tag`: refuse a taken version before the script runs (costs the MLflow import, ~1.5 s)."""
+    assert request.version is not None
+    versions.validate_version(request.version, root)
+    client = mlflow_store.client(settings.tracking_uri)
+    experiment = client.get_experiment_by_name(settings.experiment)
+    versions.check_free(client, root, request.version, experiment.experiment_id if experiment else None,
+                        None, request.force_version, request.git_tag)  # fmt: skip
 
 
 def _settings_source(root: Path, environ: Mapping[str, str]) -> str:
@@ -130,6 +164,7 @@ def _invocation_options(request: RunRequest) -> list[str]:
         ("--seed", request.seed),
         ("--deterministic", request.determinism),
         ("--name", request.run_name),
+        ("--tag", request.version),
     )
     for flag, value in single:
         if value is not None:
@@ -159,11 +194,13 @@ def _context(cwd: Path | None) -> Settings:
     return load_settings(root)
 
 
-def list_runs(cwd: Path | None = None, all_experiments: bool = False, limit: int = 50) -> list[RunSummary]:
+def list_runs(cwd: Path | None = None, all_experiments: bool = False, limit: int = 50,
+              versions_only: bool = False) -> list[RunSummary]:  # fmt: skip
     settings = _context(cwd)
     mlflow_store.probe_store(settings.tracking_uri)
     client = mlflow_store.client(settings.tracking_uri)
-    runs = mlflow_store.search_runs(client, None if all_experiments else settings.experiment, limit)
+    only = f"tags.`{versions.VERSION_TAG}` LIKE '%'" if versions_only else None
+    runs = mlflow_store.search_runs(client, None if all_experiments else settings.experiment, limit, only)
     names: dict[str, str] = {}
     summaries = []
     for run in runs:
@@ -264,25 +301,27 @@ def verify(
     record: bool = True,
 ) -> Verdict:
     """Compare two recorded runs step by step; record the verdict on the later one."""
-    from cascade_repro.determinism.verdict import judge  # not on `cascade run`'s start path
-
     settings = _context(cwd)
     mlflow_store.probe_store(settings.tracking_uri)
     client = mlflow_store.client(settings.tracking_uri)
     runs = [mlflow_store.resolve_run(client, ref, settings.experiment) for ref in (ref_a, ref_b)]
+    earlier, later = sorted(runs, key=lambda r: r.info.start_time or 0)
     manifests = [_manifest_data(client, r.info.run_id) for r in runs]
-    traces = [_trace(client, r.info.run_id, m) for r, m in zip(runs, manifests, strict=True)]
-    verdict = judge(manifests[0], manifests[1], traces[0], traces[1], rtol=rtol, atol=atol)
-    if record:
-        earlier, later = sorted(runs, key=lambda r: r.info.start_time or 0)
+    return _judge(client, manifests[0], manifests[1], rtol, atol,
+                  record_on=later.info.run_id if record else None, against=earlier.info.run_id)  # fmt: skip
+
+
+def _judge(client: Any, manifest_a: dict[str, Any], manifest_b: dict[str, Any], rtol: float, atol: float,
+           record_on: str | None, against: str, steps: int | None = None) -> Verdict:  # fmt: skip
+    from cascade_repro.determinism.verdict import judge  # not on `cascade run`'s start path
+
+    traces = [_trace(client, str(m["run_id"]), m) for m in (manifest_a, manifest_b)]
+    verdict = judge(manifest_a, manifest_b, traces[0], traces[1], rtol=rtol, atol=atol, steps=steps)
+    if record_on is not None:
         mlflow_store.set_tags(
-            client,
-            later.info.run_id,
-            {"cascade.verdict": verdict.verdict, "cascade.verified_against": earlier.info.run_id},
+            client, record_on, {"cascade.verdict": verdict.verdict, "cascade.verified_against": against}
         )
-        mlflow_store.log_json(
-            client, later.info.run_id, verdict.to_dict(), f"cascade/verify/{earlier.info.run_id}.json"
-        )
+        mlflow_store.log_json(client, record_on, verdict.to_dict(), f"cascade/verify/{against}.json")
     return verdict
 
 
@@ -310,3 +349,143 @@ def _trace(client: Any, run_id: str, manifest: Mapping[str, Any]) -> list[dict[s
             except ValueError:
                 break  # a run killed mid-write: its trace ends at the last whole record
     return records
+
+
+def tag(ref: str, version: str, force: bool = False, git_tag: bool = True,
+        cwd: Path | None = None) -> versions.TagResult:  # fmt: skip
+    """Label a recorded run with a version (MLflow tag and annotated git tag)."""
+    settings = _context(cwd)
+    mlflow_store.probe_store(settings.tracking_uri)
+    client = mlflow_store.client(settings.tracking_uri)
+    found = mlflow_store.resolve_run(client, ref, settings.experiment)
+    return versions.tag_run(client, settings.root, found, version, force=force, git_tag=git_tag)
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    plan: RestorePlan
+    worktree: Worktree
+    run: RunResult | None  # None with --no-run
+    verdict: Verdict | None
+
+    @property
+    def reproduced(self) -> bool:
+        return self.verdict is not None and self.verdict.reproduced
+
+
+def restore(
+    ref: str,
+    cwd: Path | None = None,
+    workdir: Path | None = None,
+    steps: int | None = None,
+    execute: bool = True,
+    rtol: float = 1e-5,
+    atol: float = 1e-8,
+    notify: Notify = lambda message: None,
+    show_plan: Callable[[RestorePlan], None] = lambda plan: None,
+) -> RestoreResult:
+    """Rebuild a recorded run in an isolated worktree, re-run it, and judge the new trace against it."""
+    from cascade_repro import restore as restoring
+
+    settings = _context(cwd)
+    root = settings.root
+    mlflow_store.probe_store(settings.tracking_uri)
+    client = mlflow_store.client(settings.tracking_uri)
+    found = mlflow_store.resolve_run(client, ref, settings.experiment)
+    run_id = found.info.run_id
+    manifest = _manifest_data(client, run_id)
+    version = found.data.tags.get(versions.VERSION_TAG)
+    if steps is not None and steps < 1:
+        raise UsageError("--steps must be a positive number of optimizer steps")
+    if steps is not None and not (manifest.get("trace") or {}).get("steps"):
+        raise UsageError(f"run {run_id[:12]} has no step trace, so --steps has nothing to compare")
+    label = (version or run_id[:12]).replace("/", "_")
+    workdir = (workdir or root / ".cascade" / "restore" / label).absolute()
+    plan = restoring.plan_restore(manifest, version, workdir, steps, os.environ, settings.env_allow_prefixes,
+                                  _this_machine(os.environ, settings))  # fmt: skip
+    show_plan(plan)
+    if plan.unavailable:
+        raise RestoreRefused(
+            f"the record names untracked files it did not keep: {', '.join(plan.unavailable[:5])}",
+            hint="they were larger than untracked_max_bytes; track such files with `dvc add` next time",
+        )
+    tree = restoring.materialize(plan, root, client, notify)
+    if not execute:
+        return RestoreResult(plan, tree, None, None)
+    request = RunRequest(
+        script=str(tree.path / plan.script),
+        args=plan.argv,
+        cwd=tree.path / plan.cwd,
+        determinism=plan.determinism,
+        run_name=f"restore-{label}",
+        experiment=plan.experiment,
+        trace_interval=plan.trace_interval,
+        environ=_restore_environ(plan, settings),
+        restored_params=_recorded_params(manifest),
+        extra_tags={
+            "cascade.restored_from": run_id,
+            **({"cascade.restored_version": version} if version else {}),
+        },
+    )
+    notify(f"re-running {' '.join((plan.script, *plan.argv))} in {tree.path}")
+    result = run(request, notify)
+    restoring.write_marker(tree.path, plan)  # the re-run's own outputs belong to the state reuse expects
+    verdict = _judge(client, manifest, result.manifest.to_dict(), rtol, atol, record_on=result.run_id,
+                     against=run_id, steps=steps)  # fmt: skip
+    return RestoreResult(plan, tree, result, verdict)
+
+
+def _recorded_params(manifest: Mapping[str, Any]) -> ResolvedParams:
+    params = manifest.get("params") or {}
+    return ResolvedParams(
+        values=dict(params.get("values") or {}),
+        source=params.get("source"),
+        overrides=dict(params.get("overrides") or {}),
+        seed=int(params.get("seed", 0)),
+        seed_source="restored",
+    )
+
+
+def _restore_environ(plan: RestorePlan, settings: Settings) -> dict[str, str]:
+    """This machine's environment with the record's allow-listed variables, writing to this store."""
+    from cascade_repro.child import protocol
+
+    environ = dict(os.environ)
+    for name, value in plan.environment.items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
+    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID"):
+        environ.pop(name, None)  # the re-run is a new run of the recorded experiment
+    environ["MLFLOW_TRACKING_URI"] = settings.tracking_uri
+    if plan.steps is not None:
+        environ[protocol.ENV_STOP_AFTER] = str(plan.steps)
+    return environ
+
+
+def _this_machine(environ: Mapping[str, str], settings: Settings) -> dict[str, Any]:
+    """A partial record of this machine, made without importing torch (restore's plan compares it)."""
+    import platform
+
+    from cascade_repro.capture.environment import capture_environment
+    from cascade_repro.capture.system import capture_system
+
+    hardware = capture_system(environ)
+    hardware.pop("container", None)
+    return {
+        "torch": {"version": _installed("torch")},
+        "python": {"version": platform.python_version()},
+        "hardware": hardware,
+        "environment": capture_environment(environ, settings.env_allow_prefixes),
+    }
+
+
+def _installed(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed_version
+
+    try:
+        return installed_version(name)
+    except PackageNotFoundError:
+        return None

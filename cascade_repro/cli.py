@@ -1,6 +1,7 @@
 """The `cascade` command: parse → one api call → render. The only place exit codes are chosen.
 
-Exit codes: 0 success; for `cascade run`, the script's own code; 1 error; 2 usage; 130 interrupted.
+Exit codes: 0 success; for `cascade run`, the script's own code; 1 error; 2 usage; 3 not reproduced
+(`verify`, `restore`); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import logging
 import os
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -84,6 +86,8 @@ def main(ctx: click.Context, log_level: str, verbose: bool) -> None:
     cascade ls                          list runs
     cascade show RUN                    the full record of one run
     cascade verify RUN_A RUN_B          did B reproduce A? first divergent step and its causes
+    cascade tag RUN v1.2.3              label a run with a version (MLflow tag + git tag)
+    cascade restore v1.2.3              rebuild a version, re-run it, say whether it reproduced
     """
     logging.basicConfig(
         level=getattr(logging, log_level.upper()),
@@ -132,6 +136,11 @@ def init(ctx: click.Context) -> None:
 @click.option("--experiment", help="MLflow experiment (default: cascade.yaml, else the repo name).")
 @click.option("--require-clean", is_flag=True, help="Refuse to run with uncommitted changes.")
 @click.option(
+    "--tag", "version", metavar="VERSION", help="Label the finished run with a version (e.g. v1.2.3)."
+)
+@click.option("--force-tag", "force_version", is_flag=True, help="Move VERSION here if another run has it.")
+@click.option("--no-git-tag", "no_git_tag", is_flag=True, help="With --tag: no annotated git tag.")
+@click.option(
     "--trace-interval",
     type=int,
     metavar="N",
@@ -152,7 +161,8 @@ def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options
     def body() -> int:
         from cascade_repro import api, render
 
-        request = api.RunRequest(script=script, args=script_args, **options)
+        git_tag = not options.pop("no_git_tag")
+        request = api.RunRequest(script=script, args=script_args, git_tag=git_tag, **options)
         result = api.run(request, notify=render.notice)
         render.run_result(result)
         return result.exit_code
@@ -162,20 +172,22 @@ def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options
 
 @main.command(name="ls")
 @click.option("--all", "all_experiments", is_flag=True, help="Runs of every experiment in the store.")
+@click.option("--versions", "versions_only", is_flag=True, help="Only runs that carry a version.")
 @click.option("--limit", default=50, show_default=True, help="At most this many runs, newest first.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-def list_command(ctx: click.Context, all_experiments: bool, limit: int, as_json: bool) -> None:
+def list_command(ctx: click.Context, all_experiments: bool, versions_only: bool, limit: int,
+                 as_json: bool) -> None:  # fmt: skip
     """List recorded runs: id, name, version, status, start, duration, commit, key metrics."""
 
     def body() -> None:
         from cascade_repro import api, render
 
-        runs = api.list_runs(all_experiments=all_experiments, limit=limit)
+        runs = api.list_runs(all_experiments=all_experiments, limit=limit, versions_only=versions_only)
         if as_json:
             render.emit_json("ls", [r.to_dict() for r in runs])
         else:
-            render.run_list(runs, show_experiment=all_experiments)
+            render.run_list(runs, show_experiment=all_experiments, versions_only=versions_only)
 
     _guard(body, ctx)
 
@@ -228,6 +240,77 @@ def verify(ctx: click.Context, run_a: str, run_b: str, rtol: float, atol: float,
         else:
             render.verdict(verdict)
         return 0 if verdict.reproduced else 3
+
+    _guard(body, ctx)
+
+
+@main.command(name="tag")
+@click.argument("run_ref", metavar="RUN")
+@click.argument("version")
+@click.option("--force", is_flag=True, help="Move VERSION from the run that has it (the move is recorded).")
+@click.option("--no-git-tag", is_flag=True, help="Only the MLflow tag, no annotated git tag.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+@click.pass_context
+def tag_command(ctx: click.Context, run_ref: str, version: str, force: bool, no_git_tag: bool,
+                as_json: bool) -> None:  # fmt: skip
+    """Label RUN with VERSION: the MLflow tag cascade.version and an annotated git tag at its commit."""
+
+    def body() -> None:
+        from cascade_repro import api, render
+
+        result = api.tag(run_ref, version, force=force, git_tag=not no_git_tag)
+        if as_json:
+            render.emit_json("tag", asdict(result))
+        else:
+            render.tag_result(result)
+
+    _guard(body, ctx)
+
+
+@main.command()
+@click.argument("ref", metavar="VERSION|RUN")
+@click.option("--no-run", is_flag=True, help="Only materialize code and state; print how to run it.")
+@click.option(
+    "--steps", type=int, metavar="N", help="Re-run only the first N optimizer steps and verify them."
+)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where the worktree goes (default: .cascade/restore/VERSION in this repository).",
+)
+@click.option(
+    "--rtol", default=1e-5, show_default=True, help="Relative loss tolerance (class-A differences)."
+)
+@click.option("--atol", default=1e-8, show_default=True, help="Absolute loss tolerance.")
+@click.option("--json", "as_json", is_flag=True, help="Plan, run and verdict as JSON on stdout.")
+@click.pass_context
+def restore(ctx: click.Context, ref: str, no_run: bool, steps: int | None, workdir: Path | None, rtol: float,
+            atol: float, as_json: bool) -> None:  # fmt: skip
+    """Rebuild a recorded run (code, dirty state) in an isolated git worktree, re-run it, verify it.
+
+    \b
+    cascade restore v1.2.3               rebuild, re-run, verdict
+    cascade restore v1.2.3 --steps 50    re-run a prefix and verify it
+    cascade restore v1.2.3 --no-run      just materialize the worktree
+
+    Exit 0: reproduced (bitwise, or within tolerance where this machine differs in class A);
+    3: not reproduced; 1: error. Your checkout is never touched.
+    """
+
+    def body() -> int:
+        from cascade_repro import api, render
+
+        result = api.restore(
+            ref, workdir=workdir, steps=steps, execute=not no_run, rtol=rtol, atol=atol,
+            notify=render.notice, show_plan=(lambda plan: None) if as_json else render.restore_plan,
+        )  # fmt: skip
+        if as_json:
+            render.emit_json("restore", render.restore_dict(result))
+        else:
+            render.restore_result(result)
+        if result.verdict is None:
+            return 0 if no_run else 1
+        return 0 if result.reproduced else 3
 
     _guard(body, ctx)
 

@@ -6,7 +6,9 @@
     ├── ConfigError              exit 1  (malformed YAML, bad cascade.yaml value)
     ├── StoreError               exit 1  (MLflow store unreachable or refusing)
     ├── RunNotFound              exit 1  (with close matches)
-    └── DirtyTreeRefused         exit 1  (--require-clean on a dirty tree)
+    ├── DirtyTreeRefused         exit 1  (--require-clean on a dirty tree)
+    ├── VersionTaken             exit 1  (a version held by another run; --force moves it)
+    └── RestoreRefused           exit 1  (missing commit, tampered or unsafe record, modified worktree)
 
 `cli` is the only place that turns these into exit codes; library code only raises.
 """
@@ -50,3 +52,11 @@ class RunNotFound(CascadeError):
 
 class DirtyTreeRefused(CascadeError):
     pass
+
+
+class VersionTaken(CascadeError):
+    pass
+
+
+class RestoreRefused(CascadeError):
+    """Restore stopped before re-running: the record cannot be rebuilt faithfully or safely here."""

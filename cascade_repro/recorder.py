@@ -60,6 +60,7 @@ class RunPlan:
     environ: Mapping[str, str]
     exclude: tuple[str, ...]  # cascade's own files, never recorded as user state
     invocation: tuple[str, ...] = field(default_factory=tuple)
+    extra_tags: Mapping[str, str] = field(default_factory=dict)  # e.g. cascade.restored_from
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class RunResult:
     experiment: str
     manifest: Manifest
     warnings: tuple[str, ...]
+    version: str | None = None
 
 
 class _Worker(threading.Thread):
@@ -321,7 +323,7 @@ class _Recording:
         }
         if plan.run_name:
             tags["mlflow.runName"] = plan.run_name
-        return tags
+        return {**tags, **plan.extra_tags}
 
     def _end_tags(self, manifest: Manifest) -> dict[str, str | None]:
         torch = manifest.torch

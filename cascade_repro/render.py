@@ -8,10 +8,12 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cascade_repro.api import RunRecord, RunSummary
+    from cascade_repro.api import RestoreResult, RunRecord, RunSummary
     from cascade_repro.determinism.verdict import Verdict
     from cascade_repro.project import InitResult
     from cascade_repro.recorder import RunResult
+    from cascade_repro.restore import RestorePlan
+    from cascade_repro.versions import TagResult
 
 JSON_SCHEMA = "cascade.cli/1"
 
@@ -74,7 +76,7 @@ def run_result(result: RunResult) -> None:
     )
 
 
-def run_list(runs: list[RunSummary], show_experiment: bool = False) -> None:
+def run_list(runs: list[RunSummary], show_experiment: bool = False, versions_only: bool = False) -> None:
     from rich.table import Table
 
     table = Table(box=None, header_style="bold")
@@ -96,7 +98,10 @@ def run_list(runs: list[RunSummary], show_experiment: bool = False) -> None:
         )
     console = _console()
     if not runs:
-        console.print("no runs yet: record one with `cascade run train.py`")
+        if versions_only:
+            console.print("no versions yet: `cascade run --tag v1 train.py` or `cascade tag RUN v1`")
+        else:
+            console.print("no runs yet: record one with `cascade run train.py`")
         return
     console.print(table)
 
@@ -180,6 +185,65 @@ def verdict(result: Verdict) -> None:
     for record_difference in result.differences:
         if not any(record_difference.summary == cause.summary for cause in result.causes):
             console.print(f"  also differs (class {record_difference.klass}): {record_difference.summary}")
+
+
+def tag_result(result: TagResult) -> None:
+    where = f" and git tag at {result.commit[:12]}" if result.git_tag else ""
+    moved = f" (moved from run {result.moved_from[:12]})" if result.moved_from else ""
+    _console().print(f"tagged run {result.run_id[:12]} as [bold]{result.version}[/]{where}{moved}")
+
+
+def restore_plan(plan: RestorePlan) -> None:
+    """Printed before anything heavy happens (stderr: stdout stays for the verdict)."""
+    what = f"{plan.version} (run {plan.run_id[:12]})" if plan.version else f"run {plan.run_id[:12]}"
+    notice(f"restore plan for {what}, experiment {plan.experiment}")
+    patch = plan.patch
+    notice(
+        f"  code       commit {plan.commit[:12]}"
+        + (f" + patch of {patch.get('size')} bytes" if patch else "")
+    )
+    if plan.untracked:
+        names = ", ".join(str(u["path"]) for u in plan.untracked[:5])
+        notice(f"  untracked  {len(plan.untracked)} file(s), sha256-checked: {names}")
+    notice(f"  data       {len(plan.data)} DVC object(s); checkpoints {len(plan.checkpoints)}")
+    command = " ".join((plan.script, *plan.argv))
+    notice(f"  command    {command} (cwd {plan.cwd}), seed {plan.seed}, determinism {plan.determinism}"
+           + (f", first {plan.steps} steps" if plan.steps else ""))  # fmt: skip
+    for name, value in plan.environment.items():
+        notice(f"  env        {name}={value}" if value is not None else f"  env        unset {name}")
+    for difference in plan.differences:
+        meaning = "bitwise not expected here" if difference.klass == "A" else "fixed by restore"
+        notice(f"  machine    class {difference.klass}: {difference.summary} ({meaning})")
+    notice(f"  worktree   {plan.workdir}")
+
+
+def restore_result(result: RestoreResult) -> None:
+    tree = result.worktree
+    if result.run is None:
+        notice(f"restored into {tree.path}" + (" (reused)" if tree.reused else ""))
+        command = " ".join(("cascade", "run", "--seed", str(result.plan.seed), "--deterministic",
+                            result.plan.determinism, result.plan.script, *result.plan.argv))  # fmt: skip
+        notice(f"run it: cd {tree.path / result.plan.cwd} && {command}")
+        return
+    run_result(result.run)
+    if result.verdict is not None:
+        verdict(result.verdict)
+
+
+def restore_dict(result: RestoreResult) -> dict[str, Any]:
+    run = result.run
+    return {
+        "plan": result.plan.to_dict(),
+        "worktree": {
+            "path": str(result.worktree.path),
+            "reused": result.worktree.reused,
+            "restored_files": list(result.worktree.restored_files),
+        },  # fmt: skip
+        "run": None
+        if run is None
+        else {"run_id": run.run_id, "status": run.status, "exit_code": run.exit_code},
+        "verdict": None if result.verdict is None else result.verdict.to_dict(),
+    }
 
 
 def _trace_summary(console: Any, t: Any) -> None:

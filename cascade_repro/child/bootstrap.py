@@ -76,7 +76,8 @@ def main(argv: list[str]) -> None:
             from cascade_repro.child.trace import StepTracer
 
             grads = os.environ.get(protocol.ENV_TRACE_GRADS, "1") != "0"
-            tracer = StepTracer(torch, run_dir / protocol.TRACE_FILE, interval, grads=grads)
+            stop = int(os.environ.get(protocol.ENV_STOP_AFTER) or 0) or None
+            tracer = StepTracer(torch, run_dir / protocol.TRACE_FILE, interval, grads=grads, stop_after=stop)
             tracer.install()
             atexit.register(tracer.close)
             facts.update(trace=tracer.header())

@@ -13,6 +13,7 @@ ENV_SEED = "CASCADE_SEED"
 ENV_DETERMINISM = "CASCADE_DETERMINISM"
 ENV_TRACE_INTERVAL = "CASCADE_TRACE_INTERVAL"  # record every Nth optimizer step; 0: no trace
 ENV_TRACE_GRADS = "CASCADE_TRACE_GRADS"  # "0": no gradient fingerprints
+ENV_STOP_AFTER = "CASCADE_STOP_AFTER_STEPS"  # `cascade restore --steps N`: exit 0 once N steps are traced
 
 # Files inside the run directory.
 PARAMS_FILE = "params.json"  # parent → child: resolved hyperparameters

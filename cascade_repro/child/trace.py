@@ -37,10 +37,12 @@ FLUSH_EVERY_S = 0.5  # a crash keeps the trace up to here; an exception or Ctrl-
 
 
 class StepTracer:
-    def __init__(self, torch: ModuleType, path: Path, interval: int = 1, grads: bool = True) -> None:
+    def __init__(self, torch: ModuleType, path: Path, interval: int = 1, grads: bool = True,
+                 stop_after: int | None = None) -> None:  # fmt: skip
         self.torch = torch
         self.interval = max(1, int(interval))
         self.grads = grads
+        self.stop_after = stop_after  # end the script (exit 0) when this step would begin
         self._flushed_at = time.monotonic()
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._lock = threading.Lock()
@@ -139,6 +141,7 @@ class StepTracer:
         self._pending = None
         self.step += 1
         self._rng = self._rng_next
+        self._stop_if_done()
 
     def _after_backward(self) -> None:
         params = self._manual_params()
@@ -174,6 +177,7 @@ class StepTracer:
                 self._pending["params_after"] = self._hash_params(self._pending_params)
                 self._write(self._pending)
                 self._pending = None
+            self._stop_if_done()
             if self.step % self.interval != 0:
                 return
             params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -200,6 +204,19 @@ class StepTracer:
                 self._write(self._pending)
                 self._pending = None
             self._file.close()
+
+    def _stop_if_done(self) -> None:
+        """`cascade restore --steps N`: steps 0..N-1 are complete, so end the script as a success.
+
+        SystemExit passes the hooks' guards and the script's `except Exception`; atexit handlers
+        (the run's facts, this file) still run.
+        """
+        if self.stop_after is None or self.step < self.stop_after:
+            return
+        self._closed = True
+        self._file.close()
+        sys.stderr.write(f"cascade: stopped after {self.step} steps, as asked (--steps)\n")
+        raise SystemExit(0)
 
     # -- pieces -----------------------------------------------------------------------------
     def _new_record(self, params: list[Any]) -> dict[str, Any]:
@@ -276,7 +293,10 @@ class StepTracer:
         return states
 
     def header(self) -> dict[str, Any]:
-        return {"algorithm": fingerprint.ALGORITHM, "interval": self.interval, "grads": self.grads}
+        header = {"algorithm": fingerprint.ALGORITHM, "interval": self.interval, "grads": self.grads}
+        if self.stop_after is not None:
+            header["stopped_after_steps"] = self.stop_after
+        return header
 
 
 def _combine(parts: list[bytes]) -> str:

@@ -54,7 +54,12 @@ def judge(
     trace_b: Sequence[dict[str, Any]],
     rtol: float = 1e-5,
     atol: float = 1e-8,
+    steps: int | None = None,
 ) -> Verdict:
+    """`steps`: compare only steps 0..steps-1 (a re-run of a prefix, `cascade restore --steps`)."""
+    if steps is not None:
+        trace_a = [r for r in trace_a if int(r.get("step", 0)) < steps]
+        trace_b = [r for r in trace_b if int(r.get("step", 0)) < steps]
     a_id, b_id = str(manifest_a.get("run_id")), str(manifest_b.get("run_id"))
     differences = tuple(manifest_differences(manifest_a, manifest_b))
 
@@ -75,9 +80,12 @@ def judge(
     comparison = compare_traces(trace_a, trace_b)
     causes = tuple(likely_causes(manifest_a, manifest_b, comparison, list(differences)))
     if comparison.step is None and comparison.same_length:
-        return verdict(
-            BITWISE_IDENTICAL, f"all {comparison.compared} steps are bitwise identical", comparison
+        scope = (
+            f"the first {comparison.compared} steps (--steps)"
+            if steps is not None
+            else (f"all {comparison.compared} steps")
         )
+        return verdict(BITWISE_IDENTICAL, f"{scope} are bitwise identical", comparison)
     where = _where(comparison) if comparison.step is not None else ""
     if not comparison.same_length:
         overlap = (

@@ -120,7 +120,7 @@ def open_run(
         return OpenedRun(run.info.run_id, experiment_id, experiment, run.info.artifact_uri, False, {})
     except Exception as exc:  # MLflow raises many types (MlflowException, SQLAlchemy, requests)
         raise StoreError(
-            f"cannot open a run in the MLflow store: {_first_line(exc)}",
+            f"cannot open a run in the MLflow store: {first_line(exc)}",
             hint="check MLFLOW_TRACKING_URI / tracking_uri in cascade.yaml and that the store is writable",
         ) from exc
 
@@ -200,11 +200,12 @@ def read_text_artifact(mlflow: MlflowClient, run_id: str, artifact_file: str) ->
         try:
             local = mlflow.download_artifacts(run_id, artifact_file, tmp)
         except Exception as exc:
-            raise StoreError(f"run {run_id} has no {artifact_file}: {_first_line(exc)}") from exc
+            raise StoreError(f"run {run_id} has no {artifact_file}: {first_line(exc)}") from exc
         return Path(local).read_text(encoding="utf-8")
 
 
-def search_runs(mlflow: MlflowClient, experiment: str | None, max_results: int = 1000) -> list[Run]:
+def search_runs(mlflow: MlflowClient, experiment: str | None, max_results: int = 1000,
+                filter_string: str | None = None) -> list[Run]:  # fmt: skip
     try:
         if experiment is None:
             ids = [e.experiment_id for e in mlflow.search_experiments()]
@@ -213,9 +214,13 @@ def search_runs(mlflow: MlflowClient, experiment: str | None, max_results: int =
             ids = [found.experiment_id] if found else []
         if not ids:
             return []
-        return list(mlflow.search_runs(ids, max_results=max_results, order_by=["attributes.start_time DESC"]))
+        return list(
+            mlflow.search_runs(
+                ids, filter_string or "", max_results=max_results, order_by=["attributes.start_time DESC"]
+            )
+        )
     except Exception as exc:
-        raise StoreError(f"cannot list runs: {_first_line(exc)}", hint="check the tracking URI") from exc
+        raise StoreError(f"cannot list runs: {first_line(exc)}", hint="check the tracking URI") from exc
 
 
 def resolve_run(mlflow: MlflowClient, ref: str, experiment: str | None) -> Run:
@@ -265,6 +270,6 @@ def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
         yield items[start : start + size]
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:300] if text else type(exc).__name__

@@ -1,0 +1,422 @@
+"""Restore a recorded run: record → plan → isolated git worktree with the exact dirty state.
+
+The record may come from a shared server and is not trusted: every path it names is checked before
+anything is written, every file it carries is checked against its sha256, and the worktree is never
+the user's checkout. Re-execution and verification are composed by `api.restore`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Mapping
+
+from cascade_repro.capture.git import capture_git
+from cascade_repro.determinism.explain import THREAD_VARS, Difference
+from cascade_repro.errors import RestoreRefused
+from cascade_repro.store import mlflow_store
+
+MARKER = "cascade-restore.json"  # in the worktree's own git dir, never in its files
+# Variables restore never copies from a record: they point at this machine's store and run.
+NOT_RESTORED_PREFIXES = ("MLFLOW_", "CASCADE_")
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    """What restore will do, printed before anything heavy happens."""
+
+    run_id: str
+    version: str | None
+    experiment: str
+    commit: str
+    dirty: bool
+    patch: Mapping[str, Any] | None
+    untracked: tuple[Mapping[str, Any], ...]
+    unavailable: tuple[str, ...]  # untracked files the record names but did not keep
+    data: tuple[Mapping[str, Any], ...]
+    checkpoints: tuple[Mapping[str, Any], ...]
+    script: str
+    argv: tuple[str, ...]
+    cwd: str
+    seed: int
+    determinism: str
+    trace_interval: int
+    environment: Mapping[str, str | None]  # value to set, or None to unset
+    differences: tuple[Difference, ...]  # this machine vs the record
+    workdir: Path
+    steps: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        body = {k: v for k, v in vars(self).items() if k != "differences"}
+        body["workdir"] = str(self.workdir)
+        body["differences"] = [d.to_dict() for d in self.differences]
+        return body
+
+
+@dataclass(frozen=True)
+class Worktree:
+    path: Path
+    reused: bool
+    restored_files: tuple[str, ...] = field(default_factory=tuple)
+
+
+def plan_restore(manifest: Mapping[str, Any], version: str | None, workdir: Path, steps: int | None,
+                 environ: Mapping[str, str], allow_prefixes: tuple[str, ...],
+                 here: Mapping[str, Any]) -> RestorePlan:  # fmt: skip
+    """Read the record and check every path in it; raises RestoreRefused before anything is written."""
+    git = manifest.get("git") or {}
+    command = manifest.get("command") or {}
+    commit = str(git.get("commit") or "")
+    if len(commit) != 40 or any(c not in "0123456789abcdef" for c in commit):
+        raise RestoreRefused(f"run {manifest.get('run_id')} records no usable git commit ({commit!r})")
+    script = _safe_path(str(command.get("script") or ""), "the script")
+    cwd = _safe_path(str(command.get("cwd") or "."), "the working directory", allow_dot=True)
+    stored, unavailable = [], []
+    for item in git.get("untracked") or []:
+        path = _safe_path(str(item.get("path") or ""), "an untracked file")
+        target = item.get("symlink_target")
+        if target is not None:
+            _safe_link(path, str(target))
+        if item.get("stored"):
+            stored.append(item)
+        else:
+            unavailable.append(path)
+    for item in manifest.get("data") or []:
+        _safe_path(str(item.get("path") or ""), "a data path")
+    for item in manifest.get("checkpoints") or []:
+        _safe_path(str(item.get("path") or ""), "a checkpoint path")
+    params = manifest.get("params") or {}
+    trace = manifest.get("trace") or {}
+    return RestorePlan(
+        run_id=str(manifest.get("run_id")),
+        version=version,
+        experiment=str(manifest.get("experiment")),
+        commit=commit,
+        dirty=bool(git.get("dirty")),
+        patch=git.get("patch"),
+        untracked=tuple(stored),
+        unavailable=tuple(unavailable),
+        data=tuple(manifest.get("data") or ()),
+        checkpoints=tuple(manifest.get("checkpoints") or ()),
+        script=script,
+        argv=tuple(str(a) for a in command.get("argv") or ()),
+        cwd=cwd,
+        seed=int(params.get("seed", 0)),
+        determinism=str((manifest.get("determinism") or {}).get("mode") or "warn"),
+        trace_interval=int(trace.get("interval") or 0),
+        environment=recorded_environment(manifest.get("environment") or {}, environ, allow_prefixes),
+        differences=tuple(machine_differences(manifest, here)),
+        workdir=workdir,
+        steps=steps,
+    )
+
+
+def recorded_environment(recorded: Mapping[str, str], environ: Mapping[str, str],
+                         allow_prefixes: tuple[str, ...]) -> dict[str, str | None]:  # fmt: skip
+    """The allow-listed variables as recorded: set what differs, unset what the run did not have.
+
+    Redacted values cannot be restored; the variable is left as this machine has it.
+    """
+    changes: dict[str, str | None] = {}
+    for name, value in recorded.items():
+        if name.startswith(NOT_RESTORED_PREFIXES) or value == "<redacted>" or name == "PYTHONHASHSEED":
+            continue
+        if environ.get(name) != value:
+            changes[name] = value
+    for name in environ:
+        if (
+            name.startswith(allow_prefixes)
+            and not name.startswith(NOT_RESTORED_PREFIXES)
+            and name not in recorded
+        ) and name != "PYTHONHASHSEED":
+            changes[name] = None
+    return changes
+
+
+def machine_differences(manifest: Mapping[str, Any], here: Mapping[str, Any]) -> list[Difference]:
+    """This machine (`here`: a partial record made without importing torch) against the record.
+
+    Class A means bitwise equality is not expected here; class B variables are set by restore.
+    """
+    out: list[Difference] = []
+    recorded_torch = (manifest.get("torch") or {}).get("version")
+    here_torch = (here.get("torch") or {}).get("version")
+    if recorded_torch and here_torch != recorded_torch:
+        out.append(Difference("torch", "A", f"torch {recorded_torch} recorded, {here_torch or 'none'} here"))
+    cpu_recorded = ((manifest.get("hardware") or {}).get("cpu") or {}).get("model")
+    cpu_here = ((here.get("hardware") or {}).get("cpu") or {}).get("model")
+    if cpu_recorded and cpu_recorded != cpu_here:
+        out.append(Difference("cpu", "A", f"CPU {cpu_recorded} recorded, {cpu_here} here"))
+    recorded_gpus = (manifest.get("torch") or {}).get("gpus") or (manifest.get("hardware") or {}).get("gpus")
+    gpus_recorded, gpus_here = _gpu_names(recorded_gpus), _gpu_names((here.get("hardware") or {}).get("gpus"))
+    if gpus_recorded != gpus_here:
+        out.append(
+            Difference("gpu", "A", f"GPUs {gpus_recorded or 'none'} recorded, {gpus_here or 'none'} here")
+        )
+    python_recorded = (manifest.get("python") or {}).get("version")
+    python_here = (here.get("python") or {}).get("version")
+    if python_recorded and python_here and python_recorded != python_here:
+        out.append(Difference("python", "A", f"Python {python_recorded} recorded, {python_here} here"))
+    env_recorded, env_here = manifest.get("environment") or {}, here.get("environment") or {}
+    env = sorted(
+        k for k in set(env_recorded) | set(env_here)
+        if (k in THREAD_VARS or k.startswith(("NCCL_", "TORCH", "CUDA_"))) and k != "PYTHONHASHSEED"
+        and env_recorded.get(k) != env_here.get(k)
+    )  # fmt: skip
+    if env:
+        out.append(
+            Difference("environment", "B", "set to the recorded values for the re-run: " + ", ".join(env))
+        )
+    return out
+
+
+def _gpu_names(gpus: Any) -> list[str]:
+    return [str(g.get("name")) for g in gpus] if isinstance(gpus, list) else []
+
+
+# -- paths from an untrusted record -------------------------------------------------------------
+def _safe_path(path: str, what: str, allow_dot: bool = False) -> str:
+    """A relative POSIX path that stays inside the worktree and out of `.git`."""
+    normalized = posixpath.normpath(path) if path else ""
+    if allow_dot and normalized == ".":
+        return "."
+    parts = PurePosixPath(path).parts
+    if (
+        not path
+        or "\\" in path
+        or "\0" in path
+        or PurePosixPath(path).is_absolute()
+        or ".." in parts
+        or normalized in (".", "")
+        or parts[0] == ".git"
+    ):
+        raise RestoreRefused(
+            f"unsafe record: {what} has the path {path!r}, which escapes the worktree",
+            hint="the run record was altered or made by something else; nothing was written",
+        )
+    return normalized
+
+
+def _safe_link(path: str, target: str) -> None:
+    joined = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+    if target.startswith("/") or joined == ".." or joined.startswith("../"):
+        raise RestoreRefused(
+            f"unsafe record: the untracked symlink {path} points outside the worktree ({target})",
+            hint="the run record was altered or made by something else; nothing was written",
+        )
+
+
+# -- materializing ----------------------------------------------------------------------------------
+def stage_dirty_state(plan: RestorePlan, client: Any, staging: Path) -> tuple[Path | None, dict[str, Path]]:
+    """Download the patch and untracked files and check each against its sha256 (before any write)."""
+    patch_file = None
+    if plan.patch:
+        local = _download(
+            client, plan.run_id, str(plan.patch.get("artifact") or "cascade/git.patch"), staging
+        )
+        _check_sha256(local, str(plan.patch.get("sha256")), "the recorded patch (cascade/git.patch)")
+        patch_file = local
+    files: dict[str, Path] = {}
+    for item in plan.untracked:
+        if item.get("symlink_target") is not None:
+            continue
+        rel = str(item["path"])
+        local = _download(client, plan.run_id, f"cascade/untracked/{rel}", staging / "untracked")
+        _check_sha256(local, str(item.get("sha256")), f"the untracked file {rel}")
+        files[rel] = local
+    return patch_file, files
+
+
+def materialize(plan: RestorePlan, root: Path, client: Any, notify: Callable[[str], None]) -> Worktree:
+    """A git worktree at the recorded commit with the patch applied and untracked files restored.
+
+    An existing worktree is reused when it is exactly what the last restore left; a worktree
+    someone modified is refused, never overwritten.
+    """
+    if not _has_commit(root, plan.commit):
+        raise RestoreRefused(
+            f"commit {plan.commit[:12]} of run {plan.run_id[:12]} is not in this repository",
+            hint="git fetch it (e.g. `git fetch --all`) from the remote the run came from",
+        )
+    workdir = plan.workdir
+    if workdir.exists() and any(workdir.iterdir()):
+        state = _check_reusable(root, workdir, plan)
+        removed = _remove_rerun_outputs(workdir, plan, state)
+        write_marker(workdir, plan)
+        notify(
+            f"reusing the restore worktree {workdir} (unchanged since the last restore"
+            + (f"; removed {len(removed)} file(s) the last re-run wrote)" if removed else ")")
+        )
+        return Worktree(workdir, reused=True)
+    with tempfile.TemporaryDirectory(prefix="cascade-restore-") as tmp:
+        patch_file, files = stage_dirty_state(plan, client, Path(tmp))
+        if patch_file is not None:
+            _check_patch_paths(root, patch_file)
+        workdir.parent.mkdir(parents=True, exist_ok=True)
+        _git(root, "worktree", "add", "--detach", "--force", str(workdir), plan.commit)
+        try:
+            restored = _apply_dirty_state(plan, workdir, patch_file, files)
+        except BaseException:
+            _git(root, "worktree", "remove", "--force", str(workdir), check=False)
+            raise
+    write_marker(workdir, plan)
+    return Worktree(workdir, reused=False, restored_files=tuple(restored))
+
+
+def _apply_dirty_state(plan: RestorePlan, workdir: Path, patch_file: Path | None,
+                       files: Mapping[str, Path]) -> list[str]:  # fmt: skip
+    if patch_file is not None:
+        out = _git(workdir, "apply", "--binary", "--whitespace=nowarn", str(patch_file), check=False)
+        if out.returncode != 0:
+            raise RestoreRefused(
+                f"the recorded patch does not apply at {plan.commit[:12]}: {out.stderr.strip()[:300]}",
+                hint="the commit in this repository differs from the one recorded (rewritten history?)",
+            )
+    real_root = workdir.resolve()
+    restored = []
+    for item in plan.untracked:
+        rel = str(item["path"])
+        target = workdir / rel
+        parent = target.parent
+        parent.mkdir(parents=True, exist_ok=True)
+        if not (parent.resolve() == real_root or real_root in parent.resolve().parents):
+            raise RestoreRefused(
+                f"unsafe record: {rel} would be written through a symlink out of the worktree",
+                hint="the run record was altered or made by something else",
+            )
+        if target.exists() or target.is_symlink():
+            raise RestoreRefused(f"the untracked file {rel} of the record is tracked at {plan.commit[:12]}")
+        link = item.get("symlink_target")
+        if link is not None:
+            os.symlink(str(link), target)
+        else:
+            shutil.copyfile(files[rel], target)
+        restored.append(rel)
+    return restored
+
+
+def _check_patch_paths(root: Path, patch_file: Path) -> None:
+    out = _git(root, "apply", "--numstat", "-z", str(patch_file), check=False)
+    if out.returncode != 0:
+        raise RestoreRefused(f"the recorded patch cannot be read: {out.stderr.strip()[:300]}")
+    for entry in out.stdout.split("\0"):
+        path = entry.split("\t")[-1] if "\t" in entry else entry
+        if path:
+            _safe_path(path, "the recorded patch")
+
+
+# -- reuse ---------------------------------------------------------------------------------------
+def state_fingerprint(workdir: Path) -> dict[str, Any]:
+    """Commit, tracked changes and untracked files of a worktree: what "unchanged" means."""
+    state = capture_git(workdir, (".cascade", "mlruns", "mlartifacts", "mlflow.db"), 1 << 62)
+    return {
+        "commit": state.commit,
+        "patch_sha256": state.patch_sha256,
+        "untracked": sorted([u.path, u.sha256] for u in state.untracked),
+    }
+
+
+def write_marker(workdir: Path, plan: RestorePlan) -> None:
+    marker = _git_dir(workdir) / MARKER
+    body = {"run_id": plan.run_id, "version": plan.version, "state": state_fingerprint(workdir)}
+    marker.write_text(json.dumps(body, indent=2), encoding="utf-8")
+
+
+def _remove_rerun_outputs(workdir: Path, plan: RestorePlan, state: Mapping[str, Any]) -> list[str]:
+    """Untracked files a previous re-run wrote (unchanged since: the state check passed), so the
+    next re-run starts from the recorded state, not from the last one's outputs."""
+    recorded = {str(u["path"]) for u in plan.untracked}
+    removed = []
+    for rel, _digest in state.get("untracked") or []:
+        if rel in recorded:
+            continue
+        path = workdir / _safe_path(str(rel), "a re-run output")
+        path.unlink(missing_ok=True)
+        removed.append(str(rel))
+        parent = path.parent
+        while parent != workdir and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+    return removed
+
+
+def _check_reusable(root: Path, workdir: Path, plan: RestorePlan) -> Mapping[str, Any]:
+    refuse_hint = f"remove it (`git worktree remove --force {workdir}`) or pass --workdir elsewhere"
+    marker = _git_dir(workdir) / MARKER if (workdir / ".git").is_file() else None
+    if marker is None or not marker.is_file():
+        raise RestoreRefused(f"{workdir} exists and is not a cascade restore worktree", hint=refuse_hint)
+    recorded = json.loads(marker.read_text(encoding="utf-8"))
+    if recorded.get("run_id") != plan.run_id:
+        raise RestoreRefused(
+            f"{workdir} holds a restore of run {str(recorded.get('run_id'))[:12]}, not {plan.run_id[:12]}",
+            hint=refuse_hint,
+        )
+    now = state_fingerprint(workdir)
+    if now != recorded.get("state"):
+        changed = _changed_paths(recorded.get("state") or {}, now)
+        raise RestoreRefused(
+            f"the restore worktree {workdir} was modified since the last restore ({changed})",
+            hint="keep your changes elsewhere, then " + refuse_hint,
+        )
+    return now
+
+
+def _changed_paths(before: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    if before.get("commit") != now.get("commit"):
+        return f"HEAD moved to {str(now.get('commit'))[:12]}"
+    files_before = {p: h for p, h in before.get("untracked") or []}
+    files_now = {p: h for p, h in now.get("untracked") or []}
+    changed = sorted(p for p in set(files_before) | set(files_now) if files_before.get(p) != files_now.get(p))
+    parts = []
+    if before.get("patch_sha256") != now.get("patch_sha256"):
+        parts.append("tracked files changed")
+    if changed:
+        parts.append("untracked: " + ", ".join(changed[:5]))
+    return "; ".join(parts) or "state differs"
+
+
+# -- small pieces ----------------------------------------------------------------------------------
+def _download(client: Any, run_id: str, artifact: str, into: Path) -> Path:
+    into.mkdir(parents=True, exist_ok=True)
+    try:
+        return Path(client.download_artifacts(run_id, artifact, str(into)))
+    except Exception as exc:  # MLflow raises several types for a missing artifact
+        raise RestoreRefused(
+            f"run {run_id[:12]}: the artifact {artifact} cannot be read: {mlflow_store.first_line(exc)}",
+            hint="the artifact store is incomplete or unreachable from here",
+        ) from None
+
+
+def _check_sha256(path: Path, expected: str, what: str) -> None:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != expected:
+        raise RestoreRefused(
+            f"{what} does not match the sha256 in the record (tampered or corrupted artifact)",
+            hint="nothing was written; restore from an intact copy of the MLflow artifact store",
+        )
+
+
+def _has_commit(root: Path, commit: str) -> bool:
+    return _git(root, "cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode == 0
+
+
+def _git_dir(workdir: Path) -> Path:
+    out = _git(workdir, "rev-parse", "--absolute-git-dir")
+    return Path(out.stdout.strip())
+
+
+def _git(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
+    if check and out.returncode != 0:
+        raise RestoreRefused(f"git {' '.join(args[:2])} failed: {out.stderr.strip()[:300]}")
+    return out

@@ -1,0 +1,134 @@
+"""Version labels: an MLflow tag (`cascade.version`) plus an annotated git tag at the run's commit.
+
+A version is unique within an experiment. Moving it (`--force`) is recorded on both runs. Every
+check happens before the first write, so a refused tag leaves MLflow and git as they were.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cascade_repro.errors import CascadeError, UsageError, VersionTaken
+from cascade_repro.store import mlflow_store
+
+VERSION_TAG = "cascade.version"
+GIT_TRAILER = "cascade-run:"
+_RUN_ID = re.compile(r"[0-9a-f]{32}")
+
+
+@dataclass(frozen=True)
+class TagResult:
+    version: str
+    run_id: str
+    commit: str
+    git_tag: bool
+    moved_from: str | None  # the run that held the version before --force
+
+
+def validate_version(version: str, root: Path) -> None:
+    """A version must be a valid git tag name, short, and not look like a run id."""
+    fix = "use a label like v1.2.3 or baseline-2026-12 (letters, digits, . _ - /)"
+    if not version or len(version) > 100 or any(c.isspace() for c in version):
+        raise UsageError(f"invalid version {version!r}: empty, too long or contains whitespace", hint=fix)
+    if _RUN_ID.fullmatch(version):
+        raise UsageError(f"invalid version {version!r}: it looks like a run id", hint=fix)
+    out = subprocess.run(
+        ["git", "check-ref-format", f"refs/tags/{version}"], cwd=root, capture_output=True, check=False
+    )
+    if out.returncode != 0:
+        raise UsageError(f"invalid version {version!r}: not a valid git tag name", hint=fix)
+
+
+def check_free(client: Any, root: Path, version: str, experiment_id: str | None, run_id: str | None,
+               force: bool, git_tag: bool) -> str | None:  # fmt: skip
+    """Refuse a version held by another run (unless force). Returns the run that holds it, if any."""
+    holder = holder_of(client, version, experiment_id) if experiment_id is not None else None
+    if holder is not None and holder != run_id and not force:
+        raise VersionTaken(
+            f"version {version} is already run {holder}",
+            hint="choose another version, or pass --force to move it to this run (the move is recorded)",
+        )
+    if git_tag and not force:
+        existing = _git_tag_message(root, version)
+        if existing is not None and (run_id is None or f"{GIT_TRAILER} {run_id}" not in existing):
+            raise VersionTaken(
+                f"git tag {version} already exists in this repository",
+                hint="choose another version, pass --force to move it, or --no-git-tag",
+            )
+    return holder if holder != run_id else None
+
+
+def holder_of(client: Any, version: str, experiment_id: str) -> str | None:
+    escaped = version.replace("'", "\\'")
+    runs = client.search_runs(
+        [experiment_id], filter_string=f"tags.`{VERSION_TAG}` = '{escaped}'", max_results=5
+    )
+    return runs[0].info.run_id if runs else None
+
+
+def tag_run(client: Any, root: Path, run: Any, version: str, force: bool = False,
+            git_tag: bool = True) -> TagResult:  # fmt: skip
+    """Give `run` the version: MLflow tag, then the annotated git tag. Refusals come first."""
+    validate_version(version, root)
+    run_id, experiment_id = run.info.run_id, run.info.experiment_id
+    commit = run.data.tags.get("mlflow.source.git.commit")
+    if not commit:
+        raise CascadeError(f"run {run_id} has no recorded git commit; it cannot carry a version")
+    moved_from = check_free(client, root, version, experiment_id, run_id, force, git_tag)
+    if git_tag and not _has_commit(root, commit):
+        raise CascadeError(
+            f"commit {commit[:12]} of run {run_id[:12]} is not in this repository",
+            hint="git fetch the branch it was made on, or pass --no-git-tag",
+        )
+    now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    if moved_from:
+        client.delete_tag(moved_from, VERSION_TAG)
+        mlflow_store.set_tags(client, moved_from, {"cascade.version_moved": f"{version} → {run_id} at {now}"})
+    tags = {VERSION_TAG: version, "cascade.versioned_at": now}
+    if moved_from:
+        tags["cascade.version_moved_from"] = moved_from
+    mlflow_store.set_tags(client, run_id, tags)
+    if git_tag:
+        dirty = run.data.tags.get("cascade.dirty", "unknown")
+        message = (
+            f"cascade version {version}\n\nexperiment run {run_id}; dirty: {dirty}"
+            + (
+                " (the uncommitted changes are in the run's record, cascade/git.patch)"
+                if dirty == "true"
+                else ""
+            )
+            + f"\n\n{GIT_TRAILER} {run_id}\n"
+        )
+        _git(root, "tag", "-a", *(["-f"] if force else []), "-m", message, version, commit)
+    return TagResult(version, run_id, commit, git_tag, moved_from)
+
+
+def _has_commit(root: Path, commit: str) -> bool:
+    out = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=root, capture_output=True)
+    return out.returncode == 0
+
+
+def _git_tag_message(root: Path, version: str) -> str | None:
+    out = subprocess.run(
+        ["git", "for-each-ref", f"refs/tags/{version}", "--format=%(contents)"],
+        cwd=root, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if out.returncode != 0 or not out.stdout:
+        exists = subprocess.run(["git", "rev-parse", "-q", "--verify", f"refs/tags/{version}"], cwd=root,
+                                capture_output=True, check=False)  # fmt: skip
+        return "" if exists.returncode == 0 else None
+    return out.stdout
+
+
+def _git(root: Path, *args: str) -> None:
+    out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+    if out.returncode != 0 and "tell me who you are" in out.stderr.lower() + out.stdout.lower():
+        identity = ["-c", "user.name=cascade", "-c", "user.email=cascade@localhost"]
+        out = subprocess.run(["git", *identity, *args], cwd=root, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise CascadeError(f"git {args[0]} failed: {out.stderr.strip()}")
