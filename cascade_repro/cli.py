@@ -6,12 +6,13 @@ Exit codes: 0 success; for `cascade run`, the script's own code; 1 error; 2 usag
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import click
 
@@ -64,6 +65,23 @@ def _guard(fn: Callable[[], int | None], ctx: click.Context, fast_exit: bool = F
         sys.stderr.write("  run with -v for the traceback\n")
         ctx.exit(1)
     ctx.exit(code or 0)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr(active: bool) -> Iterator[None]:
+    """Send everything written to fd 1 (this process and its children) to stderr for a while."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -300,10 +318,11 @@ def restore(ctx: click.Context, ref: str, no_run: bool, steps: int | None, workd
     def body() -> int:
         from cascade_repro import api, render
 
-        result = api.restore(
-            ref, workdir=workdir, steps=steps, execute=not no_run, rtol=rtol, atol=atol,
-            notify=render.notice, show_plan=(lambda plan: None) if as_json else render.restore_plan,
-        )  # fmt: skip
+        with _stdout_to_stderr(as_json):  # the re-run's output must not corrupt the JSON on stdout
+            result = api.restore(
+                ref, workdir=workdir, steps=steps, execute=not no_run, rtol=rtol, atol=atol,
+                notify=render.notice, show_plan=(lambda plan: None) if as_json else render.restore_plan,
+            )  # fmt: skip
         if as_json:
             render.emit_json("restore", render.restore_dict(result))
         else:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job on embedded defaults: a fresh git project with the digits example, `cascade init`,
-# three recorded runs, the run list and record, and `cascade verify` of two of them.
+# three recorded runs (the first tagged v1.0), the run list and record, `cascade verify` of two of
+# them, then a later commit and `cascade restore v1.0`: rebuilt in a worktree, re-run, verified.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 demo="${DEMO_DIR:-$here/.demo/digits}"
@@ -19,8 +20,8 @@ step "cascade init"
 cascade init
 git add -A && git commit -qm "cascade init"
 
-step "cascade run train.py (recorded into MLflow at $demo/mlflow.db)"
-cascade run train.py
+step "cascade run --tag v1.0 train.py (recorded into MLflow at $demo/mlflow.db)"
+cascade run --tag v1.0 train.py
 
 step "cascade run --set optimizer.lr=0.02 train.py --epochs 5"
 cascade run --set optimizer.lr=0.02 train.py --epochs 5
@@ -45,5 +46,13 @@ cascade verify "$first" "$third"
 step "cascade verify: the default run against the one with another learning rate (expected to differ)"
 second="$(cascade ls --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["data"][1]["run_id"])')"
 cascade verify "$first" "$second" || echo "(exit $?: not reproduced, as expected)"
+
+step "weeks later: the code moves on (a commit that changes the learning rate)"
+sed -i 's/lr: 0.05/lr: 0.01/' hyperparameters.yaml && git commit -qam "lower the learning rate"
+git log --oneline | head -3
+
+step "cascade restore v1.0: the tagged run rebuilt in a git worktree, re-run, and verified"
+cascade restore v1.0
+cascade ls --versions
 
 step "done: browse it with  (cd $demo && mlflow ui)"

@@ -1,0 +1,213 @@
+"""`cascade run --tag`, `cascade tag`, `cascade restore` on real git repos, MLflow stores and torch runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+
+from tests.conftest import Project, git
+
+pytestmark = pytest.mark.slow
+
+
+def _run(project: Project, *args: str, env: dict[str, str] | None = None) -> str:
+    before = {r.info.run_id for r in project.runs()}
+    project.cascade("run", *args, env=env, check=True)
+    (new,) = {r.info.run_id for r in project.runs()} - before
+    return new
+
+
+def _restore(project: Project, *args: str, cwd: Path | None = None,
+             env: dict[str, str] | None = None) -> tuple[int, dict[str, Any], str]:  # fmt: skip
+    if cwd is None:
+        result = project.cascade("restore", *args, "--json", env=env)
+    else:
+        result = Project(cwd).cascade("restore", *args, "--json", env=env)
+    data = json.loads(result.stdout)["data"] if result.stdout.strip() else {}
+    return result.returncode, data, result.stderr
+
+
+def _artifact_dir(project: Project, run_id: str) -> Path:
+    return Path(urlparse(project.client().get_run(run_id).info.artifact_uri).path)
+
+
+@pytest.fixture
+def tagged(project: Project) -> tuple[Project, str, str]:
+    """v1: a run with a tracked change and an untracked file, then the code moves on."""
+    project.write("train.py", (project.root / "train.py").read_text() + "# tuned by hand\n")
+    project.write("notes/extra.txt", "untracked, read by nobody, restored all the same\n")
+    commit = git(project.root, "rev-parse", "HEAD").strip()
+    run_id = _run(project, "--tag", "v1", "train.py")
+    git(project.root, "stash", "-u", "-q")
+    project.write(
+        "hyperparameters.yaml", (project.root / "hyperparameters.yaml").read_text().replace("0.1", "0.3")
+    )
+    project.commit("later: another learning rate")
+    return project, run_id, commit
+
+
+def test_tag_is_an_mlflow_tag_and_an_annotated_git_tag(tagged: tuple[Project, str, str]) -> None:
+    project, run_id, commit = tagged
+    run = project.client().get_run(run_id)
+    assert run.data.tags["cascade.version"] == "v1"
+    assert git(project.root, "rev-list", "-n1", "v1").strip() == commit
+    assert git(project.root, "cat-file", "-t", "v1").strip() == "tag"  # annotated
+    message = git(project.root, "tag", "-l", "--format=%(contents)", "v1")
+    assert f"cascade-run: {run_id}" in message and "dirty: true" in message
+    listed = json.loads(project.cascade("ls", "--versions", "--json", check=True).stdout)["data"]
+    assert [(r["run_id"], r["version"]) for r in listed] == [(run_id, "v1")]
+
+
+def test_restore_rebuilds_the_dirty_state_and_reproduces_bit_for_bit(
+    tagged: tuple[Project, str, str],
+) -> None:
+    project, run_id, commit = tagged
+    head_before = git(project.root, "rev-parse", "HEAD").strip()
+    code, data, stderr = _restore(project, "v1")
+    assert code == 0, stderr
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL"
+    assert data["verdict"]["steps"] == {"a": 20, "b": 20, "compared": 20}
+    new_id = data["run"]["run_id"]
+    new = project.client().get_run(new_id)
+    assert new.data.tags["cascade.restored_from"] == run_id
+    assert new.data.tags["cascade.verdict"] == "BITWISE_IDENTICAL"
+    original, restored = project.manifest(run_id), project.manifest(new_id)
+    assert restored["git"]["commit"] == commit
+    assert restored["git"]["patch"]["sha256"] == original["git"]["patch"]["sha256"]
+    assert restored["git"]["untracked"] == original["git"]["untracked"]
+    assert restored["params"]["values"]["optimizer"]["lr"] == 0.1  # HEAD now says 0.3
+    assert restored["experiment"] == original["experiment"]
+    worktree = Path(data["worktree"]["path"])
+    assert worktree == project.root / ".cascade" / "restore" / "v1"
+    assert git(worktree, "rev-parse", "HEAD").strip() == commit
+    assert (worktree / "notes" / "extra.txt").read_text().startswith("untracked")
+    # the user's checkout is untouched
+    assert git(project.root, "rev-parse", "HEAD").strip() == head_before
+    assert git(project.root, "status", "--porcelain").strip() == ""
+    assert "0.3" in (project.root / "hyperparameters.yaml").read_text()
+
+
+def test_restore_reuses_an_unchanged_worktree_and_refuses_a_modified_one(
+    tagged: tuple[Project, str, str],
+) -> None:
+    project, _, commit = tagged
+    runs_before = len(project.runs())
+    code, first, stderr = _restore(project, "v1", "--no-run")
+    assert code == 0, stderr
+    assert first["run"] is None and first["worktree"]["reused"] is False
+    assert sorted(first["worktree"]["restored_files"]) == ["notes/extra.txt"]
+    code, again, stderr = _restore(project, "v1", "--no-run")
+    assert code == 0 and again["worktree"]["reused"] is True
+    worktree = Path(again["worktree"]["path"])
+    (worktree / "train.py").write_text("print('my experiment')\n")
+    code, _, stderr = _restore(project, "v1", "--no-run")
+    assert code == 1 and "was modified since the last restore" in stderr
+    assert (worktree / "train.py").read_text() == "print('my experiment')\n"  # not clobbered
+    assert len(project.runs()) == runs_before
+    assert git(worktree, "rev-parse", "HEAD").strip() == commit
+
+
+def test_restore_steps_reruns_and_verifies_a_prefix(tagged: tuple[Project, str, str]) -> None:
+    project, _, _ = tagged
+    code, data, stderr = _restore(project, "v1", "--steps", "5")
+    assert code == 0, stderr
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL"
+    assert data["verdict"]["steps"] == {"a": 5, "b": 5, "compared": 5}
+    restored = project.manifest(data["run"]["run_id"])
+    assert restored["trace"]["steps"] == 5 and restored["trace"]["stopped_after_steps"] == 5
+    assert restored["outcome"]["status"] == "FINISHED"
+
+
+def test_restore_that_does_not_reproduce_exits_3_with_the_step(project: Project) -> None:
+    # PERTURB_AT_STEP is outside the recorded environment allow-list: the re-run lacks it.
+    run_id = _run(project, "--tag", "perturbed", "train.py", env={"PERTURB_AT_STEP": "4"})
+    code, data, stderr = _restore(project, "perturbed")
+    assert code == 3, stderr
+    verdict = data["verdict"]
+    assert verdict["verdict"] == "DIVERGED" and verdict["run_a"] == run_id
+    assert verdict["first_divergence"]["step"] == 4
+    assert project.client().get_run(data["run"]["run_id"]).data.tags["cascade.verdict"] == "DIVERGED"
+
+
+def test_restore_from_a_fresh_clone_with_only_the_remote_and_the_store(
+    tagged: tuple[Project, str, str], tmp_path: Path
+) -> None:
+    project, run_id, _ = tagged
+    clone = tmp_path / "elsewhere"
+    subprocess.run(["git", "clone", "-q", str(project.root), str(clone)], check=True)
+    env = {"MLFLOW_TRACKING_URI": project.tracking_uri}
+    code, data, stderr = _restore(project, "v1", cwd=clone, env=env)
+    assert code == 0, stderr
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL" and data["verdict"]["run_a"] == run_id
+    assert Path(data["worktree"]["path"]) == clone / ".cascade" / "restore" / "v1"
+
+
+def test_versions_are_unique_unless_forced_and_the_move_is_recorded(tagged: tuple[Project, str, str]) -> None:
+    project, first, _ = tagged
+    refused = project.cascade("run", "--tag", "v1", "train.py")
+    assert refused.returncode == 1 and f"version v1 is already run {first}" in refused.stderr
+    assert len([r for r in project.runs() if r.data.tags.get("cascade.version") == "v1"]) == 1
+    second = _run(project, "train.py")
+    head = git(project.root, "rev-parse", "HEAD").strip()
+    assert project.cascade("tag", second, "v1").returncode == 1
+    project.cascade("tag", second, "v1", "--force", check=True)
+    old, new = project.client().get_run(first), project.client().get_run(second)
+    assert "cascade.version" not in old.data.tags
+    assert old.data.tags["cascade.version_moved"].startswith(f"v1 → {second}")
+    assert new.data.tags["cascade.version"] == "v1" and new.data.tags["cascade.version_moved_from"] == first
+    assert git(project.root, "rev-list", "-n1", "v1").strip() == head
+    bad = project.cascade("tag", second, "not a version")
+    assert bad.returncode == 2 and "invalid version" in bad.stderr
+
+
+def test_restore_refuses_tampered_and_unsafe_records_before_writing(
+    tagged: tuple[Project, str, str], tmp_path: Path
+) -> None:
+    project, run_id, _ = tagged
+    artifacts = _artifact_dir(project, run_id)
+    worktree = project.root / ".cascade" / "restore" / "v1"
+
+    unknown = project.cascade("restore", "v11")
+    assert unknown.returncode == 1 and "did you mean v1" in unknown.stderr
+
+    patch = artifacts / "cascade" / "git.patch"
+    original_patch = patch.read_bytes()
+    patch.write_bytes(original_patch.replace(b"tuned", b"tamed"))
+    code, _, stderr = _restore(project, "v1")
+    assert code == 1 and "does not match the sha256" in stderr
+    assert not worktree.exists()
+    patch.write_bytes(original_patch)
+
+    record_file = artifacts / "cascade" / "run.json"
+    original_record = record_file.read_text()
+    record = json.loads(original_record)
+    record["git"]["untracked"].append(
+        {"path": "../../escaped.txt", "size": 1, "sha256": "0" * 64, "stored": True}
+    )
+    record_file.write_text(json.dumps(record))
+    code, _, stderr = _restore(project, "v1")
+    assert code == 1 and "escapes the worktree" in stderr
+    assert not worktree.exists() and not (project.root.parent / "escaped.txt").exists()
+
+    record = json.loads(original_record)
+    record["git"]["commit"] = "0123456789abcdef0123456789abcdef01234567"
+    record_file.write_text(json.dumps(record))
+    code, _, stderr = _restore(project, "v1")
+    assert code == 1 and "is not in this repository" in stderr and "git fetch" in stderr
+    assert not worktree.exists()
+
+    # history rewritten under the record: its commit now names one where the patch cannot apply
+    project.write("train.py", (project.root / "train.py").read_text() + "# a line where the patch goes\n")
+    rewritten = project.commit("conflicting edit")
+    record = json.loads(original_record)
+    record["git"]["commit"] = rewritten
+    record_file.write_text(json.dumps(record))
+    code, _, stderr = _restore(project, "v1")
+    assert code == 1 and "does not apply" in stderr
+    assert not worktree.exists() and len(git(project.root, "worktree", "list").splitlines()) == 1
+    record_file.write_text(original_record)

@@ -1,0 +1,107 @@
+"""Restore's plan from an untrusted record: path checks, environment, machine differences; versions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cascade_repro.errors import RestoreRefused, UsageError
+from cascade_repro.restore import machine_differences, plan_restore, recorded_environment
+from cascade_repro.versions import validate_version
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _record(**git: Any) -> dict[str, Any]:
+    return {
+        "run_id": "r" * 32,
+        "experiment": "exp",
+        "command": {"script": "src/train.py", "argv": ["--epochs", "3"], "cwd": "."},
+        "params": {"values": {"lr": 0.1}, "seed": 7},
+        "determinism": {"mode": "strict"},
+        "git": {"commit": COMMIT, "dirty": True, "untracked": [], **git},
+        "trace": {"interval": 1, "steps": 10},
+        "environment": {"OMP_NUM_THREADS": "2", "HF_TOKEN": "<redacted>", "MLFLOW_RUN_ID": "x"},
+    }
+
+
+def _plan(record: dict[str, Any], environ: dict[str, str] | None = None) -> Any:
+    return plan_restore(record, "v1", Path("/tmp/w"), None, environ or {}, ("OMP_", "HF_", "MLFLOW_"), {})
+
+
+def test_plan_carries_the_recorded_command_seed_and_mode() -> None:
+    plan = _plan(_record(untracked=[{"path": "a/b.txt", "sha256": "0", "stored": True}]))
+    assert (plan.script, plan.argv, plan.cwd, plan.seed, plan.determinism) == (
+        "src/train.py", ("--epochs", "3"), ".", 7, "strict",
+    )  # fmt: skip
+    assert [u["path"] for u in plan.untracked] == ["a/b.txt"] and plan.unavailable == ()
+
+
+@pytest.mark.parametrize(
+    "path", ["../x", "a/../../x", "/etc/passwd", ".git/hooks/post-checkout", "", "a\\..\\x", "./.."]
+)
+def test_paths_escaping_the_worktree_are_refused(path: str) -> None:
+    with pytest.raises(RestoreRefused, match="escapes the worktree"):
+        _plan(_record(untracked=[{"path": path, "sha256": "0", "stored": True}]))
+
+
+def test_a_script_outside_the_worktree_is_refused() -> None:
+    record = _record()
+    record["command"]["script"] = "../../bin/evil.py"
+    with pytest.raises(RestoreRefused, match="the script"):
+        _plan(record)
+
+
+@pytest.mark.parametrize("target", ["/etc/shadow", "../../outside", "a/../../.."])
+def test_symlinks_pointing_out_are_refused(target: str) -> None:
+    item = {"path": "link", "sha256": "0", "stored": True, "symlink_target": target}
+    with pytest.raises(RestoreRefused, match="points outside"):
+        _plan(_record(untracked=[item]))
+
+
+def test_symlinks_within_the_worktree_are_kept() -> None:
+    item = {"path": "d/link", "sha256": "0", "stored": True, "symlink_target": "../data/x"}
+    assert len(_plan(_record(untracked=[item])).untracked) == 1
+
+
+def test_a_record_without_a_full_commit_is_refused() -> None:
+    with pytest.raises(RestoreRefused, match="no usable git commit"):
+        _plan(_record(commit="abc123"))
+
+
+def test_recorded_environment_sets_unsets_and_never_touches_the_store_or_secrets() -> None:
+    recorded = {"OMP_NUM_THREADS": "2", "HF_TOKEN": "<redacted>", "MLFLOW_RUN_ID": "x", "PYTHONHASHSEED": "3"}
+    here = {"OMP_NUM_THREADS": "8", "OMP_PROC_BIND": "true", "HF_TOKEN": "secret", "MLFLOW_TRACKING_URI": "u"}
+    changes = recorded_environment(recorded, here, ("OMP_", "HF_", "MLFLOW_", "PYTHONHASHSEED"))
+    assert changes == {"OMP_NUM_THREADS": "2", "OMP_PROC_BIND": None}
+
+
+def test_machine_differences_name_class_a_and_b() -> None:
+    record = {
+        "torch": {"version": "2.13.0+cpu"},
+        "hardware": {"cpu": {"model": "x86_64"}, "gpus": []},
+        "python": {"version": "3.11.7"},
+        "environment": {"OMP_NUM_THREADS": "2"},
+    }
+    here = {
+        "torch": {"version": "2.14.0+cpu"},
+        "hardware": {"cpu": {"model": "x86_64"}, "gpus": [{"name": "NVIDIA H200"}]},
+        "python": {"version": "3.11.7"},
+        "environment": {},
+    }
+    found = {(d.kind, d.klass) for d in machine_differences(record, here)}
+    assert found == {("torch", "A"), ("gpu", "A"), ("environment", "B")}
+    assert machine_differences(record, record) == []
+
+
+@pytest.mark.parametrize("version", ["v1.2.3", "baseline-2026-12", "team/exp_7"])
+def test_valid_versions(version: str, tmp_path: Path) -> None:
+    validate_version(version, tmp_path)
+
+
+@pytest.mark.parametrize("version", ["", "has space", "a..b", "v1~", "x" * 101, "0" * 32, "end."])
+def test_invalid_versions_are_usage_errors(version: str, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="invalid version"):
+        validate_version(version, tmp_path)
