@@ -27,6 +27,9 @@ class Manifest:
     hardware: dict[str, Any]
     environment: dict[str, str]
     container: dict[str, Any]
+    environment_read: dict[str, str | None] = field(
+        default_factory=dict
+    )  # read by the script, not allow-listed
     data: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     trace: dict[str, Any] | None = None

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from cascade_repro import __version__
-from cascade_repro.capture.environment import capture_environment
+from cascade_repro.capture.environment import capture_environment, environment_read
 from cascade_repro.capture.git import GitState, capture_git
 from cascade_repro.capture.packages import capture_python
 from cascade_repro.capture.system import capture_system
@@ -392,6 +392,9 @@ class _Recording:
             hardware=system,
             environment=captured["environment"],
             container=container,
+            environment_read=environment_read(
+                facts.get("environment_read") or {}, plan.settings.env_allow_prefixes
+            ),
             trace=_trace_section(self.run_dir / protocol.TRACE_FILE, facts.get("trace")),
             outcome={"status": "RUNNING", "start_time": self.start_ms / 1000},
         )

@@ -111,7 +111,9 @@ def plan_restore(manifest: Mapping[str, Any], version: str | None, workdir: Path
         seed=int(params.get("seed", 0)),
         determinism=str((manifest.get("determinism") or {}).get("mode") or "warn"),
         trace_interval=int(trace.get("interval") or 0),
-        environment=recorded_environment(manifest.get("environment") or {}, environ, allow_prefixes),
+        environment=recorded_environment(
+            manifest.get("environment") or {}, environ, allow_prefixes, manifest.get("environment_read") or {}
+        ),
         differences=tuple(machine_differences(manifest, here)),
         workdir=workdir,
         steps=steps,
@@ -119,12 +121,17 @@ def plan_restore(manifest: Mapping[str, Any], version: str | None, workdir: Path
 
 
 def recorded_environment(recorded: Mapping[str, str], environ: Mapping[str, str],
-                         allow_prefixes: tuple[str, ...]) -> dict[str, str | None]:  # fmt: skip
-    """The allow-listed variables as recorded: set what differs, unset what the run did not have.
-
-    Redacted values cannot be restored; the variable is left as this machine has it.
+                         allow_prefixes: tuple[str, ...],
+                         read: Mapping[str, str | None] | None = None) -> dict[str, str | None]:  # fmt: skip
+    """The allow-listed variables and those the script read, as recorded: set what differs, unset what
+    the run did not have. Redacted values cannot be restored; the variable is left as it is here.
     """
     changes: dict[str, str | None] = {}
+    for name, value in (read or {}).items():
+        if name.startswith(NOT_RESTORED_PREFIXES) or value == "<redacted>":
+            continue
+        if environ.get(name) != value:
+            changes[name] = value
     for name, value in recorded.items():
         if name.startswith(NOT_RESTORED_PREFIXES) or value == "<redacted>" or name == "PYTHONHASHSEED":
             continue

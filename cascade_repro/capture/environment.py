@@ -21,15 +21,21 @@ def looks_secret(name: str) -> bool:
 
 def capture_environment(environ: Mapping[str, str], prefixes: Iterable[str]) -> dict[str, str]:
     allowed = tuple(prefixes)
-    captured: dict[str, str] = {}
-    for name in sorted(environ):
-        if not name.startswith(allowed):
-            continue
-        if looks_secret(name):
-            # Secret-looking names are recorded (their presence can matter), never their values.
-            captured[name] = REDACTED
-        elif "://" in environ[name]:
-            captured[name] = strip_credentials(environ[name])
-        else:
-            captured[name] = environ[name]
-    return captured
+    return {name: redact(name, environ[name]) for name in sorted(environ) if name.startswith(allowed)}
+
+
+def environment_read(read: Mapping[str, str | None], prefixes: Iterable[str]) -> dict[str, str | None]:
+    """Variables the script read that the allow-list does not already record (None: it was unset)."""
+    allowed = tuple(prefixes)
+    return {
+        name: None if value is None else redact(name, value)
+        for name, value in sorted(read.items())
+        if not name.startswith(allowed)
+    }
+
+
+def redact(name: str, value: str) -> str:
+    # Secret-looking names are recorded (their presence can matter), never their values.
+    if looks_secret(name):
+        return REDACTED
+    return strip_credentials(value) if "://" in value else value

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import FrameType, ModuleType, TracebackType
 from typing import Any, Callable
 
-from cascade_repro.child import protocol, seeding
+from cascade_repro.child import env_reads, protocol, seeding
 from cascade_repro.child.hooks import ImportHooks
 
 RUN_ID_WAIT_S = 300.0
@@ -97,7 +97,8 @@ def main(argv: list[str]) -> None:
         signal.signal(signal.SIGINT, _interrupt_once_per_second())
     _record_uncaught_exceptions(facts)
     _record_nondeterministic_ops(facts, determinism)
-    atexit.register(_record_at_exit, facts)
+    reads = env_reads.record_reads()
+    atexit.register(_record_at_exit, facts, reads)
 
     sys.argv = [script, *args]
     sys.path[0] = str(Path(script).resolve().parent)
@@ -206,8 +207,11 @@ def _record_uncaught_exceptions(facts: Facts) -> None:
     sys.excepthook = hook
 
 
-def _record_at_exit(facts: Facts) -> None:
-    values: dict[str, Any] = {"ended_at": time.time()}
+def _record_at_exit(facts: Facts, env_names: set[str]) -> None:
+    values: dict[str, Any] = {
+        "ended_at": time.time(),
+        "environment_read": env_reads.values_read(set(env_names)),
+    }
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "__version__"):
         from cascade_repro.child.torch_probe import gpu_memory, torch_stack

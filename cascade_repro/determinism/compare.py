@@ -33,6 +33,22 @@ class FacetDifference:
 
 
 @dataclass(frozen=True)
+class LossDifference:
+    step: int
+    absolute: float
+    relative: float
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "absolute": self.absolute,
+            "relative": self.relative,
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True)
 class TraceComparison:
     steps_a: int
     steps_b: int
@@ -40,6 +56,8 @@ class TraceComparison:
     step: int | None  # the first step where anything differs, within the overlap
     differences: tuple[FacetDifference, ...] = ()
     loss_max_rel: float = 0.0  # the largest relative loss difference over the overlap
+    # How much it matters: the first step (at or after `step`) whose loss differs, and by how much.
+    loss_first_difference: LossDifference | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -53,11 +71,13 @@ class TraceComparison:
 def compare_traces(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> TraceComparison:
     overlap = min(len(a), len(b))
     first: int | None = None
+    first_index = overlap
     differences: list[FacetDifference] = []
     for index in range(overlap):
         found = _step_differences(a[index], b[index])
         if found:
             first = int(a[index].get("step", index))
+            first_index = index
             differences = found
             break
     return TraceComparison(
@@ -67,7 +87,19 @@ def compare_traces(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> 
         step=first,
         differences=tuple(differences),
         loss_max_rel=_loss_max_rel(a[:overlap], b[:overlap]),
+        loss_first_difference=_first_loss_difference(a[first_index:overlap], b[first_index:overlap]),
     )
+
+
+def _first_loss_difference(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> LossDifference | None:
+    for x, y in zip(a, b, strict=False):
+        la, lb = x.get("loss"), y.get("loss")
+        if la and lb and _loss_bits(la) != _loss_bits(lb):
+            va, vb = float(la["value"]), float(lb["value"])
+            absolute = abs(va - vb) if not (math.isnan(va) or math.isnan(vb)) else math.inf
+            relative = absolute / max(abs(va), abs(vb), 1e-30) if math.isfinite(absolute) else math.inf
+            return LossDifference(int(x.get("step", 0)), absolute, relative, _loss_detail(la, lb))
+    return None
 
 
 def _step_differences(x: dict[str, Any], y: dict[str, Any]) -> list[FacetDifference]:

@@ -14,6 +14,8 @@ from typing import Any, Mapping
 from cascade_repro.determinism.compare import FACET_WORDS, TraceComparison
 from cascade_repro.params import flatten
 
+REDACTED = "<redacted>"  # as capture.environment records a secret-looking variable
+
 CLASS_A_TORCH = (
     "version",
     "git_version",
@@ -95,6 +97,13 @@ def manifest_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Dif
     )
     if env:
         out.append(Difference("environment", "B", "environment differs: " + ", ".join(env)))
+    ra, rb = a.get("environment_read") or {}, b.get("environment_read") or {}
+    read = sorted(k for k in set(ra) & set(rb) if ra[k] != rb[k])
+    if read:
+        listed = ", ".join(f"{k} {_shown(ra[k])} → {_shown(rb[k])}" for k in read[:5])
+        out.append(
+            Difference("environment", "B", f"the script read environment variables that differ: {listed}")
+        )
     torch_changed = [k for k in CLASS_A_TORCH if ta.get(k) != tb.get(k) and (ta.get(k) or tb.get(k))]
     if torch_changed:
         listed = ", ".join(f"{k} {ta.get(k)} → {tb.get(k)}" for k in torch_changed)
@@ -159,6 +168,20 @@ def likely_causes(
                 "look for code that writes parameters between optimizer steps",
             )
         )
+    secrets = sorted(
+        k for k in set(a.get("environment_read") or {}) | set(b.get("environment_read") or {})
+        if REDACTED in ((a.get("environment_read") or {}).get(k), (b.get("environment_read") or {}).get(k))
+    )  # fmt: skip
+    if step is not None and secrets:
+        causes.append(
+            Cause(
+                "the script read secret-looking variables whose values are not recorded: "
+                + ", ".join(secrets[:5]),
+                "their names are recorded, their values are redacted, so neither verify nor restore can "
+                "compare or set them",
+                "make sure they hold the same values for both runs, or pass such settings as params",
+            )
+        )
     for ops in (
         a.get("determinism", {}).get("nondeterministic_ops"),
         b.get("determinism", {}).get("nondeterministic_ops"),
@@ -182,6 +205,10 @@ def likely_causes(
                 )
             )
     return causes
+
+
+def _shown(value: str | None) -> str:
+    return "unset" if value is None else repr(value)
 
 
 def _mode(manifest: Mapping[str, Any]) -> str:

@@ -42,6 +42,9 @@ class Verdict:
             if c.step is None
             else {"step": c.step, "facets": [d.to_dict() for d in c.differences]},
             "loss_max_relative_difference": c.loss_max_rel,
+            "loss_first_difference": None
+            if c.loss_first_difference is None
+            else c.loss_first_difference.to_dict(),
             "record_differences": [d.to_dict() for d in self.differences],
             "likely_causes": [cause.to_dict() for cause in self.causes],
         }
@@ -117,4 +120,15 @@ def _where(comparison: TraceComparison) -> str:
     others = [FACET_WORDS[d.facet] for d in comparison.differences[1:]]
     if others:
         parts.append("; also " + ", ".join(others))
+    loss = comparison.loss_first_difference
+    if first.facet != "loss":
+        if loss is None:
+            parts.append("; the losses are bitwise equal at every compared step")
+        elif loss.step == comparison.step:
+            parts.append(f"; the loss differs too ({loss.detail})")
+        else:
+            equal_at = f"; the loss is equal at step {comparison.step}"
+            parts.append(f"{equal_at} and first differs at step {loss.step}: {loss.detail}")
+    if comparison.loss_max_rel > 0:
+        parts.append(f"; largest relative loss difference {comparison.loss_max_rel:.2g}")
     return "".join(parts)

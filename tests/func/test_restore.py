@@ -123,14 +123,24 @@ def test_restore_steps_reruns_and_verifies_a_prefix(tagged: tuple[Project, str, 
     assert restored["outcome"]["status"] == "FINISHED"
 
 
-def test_restore_that_does_not_reproduce_exits_3_with_the_step(project: Project) -> None:
-    # PERTURB_AT_STEP is outside the recorded environment allow-list: the re-run lacks it.
+def test_restore_sets_the_variables_the_script_read(project: Project) -> None:
     run_id = _run(project, "--tag", "perturbed", "train.py", env={"PERTURB_AT_STEP": "4"})
+    assert project.manifest(run_id)["environment_read"]["PERTURB_AT_STEP"] == "4"
     code, data, stderr = _restore(project, "perturbed")
+    assert code == 0, stderr
+    assert data["plan"]["environment"]["PERTURB_AT_STEP"] == "4"
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL"
+
+
+def test_restore_that_cannot_set_a_secret_variable_exits_3_and_names_it(project: Project) -> None:
+    run_id = _run(project, "--tag", "secret", "train.py", env={"PERTURB_SECRET_STEP": "4"})
+    assert project.manifest(run_id)["environment_read"]["PERTURB_SECRET_STEP"] == "<redacted>"
+    code, data, stderr = _restore(project, "secret")
     assert code == 3, stderr
     verdict = data["verdict"]
     assert verdict["verdict"] == "DIVERGED" and verdict["run_a"] == run_id
     assert verdict["first_divergence"]["step"] == 4
+    assert any("PERTURB_SECRET_STEP" in c["summary"] for c in verdict["likely_causes"])
     assert project.client().get_run(data["run"]["run_id"]).data.tags["cascade.verdict"] == "DIVERGED"
 
 

@@ -62,9 +62,12 @@ def test_one_ulp_write_after_step_k_is_found_at_step_k(project: Project) -> None
     assert first["step"] == 5
     assert [f["facet"] for f in first["facets"]] == ["params_after"]  # loss and grads equal at step 5
     assert first["facets"][0]["names"] == ["0.weight"]
-    assert verdict["record_differences"] == []
-    cause = verdict["likely_causes"][0]["summary"]
-    assert "write outside the optimizer changed 0.weight after step 5" in cause
+    # the script read PERTURB_AT_STEP, so the record knows it: that is the first cause
+    (difference,) = verdict["record_differences"]
+    assert difference["class"] == "B" and "PERTURB_AT_STEP unset → '5'" in difference["summary"]
+    causes = [c["summary"] for c in verdict["likely_causes"]]
+    assert "PERTURB_AT_STEP" in causes[0]
+    assert "write outside the optimizer changed 0.weight after step 5" in causes[1]
 
 
 def test_changed_learning_rate_names_the_param_first(project: Project) -> None:

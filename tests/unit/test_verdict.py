@@ -66,3 +66,28 @@ def test_missing_trace_or_other_algorithm_is_incomparable() -> None:
     other["trace"] = {"algorithm": "blake2b_64", "interval": 1}
     verdict = judge(_manifest("a"), other, trace, trace)
     assert verdict.verdict == "INCOMPARABLE" and "algorithm" in verdict.summary
+
+
+def test_diverged_weights_report_how_much_the_loss_moved_later() -> None:
+    trace = [_record(i, 1.0 - i / 10) for i in range(6)]
+    other = copy.deepcopy(trace)
+    other[2]["params_after"]["w"] = "changed"
+    for record in other[3:]:
+        record["params_after"]["w"] += "x"
+        record["loss"]["bits"] += 1
+        record["loss"]["value"] += 2.5e-7
+    verdict = judge(_manifest("a"), _manifest("b"), trace, other)
+    assert verdict.verdict == "DIVERGED" and verdict.comparison.step == 2
+    first = verdict.comparison.loss_first_difference
+    assert first is not None and first.step == 3 and abs(first.absolute - 2.5e-7) < 1e-12
+    assert "the loss is equal at step 2 and first differs at step 3" in verdict.summary
+    assert verdict.to_dict()["loss_first_difference"]["step"] == 3
+
+
+def test_steps_limits_the_comparison_to_a_prefix() -> None:
+    trace = [_record(i) for i in range(6)]
+    other = copy.deepcopy(trace)
+    other[4]["params_after"]["w"] = "changed"
+    assert judge(_manifest("a"), _manifest("b"), trace, other[:5]).verdict == "INCOMPARABLE"
+    prefix = judge(_manifest("a"), _manifest("b"), trace, other, steps=4)
+    assert prefix.verdict == "BITWISE_IDENTICAL" and prefix.comparison.compared == 4

@@ -47,7 +47,8 @@ for step in range(hp["steps"]):
     loss = torch.nn.functional.mse_loss(model(x), y)
     loss.backward()
     opt.step()
-    if os.environ.get("PERTURB_AT_STEP") == str(step):  # not allow-listed: invisible to the record
+    # Not allow-listed: recorded because the script reads them; the secret-looking one is redacted.
+    if str(step) in (os.environ.get("PERTURB_AT_STEP"), os.environ.get("PERTURB_SECRET_STEP")):
         with torch.no_grad():
             weight = model[0].weight.view(-1)
             weight[0] = torch.nextafter(weight[0], torch.tensor(float("inf")))

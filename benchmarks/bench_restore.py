@@ -1,0 +1,77 @@
+"""`cascade restore` overhead: time from the command to the script's first line, when code and data
+are local, beside doing the same by hand: `git worktree add` + `git apply` of the patch + copying the
+untracked file + `dvc checkout`, then `python script`.
+
+No numeric target in the issue: reported. restore also reads the record from MLflow (importing it
+costs ~1.5 s here), checks sha256s, and prints a plan before it starts the script.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import CASCADE, HERE, clean_env, median, scratch_repo
+
+REPEATS = 3
+
+
+def main() -> None:
+    repo = scratch_repo({"first_line.py": HERE / "scripts" / "first_line.py"})
+    env = clean_env()
+    subprocess.run(["dvc", "init", "-q"], cwd=repo, check=True, env=env)
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=b", "-c", "user.email=b@e", "commit", "-qm", "dvc"], cwd=repo, check=True
+    )
+    with open(repo / "first_line.py", "a") as script:
+        script.write("# a local edit: the run is dirty\n")
+    (repo / "notes.txt").write_text("an untracked file the run had\n")
+    subprocess.run([*CASCADE, "run", "--tag", "v1", "first_line.py"], cwd=repo, env=env, check=True,
+                   capture_output=True)  # fmt: skip
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True
+    ).stdout.strip()
+    patch = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=repo, capture_output=True).stdout
+    scratch = Path(tempfile.mkdtemp(prefix="cascade-bench-restore-"))
+    (scratch / "git.patch").write_bytes(patch)
+    shutil.copyfile(repo / "notes.txt", scratch / "notes.txt")
+
+    by_hand, restore, reuse = [], [], []
+    for index in range(REPEATS):
+        tree = scratch / f"hand-{index}"
+        started = time.time()
+        subprocess.run(["git", "worktree", "add", "-q", "--detach", str(tree), commit], cwd=repo, check=True)
+        subprocess.run(["git", "apply", "--binary", str(scratch / "git.patch")], cwd=tree, check=True)
+        shutil.copyfile(scratch / "notes.txt", tree / "notes.txt")
+        subprocess.run(["dvc", "checkout", "-q"], cwd=tree, check=True, env=env)
+        subprocess.run([sys.executable, "first_line.py"], cwd=tree, check=True, env=env)
+        by_hand.append(float((tree / "first_line.json").read_text()) - started)
+
+        tree = scratch / f"restore-{index}"
+        started = time.time()
+        subprocess.run([*CASCADE, "restore", "v1", "--workdir", str(tree)], cwd=repo, env=env, check=True,
+                       capture_output=True)  # fmt: skip
+        restore.append(float((tree / "first_line.json").read_text()) - started)
+
+        started = time.time()
+        subprocess.run([*CASCADE, "restore", "v1", "--workdir", str(tree)], cwd=repo, env=env, check=True,
+                       capture_output=True)  # fmt: skip
+        reuse.append(float((tree / "first_line.json").read_text()) - started)
+
+    hand = median(by_hand)
+    print(f"by hand: worktree + apply + copy + dvc checkout + python : {hand:.2f} s (median of {REPEATS})")
+    print(f"cascade restore (new worktree), to the first line        : {median(restore):.2f} s"
+          f"  ratio {median(restore) / hand:.2f}")  # fmt: skip
+    print(f"cascade restore (worktree reused), to the first line     : {median(reuse):.2f} s"
+          f"  ratio {median(reuse) / hand:.2f}")  # fmt: skip
+    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.rmtree(repo, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Which environment variables the script reads (names, and at exit their values), so restore can set
+them again and a verdict can name one that differs. Standard library only."""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from typing import Any, Iterator
+
+# cascade's own, or specific to a machine or a login:
+# restoring them would break the re-run, comparing them would only add noise.
+NOT_RECORDED_PREFIXES = (
+    "CASCADE_", "MLFLOW_", "PYTHON", "LC_", "SSH_", "XDG_", "GIT_", "CONDA", "VIRTUAL_ENV", "DBUS_",
+)  # fmt: skip
+MACHINE_SPECIFIC = frozenset(
+    {
+        "PATH", "HOME", "USER", "LOGNAME", "SHELL", "PWD", "OLDPWD", "TERM", "LANG", "LANGUAGE",
+        "TMPDIR", "TEMP", "TMP", "DISPLAY", "HOSTNAME", "COLUMNS", "LINES", "TZ", "LD_LIBRARY_PATH",
+        "SHLVL", "MAIL", "EDITOR", "PAGER", "NO_COLOR", "FORCE_COLOR", "CLICOLOR", "COLORTERM",
+        "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "ALL_PROXY",
+        "all_proxy", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR", "CURL_CA_BUNDLE", "_", "PS1",
+        "USERNAME", "LNAME", "CI",
+    }
+)  # fmt: skip
+
+
+def record_reads() -> set[str]:
+    """From now on, every `os.environ[...]`, `.get`, `in` and `os.getenv` adds the name to the set."""
+    names: set[str] = set()
+    # Keys handed out by iteration and not yet looked up. `dict(os.environ)`, `.copy()` and
+    # `.items()` look every key up in iteration order right after (or while) iterating: those
+    # lookups are a copy, not reads. Any other lookup is a read, and ends the copy.
+    iterated: deque[str] = deque()
+    base: Any = type(os.environ)
+
+    class RecordingEnviron(base):
+        def __getitem__(self, key: str) -> str:
+            if iterated and iterated[0] == key:
+                iterated.popleft()
+            else:
+                iterated.clear()
+                names.add(key)
+            return str(base.__getitem__(self, key))
+
+        def __iter__(self) -> Iterator[str]:
+            for key in base.__iter__(self):
+                iterated.append(key)
+                yield key
+
+    os.environ.__class__ = RecordingEnviron
+    return names
+
+
+def values_read(names: set[str]) -> dict[str, str | None]:
+    """Name → value at exit (None: unset), minus machine-specific names. Secrets are the parent's to
+    redact: this stays in the run directory on this machine, which is removed when the run ends."""
+    data = os.environ._data  # type: ignore[attr-defined]  # raw, without recording these lookups
+    decode = os.environ.decodevalue
+    encode = os.environ.encodekey
+    out: dict[str, str | None] = {}
+    for name in sorted(names):
+        if not isinstance(name, str) or name in MACHINE_SPECIFIC or name.startswith(NOT_RECORDED_PREFIXES):
+            continue
+        raw = data.get(encode(name))
+        out[name] = None if raw is None else decode(raw)
+    return out
