@@ -54,12 +54,14 @@ def main() -> None:
 
         tree = scratch / f"restore-{index}"
         started = time.time()
-        subprocess.run([*CASCADE, "restore", "v1", "--workdir", str(tree)], cwd=repo, env=env, check=True,
+        # exit 3 is expected: first_line.py has no optimizer, so there is no trace to verify
+        subprocess.run([*CASCADE, "restore", "v1", "--workdir", str(tree)], cwd=repo, env=env, check=False,
                        capture_output=True)  # fmt: skip
         restore.append(float((tree / "first_line.json").read_text()) - started)
 
         started = time.time()
-        subprocess.run([*CASCADE, "restore", "v1", "--workdir", str(tree)], cwd=repo, env=env, check=True,
+        # exit 3 is expected: first_line.py has no optimizer, so there is no trace to verify
+        subprocess.run([*CASCADE, "restore", "v1", "--workdir", str(tree)], cwd=repo, env=env, check=False,
                        capture_output=True)  # fmt: skip
         reuse.append(float((tree / "first_line.json").read_text()) - started)
 

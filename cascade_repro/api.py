@@ -12,15 +12,24 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from cascade_repro import versions
 from cascade_repro.capture.git import head_commit, is_dirty
-from cascade_repro.errors import DirtyTreeRefused, RestoreRefused, RunNotFound, StoreError, UsageError
+from cascade_repro.errors import (
+    DataError,
+    DirtyTreeRefused,
+    RestoreRefused,
+    RunNotFound,
+    StoreError,
+    UsageError,
+)
 from cascade_repro.manifest import ARTIFACT_PATH, Manifest
 from cascade_repro.params import ResolvedParams, find_params_file, resolve_params
 from cascade_repro.project import InitResult, find_repo_root, init_project
 from cascade_repro.recorder import Notify, RunPlan, RunResult, own_paths, record_run
 from cascade_repro.settings import Settings, load_settings
 from cascade_repro.store import mlflow_store
+from cascade_repro.store.dvc_store import Cache
 
 if TYPE_CHECKING:
+    from cascade_repro.checkout import Fetched
     from cascade_repro.determinism.verdict import Verdict
     from cascade_repro.restore import RestorePlan, Worktree
 
@@ -52,6 +61,7 @@ class RunRequest:
     force_version: bool = False
     git_tag: bool = True
     restored_params: ResolvedParams | None = None  # `cascade restore`: the recorded params, as they were
+    log_checkpoints: bool = False
     extra_tags: Mapping[str, str] | None = None
 
 
@@ -63,6 +73,8 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
     settings = load_settings(root, environ)
     if request.experiment:
         settings = replace(settings, experiment=request.experiment)
+    if request.log_checkpoints:
+        settings = replace(settings, log_checkpoints=True)
     if request.trace_interval is not None:
         if request.trace_interval < 0:
             raise UsageError("--trace-interval must be 0 (no trace) or a positive number of steps")
@@ -80,7 +92,7 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
     commit = head_commit(root)
     exclude = own_paths(settings)
     if request.require_clean:
-        changed = is_dirty(root, exclude)
+        changed = is_dirty(root, exclude) + _dirty_data(root)
         if changed:
             shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
             raise DirtyTreeRefused(
@@ -139,6 +151,12 @@ def _check_version_free(settings: Settings, root: Path, request: RunRequest) -> 
     experiment = client.get_experiment_by_name(settings.experiment)
     versions.check_free(client, root, request.version, experiment.experiment_id if experiment else None,
                         None, request.force_version, request.git_tag)  # fmt: skip
+
+
+def _dirty_data(root: Path) -> list[str]:
+    from cascade_repro.capture.data import dirty_data  # imports dvc: only for --require-clean
+
+    return [f"{path} (DVC)" for path in dirty_data(root)]
 
 
 def _settings_source(root: Path, environ: Mapping[str, str]) -> str:
@@ -489,3 +507,104 @@ def _installed(name: str) -> str | None:
         return installed_version(name)
     except PackageNotFoundError:
         return None
+
+
+@dataclass(frozen=True)
+class CheckoutResult:
+    run_id: str
+    items: tuple[Fetched, ...]
+
+
+def checkout(ref: str, checkpoint: str | None = None, data: bool = False, to: Path | None = None,
+             force: bool = False, cwd: Path | None = None) -> CheckoutResult:  # fmt: skip
+    """Fetch a run's checkpoint and/or data from the DVC cache or remote, md5-verified, into place."""
+    from cascade_repro import checkout as checking
+
+    if checkpoint is None and not data:
+        checkpoint = "best"
+    settings = _context(cwd)
+    root = settings.root
+    run_id, manifest = _record_of(settings, ref)
+    cache = _dvc_cache(root)
+    wanted: list[tuple[str, str]] = []
+    if checkpoint is not None:
+        chosen = checking.select_checkpoint(manifest.get("checkpoints") or [], checkpoint)
+        wanted.append((str(chosen["path"]), str(chosen["md5"])))
+    if data:
+        objects = checking.data_objects(manifest.get("data") or [])
+        if not objects:
+            raise DataError(f"run {run_id[:12]} recorded no DVC-tracked data it could restore")
+        wanted += objects
+    items = []
+    try:
+        for path, md5 in wanted:
+            fetched = checking.fetch(cache, path, md5, settings.dvc_remote)
+            destination = (to / Path(path).name) if to is not None else root / path
+            items.append(checking.deliver(fetched, destination, force))
+    finally:
+        cache.close()
+    return CheckoutResult(run_id, tuple(items))
+
+
+def checkpoint_path(ref: str, which: str = "best", cwd: Path | None = None) -> Path:
+    """The verified DVC cache object of a run's checkpoint (read-only; for `load_checkpoint`)."""
+    from cascade_repro import checkout as checking
+
+    settings = _context(cwd)
+    _, manifest = _record_of(settings, ref)
+    chosen = checking.select_checkpoint(manifest.get("checkpoints") or [], which)
+    cache = _dvc_cache(settings.root)
+    try:
+        return checking.fetch(cache, str(chosen["path"]), str(chosen["md5"]), settings.dvc_remote).object_path
+    finally:
+        cache.close()
+
+
+@dataclass(frozen=True)
+class PushSummary:
+    run_id: str
+    remote: str | None
+    pushed: int
+    failed: tuple[str, ...]
+
+
+def push(ref: str, cwd: Path | None = None) -> PushSummary:
+    """Push a run's kept checkpoints and the data it read to the DVC remote (retry after a failure)."""
+    from cascade_repro import checkout as checking
+
+    settings = _context(cwd)
+    run_id, manifest = _record_of(settings, ref)
+    md5s = [
+        str(c["md5"]) for c in manifest.get("checkpoints") or [] if c.get("status") == "kept" and c.get("md5")
+    ]
+    md5s += [md5 for _, md5 in checking.data_objects(manifest.get("data") or [])]
+    if not md5s:
+        raise DataError(f"run {run_id[:12]} has no checkpoints or data in the DVC cache to push")
+    cache = _dvc_cache(settings.root)
+    try:
+        missing = [m for m in md5s if not cache.object_path(m).exists()]
+        if missing:
+            raise DataError(
+                f"{len(missing)} object(s) of run {run_id[:12]} are not in this DVC cache: {missing[0]}, ...",
+                hint="push from the machine where the run was recorded",
+            )
+        result = cache.push(md5s, settings.dvc_remote)
+    finally:
+        cache.close()
+    if result.error:
+        raise DataError(f"push to the DVC remote failed: {result.error}",
+                        hint="configure a reachable remote: `dvc remote list`, `cascade init`")  # fmt: skip
+    return PushSummary(run_id, result.remote, result.pushed, result.failed)
+
+
+def _record_of(settings: Settings, ref: str) -> tuple[str, dict[str, Any]]:
+    mlflow_store.probe_store(settings.tracking_uri)
+    client = mlflow_store.client(settings.tracking_uri)
+    found = mlflow_store.resolve_run(client, ref, settings.experiment)
+    return found.info.run_id, _manifest_data(client, found.info.run_id)
+
+
+def _dvc_cache(root: Path) -> Cache:
+    if not Cache.exists_for(root):
+        raise DataError(f"{root} is not a DVC repository", hint="run `cascade init` (it runs `dvc init`)")
+    return Cache(root)

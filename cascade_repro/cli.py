@@ -106,6 +106,7 @@ def main(ctx: click.Context, log_level: str, verbose: bool) -> None:
     cascade verify RUN_A RUN_B          did B reproduce A? first divergent step and its causes
     cascade tag RUN v1.2.3              label a run with a version (MLflow tag + git tag)
     cascade restore v1.2.3              rebuild a version, re-run it, say whether it reproduced
+    cascade checkout v1.2.3 --checkpoint best --to DIR   a checkpoint, md5-verified
     """
     logging.basicConfig(
         level=getattr(logging, log_level.upper()),
@@ -158,6 +159,7 @@ def init(ctx: click.Context) -> None:
 )
 @click.option("--force-tag", "force_version", is_flag=True, help="Move VERSION here if another run has it.")
 @click.option("--no-git-tag", "no_git_tag", is_flag=True, help="With --tag: no annotated git tag.")
+@click.option("--log-checkpoints", is_flag=True, help="Also log checkpoint files as MLflow artifacts.")
 @click.option(
     "--trace-interval",
     type=int,
@@ -213,9 +215,12 @@ def list_command(ctx: click.Context, all_experiments: bool, versions_only: bool,
 @main.command()
 @click.argument("run_ref", metavar="RUN")
 @click.option("--trace", "with_trace", is_flag=True, help="Summarize the step trace (steps, loss extremes).")
+@click.option(
+    "--checkpoints", "with_checkpoints", is_flag=True, help="Checkpoints: step, metrics, md5, kept/pruned."
+)
 @click.option("--json", "as_json", is_flag=True, help="The full record as JSON.")
 @click.pass_context
-def show(ctx: click.Context, run_ref: str, with_trace: bool, as_json: bool) -> None:
+def show(ctx: click.Context, run_ref: str, with_trace: bool, with_checkpoints: bool, as_json: bool) -> None:
     """Show the record of RUN (a run id, a unique prefix of one, a run name or a version)."""
 
     def body() -> None:
@@ -226,6 +231,8 @@ def show(ctx: click.Context, run_ref: str, with_trace: bool, as_json: bool) -> N
             data = asdict(record)
             data["manifest"] = record.manifest.to_dict()
             render.emit_json("show", data)
+        elif with_checkpoints:
+            render.checkpoints(record.manifest.checkpoints)
         else:
             render.run_record(record)
 
@@ -330,6 +337,52 @@ def restore(ctx: click.Context, ref: str, no_run: bool, steps: int | None, workd
         if result.verdict is None:
             return 0 if no_run else 1
         return 0 if result.reproduced else 3
+
+    _guard(body, ctx)
+
+
+@main.command(name="checkout")
+@click.argument("ref", metavar="RUN|VERSION")
+@click.option("--checkpoint", metavar="best|last|STEP|PATH", help="Which checkpoint (default: best).")
+@click.option("--data", is_flag=True, help="The DVC-tracked data the run read, as it read it.")
+@click.option("--to", type=click.Path(file_okay=False, path_type=Path), help="Write into DIR, not in place.")
+@click.option("--force", is_flag=True, help="Overwrite a file with other content.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+@click.pass_context
+def checkout_command(ctx: click.Context, ref: str, checkpoint: str | None, data: bool, to: Path | None,
+                     force: bool, as_json: bool) -> None:  # fmt: skip
+    """Fetch a run's checkpoint or data from the DVC cache or remote, md5-verified.
+
+    \b
+    cascade checkout v1.2.3 --checkpoint best --to ./restored/
+    cascade checkout 3f2a9c1e --data
+    """
+
+    def body() -> None:
+        from cascade_repro import api, render
+
+        result = api.checkout(ref, checkpoint=checkpoint, data=data, to=to, force=force)
+        if as_json:
+            render.emit_json(
+                "checkout", {"run_id": result.run_id, "items": [i.to_dict() for i in result.items]}
+            )
+        else:
+            render.checkout_result(result)
+
+    _guard(body, ctx)
+
+
+@main.command(name="push")
+@click.argument("ref", metavar="RUN|VERSION")
+@click.pass_context
+def push_command(ctx: click.Context, ref: str) -> None:
+    """Push a run's kept checkpoints and data to the DVC remote (retries a failed push)."""
+
+    def body() -> None:
+        from cascade_repro import api, render
+
+        result = api.push(ref)
+        render.notice(f"pushed {result.pushed} object(s) of run {result.run_id[:12]} to {result.remote}")
 
     _guard(body, ctx)
 

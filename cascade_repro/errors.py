@@ -8,7 +8,8 @@
     ├── RunNotFound              exit 1  (with close matches)
     ├── DirtyTreeRefused         exit 1  (--require-clean on a dirty tree)
     ├── VersionTaken             exit 1  (a version held by another run; --force moves it)
-    └── RestoreRefused           exit 1  (missing commit, tampered or unsafe record, modified worktree)
+    ├── RestoreRefused           exit 1  (missing commit, tampered or unsafe record, modified worktree)
+    └── DataError                exit 1  (DVC cache/remote: missing, unreachable or corrupt objects)
 
 `cli` is the only place that turns these into exit codes; library code only raises.
 """
@@ -60,3 +61,7 @@ class VersionTaken(CascadeError):
 
 class RestoreRefused(CascadeError):
     """Restore stopped before re-running: the record cannot be rebuilt faithfully or safely here."""
+
+
+class DataError(CascadeError):
+    """DVC: an object missing from cache and remote, a corrupt object, an unreachable remote."""

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from cascade_repro import __version__
+from cascade_repro.capture.data import capture_data
 from cascade_repro.capture.environment import capture_environment, environment_read
 from cascade_repro.capture.git import GitState, capture_git
 from cascade_repro.capture.packages import capture_python
@@ -35,6 +36,8 @@ from cascade_repro.manifest import ARTIFACT_PATH, Manifest
 from cascade_repro.params import ResolvedParams, flatten
 from cascade_repro.settings import Settings
 from cascade_repro.store import mlflow_store
+from cascade_repro.store.checkpoint_keeper import CheckpointKeeper, finish_checkpoints
+from cascade_repro.store.dvc_store import Cache
 from cascade_repro.store.metrics_writer import MetricsWriter
 from cascade_repro.supervisor import Child, ChildExit
 
@@ -115,7 +118,11 @@ def record_run(plan: RunPlan, notify: Notify) -> RunResult:
     log.debug("child environment adds %s", {k: env[k] for k in sorted(set(env) - set(plan.environ))})
     capture = _Worker("cascade-capture", lambda: _capture(plan, env))
     capture.start()
-    recording = _Recording(plan, run_dir, start_ms, child, capture, notify)
+    root = plan.settings.root
+    keeper = CheckpointKeeper(
+        root, run_dir / protocol.CHECKPOINTS_FILE, Cache(root) if Cache.exists_for(root) else None, log.debug
+    ).start()
+    recording = _Recording(plan, run_dir, start_ms, child, capture, notify, keeper)
     store = _Worker("cascade-store", recording.open)
     store.start()
 
@@ -157,6 +164,8 @@ def child_environment(plan: RunPlan, run_dir: Path) -> dict[str, str]:
     env[protocol.ENV_DETERMINISM] = plan.determinism
     env[protocol.ENV_TRACE_INTERVAL] = str(plan.settings.trace_interval)
     env[protocol.ENV_TRACE_GRADS] = "1" if plan.settings.trace_grads else "0"
+    env[protocol.ENV_CHECKPOINTS_DIR] = str(plan.settings.root / plan.settings.checkpoints_dir)
+    env[protocol.ENV_CHECKPOINT_POLICY] = json.dumps(dict(plan.settings.checkpoint_policy))
     env["PYTHONHASHSEED"] = str(plan.params.seed % 4294967296)
     env["MLFLOW_TRACKING_URI"] = plan.settings.tracking_uri
     env.setdefault("MLFLOW_EXPERIMENT_NAME", plan.settings.experiment)
@@ -192,6 +201,11 @@ def _capture(plan: RunPlan, env: Mapping[str, str]) -> dict[str, Any]:
     python = capture_python()
     system = capture_system(env)
     environment = capture_environment(env, plan.settings.env_allow_prefixes)
+    try:
+        data = capture_data(plan.settings.root)
+    except Exception as exc:  # the run goes on; the record says why its data section is empty
+        log.warning("DVC-tracked data not recorded: %s", exc)
+        data = []
     for item in git.untracked:
         log.debug("untracked %s: %d bytes, %s", item.path, item.size, "kept" if item.stored else item.reason)
     log.debug(
@@ -199,21 +213,21 @@ def _capture(plan: RunPlan, env: Mapping[str, str]) -> dict[str, Any]:
         (time.perf_counter() - started) * 1000, git.commit[:12], "dirty" if git.dirty else "clean",
         len(python["packages"]), len(environment), len(git.untracked),
     )  # fmt: skip
-    return {"git": git, "python": python, "system": system, "environment": environment}
+    return {"git": git, "python": python, "system": system, "environment": environment, "data": data}
 
 
 class _Recording:
     """The store side of one run: opened in a thread while the child runs, finished after it."""
 
-    def __init__(
-        self, plan: RunPlan, run_dir: Path, start_ms: int, child: Child, capture: _Worker, notify: Notify
-    ) -> None:
+    def __init__(self, plan: RunPlan, run_dir: Path, start_ms: int, child: Child, capture: _Worker,
+                 notify: Notify, keeper: CheckpointKeeper) -> None:  # fmt: skip
         self.plan = plan
         self.run_dir = run_dir
         self.start_ms = start_ms
         self.child = child
         self.capture = capture
         self.notify = notify
+        self.keeper = keeper
         self.mlflow: Any = None
         self.opened: mlflow_store.OpenedRun | None = None
         self.writer: MetricsWriter | None = None
@@ -287,14 +301,19 @@ class _Recording:
         except Exception as exc:  # the run still gets closed with its outcome
             self.warnings.append(f"capture failed: {exc}")
             captured = _empty_capture()
+        checkpoints = finish_checkpoints(self.keeper, self.mlflow, run_id, self.plan.settings.dvc_remote,
+                                         self.plan.settings.log_checkpoints, self.notify)  # fmt: skip
+        self.warnings.extend(checkpoints.warnings)
         manifest = self._manifest(captured, facts).with_outcome(
-            outcome, metrics={**self.writer.summary_dict(), "resources": resources}
+            outcome,
+            metrics={**self.writer.summary_dict(), "resources": resources},
+            checkpoints=checkpoints.entries,
         )
         mlflow_store.log_json(self.mlflow, run_id, manifest.to_dict(), ARTIFACT_PATH)
         for name in (protocol.OUTPUT_LOG, protocol.TRACE_FILE):
             if (self.run_dir / name).exists():
                 mlflow_store.log_file(self.mlflow, run_id, self.run_dir / name, "cascade")
-        mlflow_store.set_tags(self.mlflow, run_id, self._end_tags(manifest))
+        mlflow_store.set_tags(self.mlflow, run_id, {**self._end_tags(manifest), **checkpoints.tags})
         mlflow_store.finish_run(self.mlflow, run_id, status, end_ms)
         shutil.rmtree(self.run_dir, ignore_errors=True)
         return RunResult(
@@ -392,6 +411,7 @@ class _Recording:
             hardware=system,
             environment=captured["environment"],
             container=container,
+            data=captured.get("data") or [],
             environment_read=environment_read(
                 facts.get("environment_read") or {}, plan.settings.env_allow_prefixes
             ),
@@ -427,7 +447,7 @@ def _trace_section(path: Path, header: dict[str, Any] | None) -> dict[str, Any] 
 
 def _empty_capture() -> dict[str, Any]:
     unavailable = GitState("unavailable", None, {}, False, b"", ())
-    return {"git": unavailable, "python": {}, "system": {"container": {}}, "environment": {}}
+    return {"git": unavailable, "python": {}, "system": {"container": {}}, "environment": {}, "data": []}
 
 
 def _status(ended: ChildExit) -> str:

@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cascade_repro.api import RestoreResult, RunRecord, RunSummary
+    from cascade_repro.api import CheckoutResult, RestoreResult, RunRecord, RunSummary
     from cascade_repro.determinism.verdict import Verdict
     from cascade_repro.project import InitResult
     from cascade_repro.recorder import RunResult
@@ -185,6 +185,42 @@ def verdict(result: Verdict) -> None:
     for record_difference in result.differences:
         if not any(record_difference.summary == cause.summary for cause in result.causes):
             console.print(f"  also differs (class {record_difference.klass}): {record_difference.summary}")
+
+
+def checkpoints(entries: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    console = _console()
+    if not entries:
+        console.print("no checkpoints: the run wrote none with torch.save or cascade_repro.checkpoint")
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("step", "path", "status", "metrics", "md5", "size", "pushed"):
+        table.add_column(column)
+    for entry in entries:
+        metrics = "  ".join(f"{k}={_num(v)}" for k, v in (entry.get("metrics") or {}).items())
+        pushed = {True: "yes", False: "NO"}.get(bool(entry["pushed"]), "") if "pushed" in entry else ""
+        table.add_row(
+            "" if entry.get("step") is None else str(entry["step"]), str(entry.get("path")),
+            str(entry.get("status")) + (f" ({entry['reason']})" if entry.get("reason") else ""),
+            metrics, str(entry.get("md5") or "")[:12], _size(entry.get("size")), pushed,
+        )  # fmt: skip
+    console.print(table)
+
+
+def checkout_result(result: CheckoutResult) -> None:
+    for item in result.items:
+        notice(f"{item.path} → {item.written_to} (md5 {item.md5[:12]} verified, from the {item.source})")
+
+
+def _size(size: Any) -> str:
+    if not isinstance(size, (int, float)):
+        return ""
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return ""
 
 
 def tag_result(result: TagResult) -> None:

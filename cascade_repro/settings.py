@@ -36,6 +36,8 @@ class Settings:
     metrics_flush_s: float = 5.0
     trace_interval: int = 1  # record every Nth optimizer step; 0 turns the trace off
     trace_grads: bool = True  # gradient fingerprints: tell "backward differs" from "a write between steps"
+    checkpoint_policy: Mapping[str, Any] = field(default_factory=dict)  # monitor, mode, save_top_k, save_last
+    log_checkpoints: bool = False  # also log checkpoint files as MLflow artifacts (heavy)
 
     @property
     def runs_dir(self) -> Path:
@@ -54,7 +56,7 @@ def load_settings(root: Path, environ: Mapping[str, str] | None = None) -> Setti
     known = {
         "experiment", "tracking_uri", "params_file", "checkpoints_dir", "determinism",
         "untracked_max_bytes", "env_allow_prefixes", "key_metrics", "dvc", "docker",
-        "metrics_flush_s", "trace_interval", "trace_grads",
+        "metrics_flush_s", "trace_interval", "trace_grads", "checkpoints", "log_checkpoints",
     }  # fmt: skip
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -90,7 +92,26 @@ def load_settings(root: Path, environ: Mapping[str, str] | None = None) -> Setti
         metrics_flush_s=float(raw.get("metrics_flush_s", 5.0)),
         trace_interval=_int(raw.get("trace_interval", 1), "trace_interval"),
         trace_grads=bool(raw.get("trace_grads", True)),
+        checkpoint_policy=_checkpoint_policy(raw.get("checkpoints"), path),
+        log_checkpoints=bool(raw.get("log_checkpoints", False)),
     )
+
+
+def _checkpoint_policy(raw: Any, path: Path) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: checkpoints must be a mapping (monitor, mode, save_top_k, save_last)")
+    unknown = sorted(set(raw) - {"monitor", "mode", "save_top_k", "save_last"})
+    if unknown:
+        raise ConfigError(f"{path}: unknown checkpoints setting(s) {', '.join(unknown)}",
+                          hint="known: monitor, mode, save_top_k, save_last")  # fmt: skip
+    if raw.get("mode", "min") not in ("min", "max"):
+        raise ConfigError(f"{path}: checkpoints.mode must be min or max, not {raw.get('mode')!r}")
+    policy = dict(raw)
+    if "save_top_k" in policy:
+        policy["save_top_k"] = _int(policy["save_top_k"], "checkpoints.save_top_k")
+    return policy
 
 
 def resolve_tracking_uri(uri: str, root: Path) -> str:

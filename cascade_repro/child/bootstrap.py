@@ -19,7 +19,9 @@ from types import FrameType, ModuleType, TracebackType
 from typing import Any, Callable
 
 from cascade_repro.child import env_reads, protocol, seeding
+from cascade_repro.child.checkpoints import install_torch_save_hook
 from cascade_repro.child.hooks import ImportHooks
+from cascade_repro.child.runtime import checkpoint_log
 
 RUN_ID_WAIT_S = 300.0
 GPU_SAMPLE_S = 60.0
@@ -61,6 +63,10 @@ def main(argv: list[str]) -> None:
         applied.update(seeding.on_torch_import(torch, seed, mode))
         facts.update()
         try:
+            install_torch_save_hook(torch, checkpoint_log(run_dir))
+        except Exception as exc:  # observing must never break the user's script
+            sys.stderr.write(f"cascade: torch.save is not observed: {type(exc).__name__}: {exc}\n")
+        try:
             _observe_torch(torch)
         except Exception as exc:  # observing must never break the user's script
             sys.stderr.write(f"cascade: the step trace is off: {type(exc).__name__}: {exc}\n")
@@ -80,6 +86,7 @@ def main(argv: list[str]) -> None:
             tracer = StepTracer(torch, run_dir / protocol.TRACE_FILE, interval, grads=grads, stop_after=stop)
             tracer.install()
             atexit.register(tracer.close)
+            checkpoint_log(run_dir).current_step = lambda: tracer.step - 1 if tracer.step > 0 else None
             facts.update(trace=tracer.header())
 
     def after_numpy(numpy: ModuleType) -> None:

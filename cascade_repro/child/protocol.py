@@ -13,6 +13,8 @@ ENV_SEED = "CASCADE_SEED"
 ENV_DETERMINISM = "CASCADE_DETERMINISM"
 ENV_TRACE_INTERVAL = "CASCADE_TRACE_INTERVAL"  # record every Nth optimizer step; 0: no trace
 ENV_TRACE_GRADS = "CASCADE_TRACE_GRADS"  # "0": no gradient fingerprints
+ENV_CHECKPOINTS_DIR = "CASCADE_CHECKPOINTS_DIR"  # absolute: where cascade_repro.checkpoint() writes
+ENV_CHECKPOINT_POLICY = "CASCADE_CHECKPOINT_POLICY"  # JSON: monitor, mode, save_top_k, save_last
 ENV_STOP_AFTER = "CASCADE_STOP_AFTER_STEPS"  # `cascade restore --steps N`: exit 0 once N steps are traced
 
 # Files inside the run directory.
@@ -21,6 +23,7 @@ RUN_ID_FILE = "mlflow_run_id"  # parent → child: written once the MLflow run e
 EVENTS_FILE = "events.jsonl"  # child → parent: metric events, one JSON array per line
 FACTS_FILE = "child.json"  # child → parent: flags applied, torch stack, exception, GPU memory
 TRACE_FILE = "trace.jsonl"  # child → parent: one JSON record per traced step
+CHECKPOINTS_FILE = "checkpoints.jsonl"  # child → parent: one line per checkpoint saved or pruned
 OUTPUT_LOG = "output.log"  # parent: the script's stdout and stderr as the terminal saw them
 
 DETERMINISM_MODES = ("off", "warn", "strict")

@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from cascade_repro.child import protocol
+from cascade_repro.child.checkpoints import CheckpointLog, Policy, save
 from cascade_repro.child.events import EventSink
 
 # One process, one run: the sink and params are per-process singletons, created on first use.
 _lock = threading.Lock()
 _sink: list[EventSink] = []
 _params: list[dict[str, Any]] = []
+_checkpoints: list[CheckpointLog] = []
 
 
 def run_dir() -> Path | None:
@@ -62,6 +64,46 @@ def flush() -> None:
     """Write queued metrics to the run directory now (also done every 0.25 s and at exit)."""
     if _sink:
         _sink[0].flush()
+
+
+def checkpoint(
+    obj: Any,
+    step: int | None = None,
+    metrics: Mapping[str, Any] | None = None,
+    *,
+    monitor: str | None = None,
+    mode: str | None = None,
+    save_top_k: int | None = None,
+    save_last: bool | None = None,
+    filename: str | None = None,
+) -> Path:
+    """`torch.save(obj)` into the checkpoints dir, kept to the best `save_top_k` by `monitor`.
+
+    >>> cascade_repro.checkpoint({"model": m.state_dict()}, step=s, metrics={"val_loss": v},
+    ...                          monitor="val_loss")
+    Pruned checkpoints are deleted from the workspace. Under `cascade run` each kept one enters the
+    DVC cache and is pushed at the end; defaults come from `checkpoints:` in cascade.yaml.
+    Returns the path written.
+    """
+    import torch  # the script has it already
+
+    base = Policy.from_env()
+    if mode is not None and mode not in ("min", "max"):
+        raise ValueError(f"checkpoint: mode must be 'min' or 'max', not {mode!r}")
+    policy = Policy(
+        monitor=monitor if monitor is not None else base.monitor,
+        mode=mode or base.mode,
+        save_top_k=save_top_k if save_top_k is not None else base.save_top_k,
+        save_last=save_last if save_last is not None else base.save_last,
+    )
+    return save(checkpoint_log(run_dir()), torch, obj, step, metrics, policy, filename)
+
+
+def checkpoint_log(directory: Path | None) -> CheckpointLog:
+    with _lock:
+        if not _checkpoints:
+            _checkpoints.append(CheckpointLog(directory / protocol.CHECKPOINTS_FILE if directory else None))
+        return _checkpoints[0]
 
 
 def _open_sink() -> EventSink | None:

@@ -1,0 +1,47 @@
+"""DVC-tracked inputs at run start: path, md5, whether the workspace matches the committed pointer.
+
+A workspace file that differs is put into the DVC cache as it is (its .dvc file is left alone: no
+git-tracked file changes), so the exact bytes the run read can be restored.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from cascade_repro.store.dvc_store import Cache
+
+log = logging.getLogger(__name__)
+
+
+def capture_data(root: Path) -> list[dict[str, Any]]:
+    if not Cache.exists_for(root):
+        return []
+    cache = Cache(root)
+    try:
+        outputs = cache.tracked_outputs()
+        for item in outputs:
+            if item["matches"]:
+                continue
+            path = root / item["path"]
+            if not path.is_file():
+                item["note"] = "not restorable: " + ("a modified directory" if path.is_dir() else "missing")
+                continue
+            stored = cache.add(path)
+            if stored is not None:
+                item.update(workspace_md5=stored.md5, workspace_size=stored.size, committed_to_cache=True)
+        return outputs
+    finally:
+        cache.close()
+
+
+def dirty_data(root: Path) -> list[str]:
+    """Paths of DVC-tracked outputs whose workspace differs from the committed pointer."""
+    if not Cache.exists_for(root):
+        return []
+    cache = Cache(root)
+    try:
+        return [item["path"] for item in cache.tracked_outputs() if not item["matches"]]
+    finally:
+        cache.close()

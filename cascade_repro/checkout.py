@@ -1,0 +1,116 @@
+"""Getting a run's checkpoints and data back: pick one, fetch it from the DVC cache or remote, verify it.
+
+Nothing is handed over before its bytes hash to the md5 in the record.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from cascade_repro.errors import DataError, UsageError
+from cascade_repro.store.dvc_store import Cache, md5_of
+
+
+@dataclass(frozen=True)
+class Fetched:
+    path: str  # as recorded, relative to the repository root
+    md5: str
+    size: int | None
+    source: str  # "local cache" or "remote <name>"
+    object_path: Path  # the verified cache object
+    written_to: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: str(v) if isinstance(v, Path) else v for k, v in vars(self).items()}
+
+
+def select_checkpoint(checkpoints: Sequence[Mapping[str, Any]], which: str) -> Mapping[str, Any]:
+    """`best` (by the monitored metric), `last`, a step number, or a path."""
+    kept = [c for c in checkpoints if c.get("status") == "kept" and c.get("md5")]
+    if not kept:
+        pruned = len([c for c in checkpoints if c.get("status") == "pruned"])
+        raise DataError(
+            "this run has no kept checkpoint in the DVC cache"
+            + (f" ({pruned} were pruned)" if pruned else ""),
+            hint="checkpoints are files written by torch.save or cascade_repro.checkpoint during the run",
+        )
+    if which == "last":
+        return max(kept, key=lambda c: (c.get("step") if c.get("step") is not None else -1, kept.index(c)))
+    if which == "best":
+        monitored = [c for c in kept if c.get("monitor") and c["monitor"] in (c.get("metrics") or {})]
+        if not monitored:
+            raise UsageError(
+                "no kept checkpoint has a monitored metric, so none is 'best'",
+                hint="use --checkpoint last, a step number or a path (see `cascade show RUN --checkpoints`)",
+            )
+        sign = 1.0 if monitored[0].get("mode", "min") == "min" else -1.0
+        return min(monitored, key=lambda c: sign * float(c["metrics"][c["monitor"]]))
+    if which.isdigit():
+        matches = [c for c in kept if c.get("step") == int(which)]
+    else:
+        wanted = which.strip("./")
+        matches = [c for c in kept if c.get("path") == wanted or Path(str(c.get("path"))).name == which]
+    if not matches:
+        listed = ", ".join(f"{c.get('path')} (step {c.get('step')})" for c in kept[:6])
+        raise UsageError(f"no kept checkpoint matches {which!r}", hint=f"kept: {listed}")
+    return matches[-1]
+
+
+def fetch(cache: Cache, path: str, md5: str, remote: str | None) -> Fetched:
+    """The verified cache object for `md5`, pulled from the remote when the cache lacks it."""
+    target = cache.verified_object(md5)
+    source = "local cache"
+    if target is None:
+        name = remote or cache.default_remote() or "(default)"
+        if not cache.pull(md5, remote):
+            raise DataError(
+                f"{path} ({md5}) is neither in the local DVC cache nor in the remote {name}",
+                hint="push it from the machine that has it (`cascade push RUN`), or check the remote",
+            )
+        source = f"remote {name}"
+        try:
+            target = cache.verified_object(md5)
+        except DataError as exc:
+            raise DataError(f"{path}: the object fetched from the {source} is corrupt: {exc.message}",
+                            hint=exc.hint) from None  # fmt: skip
+        assert target is not None
+    size = target.stat().st_size
+    return Fetched(path, md5, size, source, target)
+
+
+def deliver(fetched: Fetched, destination: Path, force: bool) -> Fetched:
+    """Copy a verified object to `destination`; an existing different file is refused unless forced."""
+    if destination.exists():
+        if destination.is_dir():
+            raise UsageError(f"{destination} is a directory", hint="give a file path, or --to DIR")
+        same = destination.stat().st_size == fetched.size and md5_of(destination)[0] == fetched.md5
+        if same:
+            return _written(fetched, destination)
+        if not force:
+            raise UsageError(
+                f"{destination} exists with other content",
+                hint="pass --to DIR to write elsewhere, or --force to overwrite it",
+            )
+        destination.unlink()
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    tmp = destination.with_name(f".{destination.name}.cascade.tmp")
+    shutil.copyfile(fetched.object_path, tmp)
+    tmp.replace(destination)
+    return _written(fetched, destination)
+
+
+def _written(fetched: Fetched, destination: Path) -> Fetched:
+    return Fetched(fetched.path, fetched.md5, fetched.size, fetched.source, fetched.object_path, destination)
+
+
+def data_objects(data: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """(path, md5) of the bytes the run read: the workspace's when it differed from the pointer."""
+    out = []
+    for item in data:
+        md5 = item.get("workspace_md5") or (item.get("md5") if item.get("matches") else None)
+        if md5 and not str(md5).endswith(".dir"):
+            out.append((str(item["path"]), str(md5)))
+    return out

@@ -1,0 +1,140 @@
+"""Checkpoints in the child: `cascade_repro.checkpoint(...)` with top-k, and the `torch.save` hook.
+
+Each save is announced to the parent as one line of `checkpoints.jsonl` (path, step, metrics, and
+the file's inode/size/mtime so the parent can tell the bytes it hashes are the ones announced).
+The parent hashes and caches them in its own process: nothing here reads a checkpoint back.
+
+A path that is saved again is unlinked first, so a new inode is written: the DVC cache may
+hold the old bytes by hardlink, and truncating that inode in place would corrupt the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from cascade_repro.child import protocol
+
+
+@dataclass(frozen=True)
+class Policy:
+    monitor: str | None = None
+    mode: str = "min"
+    save_top_k: int = 3  # -1 keeps every checkpoint
+    save_last: bool = True
+
+    @classmethod
+    def from_env(cls) -> Policy:
+        raw = os.environ.get(protocol.ENV_CHECKPOINT_POLICY)
+        data = json.loads(raw) if raw else {}
+        return cls(
+            monitor=data.get("monitor"),
+            mode=str(data.get("mode") or "min"),
+            save_top_k=int(data.get("save_top_k", 3)),
+            save_last=bool(data.get("save_last", True)),
+        )
+
+
+@dataclass
+class _Saved:
+    path: Path
+    step: int
+    value: float | None
+
+
+@dataclass
+class CheckpointLog:
+    """The child's side of checkpoints.jsonl (None path: plain `python train.py`, nothing announced)."""
+
+    path: Path | None
+    current_step: Callable[[], int | None] = lambda: None
+    saved: list[_Saved] = field(default_factory=list)
+    inside_api: threading.local = field(default_factory=threading.local)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    warned_monitor: bool = False
+
+    def announce(self, event: str, path: Path, **fields: Any) -> None:
+        if self.path is None:
+            return
+        record: dict[str, Any] = {"event": event, "path": str(path), "ts": time.time(), **fields}
+        if event == "saved":
+            try:
+                stat = os.stat(path)
+                record.update(inode=stat.st_ino, size=stat.st_size, mtime_ns=stat.st_mtime_ns)
+            except OSError:
+                return
+        with self.lock, open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, default=str) + "\n")
+
+
+def checkpoints_dir() -> Path:
+    configured = os.environ.get(protocol.ENV_CHECKPOINTS_DIR)
+    return Path(configured) if configured else Path("checkpoints")
+
+
+def save(log: CheckpointLog, torch: Any, obj: Any, step: int | None, metrics: Mapping[str, Any] | None,
+         policy: Policy, filename: str | None) -> Path:  # fmt: skip
+    """torch.save into the checkpoints dir, announce it, then prune to the best `save_top_k`."""
+    if step is None:
+        step = log.current_step()
+    if step is None:
+        step = len(log.saved)
+    values = {str(k): float(v) for k, v in (metrics or {}).items()}
+    directory = checkpoints_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = (directory / (filename or f"step-{int(step):08d}.pt")).absolute()
+    log.inside_api.active = True
+    try:
+        torch.save(obj, path)
+    finally:
+        log.inside_api.active = False
+    log.announce("saved", path, step=int(step), metrics=values, source="checkpoint",
+                 monitor=policy.monitor, mode=policy.mode)  # fmt: skip
+    value = values.get(policy.monitor) if policy.monitor else None
+    if policy.monitor and value is None and not log.warned_monitor:
+        log.warned_monitor = True
+        sys.stderr.write(f"cascade: checkpoint: no metric {policy.monitor!r} given; keeping them all\n")
+    log.saved = [s for s in log.saved if s.path != path] + [_Saved(path, int(step), value)]
+    for pruned in _to_prune(log.saved, policy):
+        log.saved.remove(pruned)
+        try:
+            pruned.path.unlink()
+        except FileNotFoundError:
+            pass
+        log.announce("pruned", pruned.path, step=pruned.step)
+    return path
+
+
+def _to_prune(saved: list[_Saved], policy: Policy) -> list[_Saved]:
+    if policy.save_top_k < 0 or policy.monitor is None or any(s.value is None for s in saved):
+        return []
+    last = saved[-1] if policy.save_last else None
+    sign = 1.0 if policy.mode == "min" else -1.0
+    ranked = sorted(saved, key=lambda s: sign * (s.value or 0.0))
+    keep = {id(s) for s in ranked[: policy.save_top_k]}
+    if last is not None:
+        keep.add(id(last))
+    return [s for s in saved if id(s) not in keep]
+
+
+def install_torch_save_hook(torch: Any, log: CheckpointLog) -> None:
+    """Every `torch.save(obj, path)` is announced with the step it happened at."""
+    original = torch.save
+
+    def save_and_announce(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+        path = Path(os.fspath(f)).absolute() if isinstance(f, (str, os.PathLike)) else None
+        if path is not None and path.exists() and not path.is_symlink():
+            path.unlink()  # a new inode: the cache may hold the old one by hardlink
+        result = original(obj, f, *args, **kwargs)
+        if path is not None and not getattr(log.inside_api, "active", False):
+            log.announce("saved", path, step=log.current_step(), metrics={}, source="torch.save")
+        return result
+
+    save_and_announce.__wrapped__ = original  # type: ignore[attr-defined]
+    torch.save = save_and_announce

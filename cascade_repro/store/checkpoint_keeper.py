@@ -1,0 +1,183 @@
+"""The parent's side of checkpoints: tail `checkpoints.jsonl`, hash each file once, put it in the DVC cache.
+
+Runs in a thread of the parent process, so training never waits for hashing. A checkpoint file
+was just written, so its single read comes from the page cache; the cache object is a reflink or a
+hardlink of it (a copy only where neither works).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from cascade_repro.store import dvc_store
+
+log = logging.getLogger(__name__)
+POLL_S = 0.3
+
+
+@dataclass
+class CheckpointEntry:
+    path: str  # relative to the repository root (absolute when outside it)
+    step: int | None
+    metrics: dict[str, float]
+    source: str  # "checkpoint" (cascade_repro.checkpoint) or "torch.save"
+    md5: str | None = None
+    size: int | None = None
+    status: str = "kept"  # kept | pruned | overwritten | not_cached
+    reason: str | None = None
+    link: str | None = None  # how it entered the cache: reflink, hardlink, copy, present
+    monitor: str | None = None
+    mode: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None or k in ("md5", "step")}
+
+
+@dataclass
+class CheckpointKeeper:
+    root: Path
+    events: Path
+    cache: dvc_store.Cache | None
+    notify: Callable[[str], None] = lambda message: None
+    entries: list[CheckpointEntry] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    _offset: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> CheckpointKeeper:
+        self._thread = threading.Thread(target=self._loop, name="cascade-checkpoints", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[CheckpointEntry]:
+        """After the child ended: take what is left, then return every entry."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._drain()
+        for entry in self.entries:
+            if entry.status == "missing":
+                entry.status = "overwritten"
+        return self.entries
+
+    def _loop(self) -> None:
+        while not self._stop.wait(POLL_S):
+            self._drain()
+
+    def _drain(self) -> None:
+        try:
+            with open(self.events, "rb") as handle:
+                handle.seek(self._offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return
+        end = data.rfind(b"\n") + 1  # a line still being written waits for the next round
+        self._offset += end
+        for line in data[:end].splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            try:
+                self._handle(event)
+            except Exception as exc:  # one bad checkpoint must not lose the others
+                log.debug("checkpoint event %s failed", event, exc_info=True)
+                self.errors.append(f"checkpoint {event.get('path')}: {type(exc).__name__}: {exc}")
+
+    def _handle(self, event: dict[str, Any]) -> None:
+        path = Path(str(event["path"]))
+        rel = _relative(path, self.root)
+        if event.get("event") == "pruned":
+            for entry in reversed(self.entries):
+                if entry.path == rel and entry.status in ("kept", "missing"):
+                    entry.status, entry.reason = "pruned", None
+                    break
+            return
+        for entry in self.entries:
+            if entry.path == rel and entry.status == "kept":
+                entry.status = "overwritten"
+        entry = CheckpointEntry(
+            path=rel,
+            step=event.get("step"),
+            metrics=dict(event.get("metrics") or {}),
+            source=str(event.get("source") or "torch.save"),
+            size=event.get("size"),
+            monitor=event.get("monitor"),
+            mode=event.get("mode"),
+        )
+        self.entries.append(entry)
+        if os.path.isabs(rel):
+            entry.status, entry.reason = "not_cached", "outside the repository: save checkpoints inside it"
+            return
+        if self.cache is None:
+            entry.status, entry.reason = "not_cached", "no DVC repository (run `cascade init`)"
+            return
+        stored = self.cache.add(path, expect=(event.get("inode"), event.get("size"), event.get("mtime_ns")))
+        if stored is None:  # pruned or replaced before it could be hashed: the next events say which
+            entry.status, entry.reason = "missing", "deleted or replaced before it could be hashed"
+            return
+        entry.md5, entry.size, entry.link = stored.md5, stored.size, stored.link
+        self.notify(f"checkpoint {rel} (step {entry.step}) → DVC cache {stored.md5[:12]} ({stored.link})")
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+@dataclass(frozen=True)
+class CheckpointsRecorded:
+    entries: list[dict[str, Any]]
+    warnings: list[str]
+    tags: dict[str, str]
+
+
+def finish_checkpoints(keeper: CheckpointKeeper, mlflow: Any, run_id: str, remote: str | None,
+                       log_files: bool, notify: Callable[[str], None]) -> CheckpointsRecorded:  # fmt: skip
+    """After the child ended: pointers to MLflow, kept objects pushed to the DVC remote."""
+    from cascade_repro.store import mlflow_store
+
+    entries = keeper.stop()
+    warnings = list(keeper.errors[:5])
+    kept = [e for e in entries if e.status == "kept" and e.md5 and e.size is not None]
+    for entry in kept:
+        assert entry.md5 is not None and entry.size is not None
+        pointer = dvc_store.pointer_text(entry.md5, entry.size, Path(entry.path).name)
+        mlflow.log_text(run_id, pointer, f"cascade/checkpoints/{entry.path}.dvc")
+        if log_files:
+            parent = Path(entry.path).parent.as_posix()
+            directory = "cascade/checkpoint_files" + ("" if parent == "." else f"/{parent}")
+            mlflow_store.log_file(mlflow, run_id, keeper.root / entry.path, directory)
+    outside = [e.path for e in entries if e.status == "not_cached"]
+    if outside:
+        warnings.append(f"checkpoints not in the DVC cache: {', '.join(outside[:3])} ({entries[-1].reason})")
+    records = [e.to_dict() for e in entries]
+    if kept and keeper.cache is not None:
+        notify(f"pushing {len(kept)} checkpoint(s) to the DVC remote")
+        pushed = keeper.cache.push([e.md5 for e in kept if e.md5], remote)
+        for record in records:
+            if record.get("status") == "kept" and record.get("md5"):
+                record["remote"] = pushed.remote
+                record["pushed"] = record["md5"] not in pushed.failed and pushed.error is None
+        if not pushed.ok:
+            reason = pushed.error or f"{len(pushed.failed)} object(s) failed"
+            warnings.append(
+                f"push to the DVC remote failed ({reason}); the checkpoints are safe in the local DVC cache, "
+                f"`cascade push {run_id[:8]}` retries"
+            )
+    counts: dict[str, int] = {}
+    for entry in entries:
+        counts[entry.status] = counts.get(entry.status, 0) + 1
+    tags = (
+        {"cascade.checkpoints": ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))} if entries else {}
+    )
+    return CheckpointsRecorded(records, warnings, tags)

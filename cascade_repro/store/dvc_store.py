@@ -1,0 +1,224 @@
+"""DVC through its Python API: cache objects hashed once, state entries, push/pull of md5 objects.
+
+DVC's own md5 (`hash: md5` in a .dvc file) is the plain md5 of the bytes, so cascade hashes a file
+in one pass and tells DVC's state database, keyed by (inode, mtime, size), what it found: a later
+`dvc status` finds the entry and does not read the file again. Objects enter `.dvc/cache/files/md5`
+by reflink where the filesystem can, else by hardlink (the workspace file then turns read-only, as
+with DVC's own `cache.type: hardlink`), else by copy; cache objects are read-only (0444) like DVC's.
+
+DVC exceptions are translated here into DataError; nothing above this module imports dvc.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from cascade_repro.errors import DataError
+
+FICLONE = 0x40049409  # linux/fs.h: share the extents of another file (reflink)
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Stored:
+    md5: str
+    size: int
+    link: str  # reflink | hardlink | copy | present
+
+
+@dataclass(frozen=True)
+class PushResult:
+    remote: str | None
+    pushed: int
+    failed: tuple[str, ...]
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.failed
+
+
+def md5_of(path: Path) -> tuple[str, int]:
+    digest, size = hashlib.md5(usedforsecurity=False), 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def pointer_text(md5: str, size: int, path: str) -> str:
+    """A stock DVC pointer file (`dvc pull` / `dvc checkout` of it restores the object)."""
+    return f"outs:\n- md5: {md5}\n  size: {size}\n  hash: md5\n  path: {path}\n"
+
+
+class Cache:
+    """The DVC repository at `root`, opened on first use (importing dvc costs ~1 s)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._repo: Any = None
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def exists_for(root: Path) -> bool:
+        return (root / ".dvc").is_dir()
+
+    def repo(self) -> Any:
+        with self._lock:
+            if self._repo is None:
+                import logging
+
+                from dvc.repo import Repo
+
+                logging.getLogger("dvc").setLevel(logging.WARNING)
+                try:
+                    self._repo = Repo(str(self.root))
+                except Exception as exc:
+                    raise DataError(f"cannot open the DVC repository at {self.root}: {exc}") from exc
+            return self._repo
+
+    def close(self) -> None:
+        if self._repo is not None:
+            self._repo.close()
+            self._repo = None
+
+    def object_path(self, md5: str) -> Path:
+        return Path(self.repo().cache.local.oid_to_path(md5))
+
+    def add(self, path: Path, expect: tuple[Any, Any, Any] | None = None) -> Stored | None:
+        """Hash `path` once, put it in the cache, record the state entry. None if the file is gone
+        or is not the one announced (`expect`: inode, size, mtime_ns) or changed while hashed."""
+        from dvc_data.hashfile.hash_info import HashInfo
+
+        repo = self.repo()
+        try:
+            before = os.stat(path)
+            info = repo.fs.info(str(path))
+        except (FileNotFoundError, OSError):
+            return None
+        if expect and expect[0] is not None and (before.st_ino, before.st_size, before.st_mtime_ns) != expect:
+            return None
+        md5, size = md5_of(path)
+        after = os.stat(path)
+        if (after.st_ino, after.st_size, after.st_mtime_ns) != (
+            before.st_ino,
+            before.st_size,
+            before.st_mtime_ns,
+        ):
+            return None
+        target = self.object_path(md5)
+        link = "present" if target.exists() else _place(path, target)
+        if link == "hardlink":
+            info = repo.fs.info(str(path))  # chmod of the shared inode changed its ctime only
+        repo.state.save(str(path), repo.fs, HashInfo("md5", md5), info=info)
+        repo.state.save(str(target), repo.fs, HashInfo("md5", md5))
+        return Stored(md5, size, link)
+
+    def verified_object(self, md5: str) -> Path | None:
+        """The cache object, re-hashed (DVC's own check trusts read-only files): None if absent.
+        Raises DataError when its bytes do not match its name."""
+        target = self.object_path(md5)
+        if not target.exists():
+            return None
+        actual, _ = md5_of(target)
+        if actual != md5:
+            raise DataError(
+                f"the DVC cache object {md5} at {target} is corrupt (its bytes hash to {actual})",
+                hint=f"delete it (rm -f {target}) and fetch it again from the remote",
+            )
+        return target
+
+    def push(self, md5s: Iterable[str], remote: str | None = None) -> PushResult:
+        from dvc_data.hashfile.hash_info import HashInfo
+
+        objects = [HashInfo("md5", m) for m in dict.fromkeys(md5s)]
+        if not objects:
+            return PushResult(remote, 0, ())
+        try:
+            result = self.repo().cloud.push(objects, remote=remote)
+        except Exception as exc:  # NoRemoteError, RemoteNotFoundError, OSError, ImportError, ...
+            return PushResult(remote, 0, tuple(str(h.value) for h in objects), _dvc_message(exc))
+        failed = tuple(sorted(str(h.value) for h in result.failed))
+        return PushResult(remote or self.default_remote(), len(objects) - len(failed), failed)
+
+    def pull(self, md5: str, remote: str | None = None) -> bool:
+        """Fetch one object from the remote into the cache; True if it is in the cache afterwards."""
+        from dvc_data.hashfile.hash_info import HashInfo
+
+        try:
+            self.repo().cloud.pull([HashInfo("md5", md5)], remote=remote)
+        except Exception as exc:
+            raise DataError(
+                f"cannot fetch {md5} from the DVC remote: {_dvc_message(exc)}",
+                hint="check the remote (`dvc remote list`) and that it is reachable",
+            ) from exc
+        return self.object_path(md5).exists()
+
+    def default_remote(self) -> str | None:
+        try:
+            core = self.repo().config.get("core", {})
+            return core.get("remote")
+        except Exception:
+            return None
+
+    def tracked_outputs(self) -> list[dict[str, Any]]:
+        """Every DVC-tracked output (*.dvc files and dvc.lock): path, md5, size, workspace state."""
+        repo = self.repo()
+        found = []
+        for out in repo.index.outs:
+            if not out.use_cache or out.hash_info is None:
+                continue
+            status = out.workspace_status()
+            state = next(iter(status.values()), None) if status else None
+            found.append(
+                {
+                    "path": _relative(Path(out.fs_path), self.root),
+                    "md5": out.hash_info.value,
+                    "size": getattr(out.meta, "size", None),
+                    "dvcfile": _relative(Path(out.stage.path), self.root),
+                    "matches": state is None,
+                    "workspace": state or "matches",
+                    "in_cache": not out.changed_cache(),
+                }
+            )
+        return found
+
+
+def _place(source: Path, target: Path) -> str:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    link = "reflink"
+    try:
+        with open(source, "rb") as src, open(tmp, "wb") as dst:
+            fcntl.ioctl(dst.fileno(), FICLONE, src.fileno())
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(source, tmp)
+            link = "hardlink"
+        except OSError:
+            shutil.copyfile(source, tmp)
+            link = "copy"
+    os.chmod(tmp, 0o444)
+    os.replace(tmp, target)
+    return link
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _dvc_message(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
