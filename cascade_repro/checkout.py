@@ -67,8 +67,9 @@ def fetch(cache: Cache, path: str, md5: str, remote: str | None) -> Fetched:
         name = remote or cache.default_remote() or "(default)"
         if not cache.pull(md5, remote):
             raise DataError(
-                f"{path} ({md5}) is neither in the local DVC cache nor in the remote {name}",
-                hint="push it from the machine that has it (`cascade push RUN`), or check the remote",
+                f"{path} ({md5}) is neither in the local DVC cache nor intact in the remote {name} "
+                "(DVC drops a remote object whose bytes do not match its md5)",
+                hint="push it again from the machine that has it (`cascade push RUN`), or check the remote",
             )
         source = f"remote {name}"
         try:

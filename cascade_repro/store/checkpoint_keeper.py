@@ -119,7 +119,8 @@ class CheckpointKeeper:
         if self.cache is None:
             entry.status, entry.reason = "not_cached", "no DVC repository (run `cascade init`)"
             return
-        stored = self.cache.add(path, expect=(event.get("inode"), event.get("size"), event.get("mtime_ns")))
+        announced = (event.get("inode"), event.get("size"), event.get("mtime_ns"))
+        stored = self.cache.add(path, expect=announced, hardlink=True)
         if stored is None:  # pruned or replaced before it could be hashed: the next events say which
             entry.status, entry.reason = "missing", "deleted or replaced before it could be hashed"
             return

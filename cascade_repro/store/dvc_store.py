@@ -3,8 +3,9 @@
 DVC's own md5 (`hash: md5` in a .dvc file) is the plain md5 of the bytes, so cascade hashes a file
 in one pass and tells DVC's state database, keyed by (inode, mtime, size), what it found: a later
 `dvc status` finds the entry and does not read the file again. Objects enter `.dvc/cache/files/md5`
-by reflink where the filesystem can, else by hardlink (the workspace file then turns read-only, as
-with DVC's own `cache.type: hardlink`), else by copy; cache objects are read-only (0444) like DVC's.
+by reflink where the filesystem can, else, for checkpoints, by hardlink (the workspace file then
+turns read-only, as with DVC's own `cache.type: hardlink`), else by copy; cache objects are
+read-only (0444) like DVC's.
 
 DVC exceptions are translated here into DataError; nothing above this module imports dvc.
 """
@@ -93,9 +94,14 @@ class Cache:
     def object_path(self, md5: str) -> Path:
         return Path(self.repo().cache.local.oid_to_path(md5))
 
-    def add(self, path: Path, expect: tuple[Any, Any, Any] | None = None) -> Stored | None:
+    def add(
+        self, path: Path, expect: tuple[Any, Any, Any] | None = None, hardlink: bool = False
+    ) -> Stored | None:
         """Hash `path` once, put it in the cache, record the state entry. None if the file is gone
-        or is not the one announced (`expect`: inode, size, mtime_ns) or changed while hashed."""
+        or is not the one announced (`expect`: inode, size, mtime_ns) or changed while hashed.
+
+        `hardlink` only where nothing rewrites the file in place (checkpoints: the torch.save hook
+        unlinks before writing); a data file edited in place, by root, would corrupt the object."""
         from dvc_data.hashfile.hash_info import HashInfo
 
         repo = self.repo()
@@ -115,7 +121,7 @@ class Cache:
         ):
             return None
         target = self.object_path(md5)
-        link = "present" if target.exists() else _place(path, target)
+        link = "present" if target.exists() else _place(path, target, hardlink)
         if link == "hardlink":
             info = repo.fs.info(str(path))  # chmod of the shared inode changed its ctime only
         repo.state.save(str(path), repo.fs, HashInfo("md5", md5), info=info)
@@ -151,8 +157,12 @@ class Cache:
 
     def pull(self, md5: str, remote: str | None = None) -> bool:
         """Fetch one object from the remote into the cache; True if it is in the cache afterwards."""
+        import logging
+
         from dvc_data.hashfile.hash_info import HashInfo
 
+        dvc_log = logging.getLogger("dvc")
+        level, dvc_log.level = dvc_log.level, logging.ERROR  # our message says what is missing, and where
         try:
             self.repo().cloud.pull([HashInfo("md5", md5)], remote=remote)
         except Exception as exc:
@@ -160,6 +170,8 @@ class Cache:
                 f"cannot fetch {md5} from the DVC remote: {_dvc_message(exc)}",
                 hint="check the remote (`dvc remote list`) and that it is reachable",
             ) from exc
+        finally:
+            dvc_log.setLevel(level)
         return self.object_path(md5).exists()
 
     def default_remote(self) -> str | None:
@@ -192,7 +204,7 @@ class Cache:
         return found
 
 
-def _place(source: Path, target: Path) -> str:
+def _place(source: Path, target: Path, hardlink: bool) -> str:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     link = "reflink"
@@ -202,6 +214,8 @@ def _place(source: Path, target: Path) -> str:
     except OSError:
         tmp.unlink(missing_ok=True)
         try:
+            if not hardlink:
+                raise OSError("hardlink not wanted")
             os.link(source, tmp)
             link = "hardlink"
         except OSError:

@@ -1,0 +1,195 @@
+"""Checkpoints and data in DVC: real torch.save, a real DVC repo, cache and local remote."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import SCRIPTS, Project, git
+
+pytestmark = pytest.mark.slow
+
+
+def _md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def _remote_dir(project: Project) -> Path:
+    text = (project.root / ".dvc" / "config.local").read_text()
+    return Path(text.split("url = ", 1)[1].splitlines()[0].strip())
+
+
+def _object(base: Path, md5: str) -> Path:
+    return base / "files" / "md5" / md5[:2] / md5[2:]
+
+
+@pytest.fixture
+def dvc_project(project: Project) -> Project:
+    project.write("ckpt.py", (SCRIPTS / "ckpt.py").read_text())
+    project.cascade("init", check=True)
+    project.commit("cascade init")
+    return project
+
+
+def _run(project: Project, *args: str) -> tuple[str, dict[str, Any]]:
+    before = {r.info.run_id for r in project.runs()}
+    result = project.cascade("run", *args)
+    assert result.returncode == 0, result.stderr
+    (new,) = {r.info.run_id for r in project.runs()} - before
+    return new, project.manifest(new)
+
+
+def test_top_k_checkpoints_enter_the_dvc_cache_and_the_remote(dvc_project: Project) -> None:
+    project = dvc_project
+    run_id, manifest = _run(project, "ckpt.py")
+    by_path = {c["path"]: c for c in manifest["checkpoints"]}
+    kept = sorted(p for p, c in by_path.items() if c["status"] == "kept")
+    pruned = sorted(p for p, c in by_path.items() if c["status"] == "pruned")
+    # best 3 by val_loss (steps 3, 4, 1) + the last (step 5), and the plain torch.save
+    assert kept == ["checkpoints/final.pt"] + [f"checkpoints/step-0000000{s}.pt" for s in (1, 3, 4, 5)]
+    assert pruned == ["checkpoints/step-00000000.pt", "checkpoints/step-00000002.pt"]
+    on_disk = sorted(p.relative_to(project.root).as_posix() for p in (project.root / "checkpoints").iterdir())
+    assert on_disk == kept
+    assert (
+        by_path["checkpoints/final.pt"]["source"] == "torch.save"
+        and by_path["checkpoints/final.pt"]["step"] == 5
+    )
+    remote = _remote_dir(project)
+    for path in kept:
+        entry = by_path[path]
+        assert (
+            entry["md5"] == _md5(project.root / path)
+            and entry["size"] == (project.root / path).stat().st_size
+        )
+        assert _md5(_object(project.root / ".dvc" / "cache", entry["md5"])) == entry["md5"]
+        assert _object(remote, entry["md5"]).is_file() and entry["pushed"] is True
+    tags = project.client().get_run(run_id).data.tags
+    assert tags["cascade.checkpoints"] == "5 kept, 2 pruned"
+    artifact = "cascade/checkpoints/checkpoints/step-00000003.pt.dvc"
+    pointer = project.client().download_artifacts(run_id, artifact, str(project.root.parent))
+    assert f"md5: {by_path['checkpoints/step-00000003.pt']['md5']}" in Path(pointer).read_text()
+    assert git(project.root, "status", "--porcelain") == ""  # no git-visible change from the run
+
+    # stock DVC agrees: a pointer committed for the best checkpoint is up to date without a re-read...
+    best = by_path["checkpoints/step-00000003.pt"]
+    project.write("best.dvc", f"outs:\n- md5: {best['md5']}\n  size: {best['size']}\n  hash: md5\n"
+                              "  path: checkpoints/step-00000003.pt\n")  # fmt: skip
+    status = subprocess.run(["dvc", "status"], cwd=project.root, capture_output=True, text=True, check=True)
+    assert "up to date" in status.stdout
+    from dvc.repo import Repo
+
+    with Repo(str(project.root)) as repo:
+        _, hash_info = repo.state.get(str(project.root / best["path"]), repo.fs)
+        assert hash_info is not None and hash_info.value == best["md5"]  # DVC's state knows it: no re-hash
+    # ...and `dvc pull` in a fresh clone brings the bytes back from the remote
+    project.commit("track the best checkpoint")
+    clone = project.root.parent / "clone"
+    subprocess.run(["git", "clone", "-q", str(project.root), str(clone)], check=True)
+    (clone / ".dvc" / "config.local").write_text((project.root / ".dvc" / "config.local").read_text())
+    subprocess.run(["dvc", "pull", "-q"], cwd=clone, check=True)
+    assert _md5(clone / best["path"]) == best["md5"]
+
+
+def test_checkout_verifies_md5_from_cache_and_remote_and_refuses_tampering(
+    dvc_project: Project, tmp_path: Path
+) -> None:
+    project = dvc_project
+    run_id, manifest = _run(project, "--tag", "v1", "ckpt.py")
+    best = next(c for c in manifest["checkpoints"] if c["path"] == "checkpoints/step-00000003.pt")
+    out = tmp_path / "restored"
+    result = project.cascade("checkout", "v1", "--checkpoint", "best", "--to", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    (item,) = json.loads(result.stdout)["data"]["items"]
+    assert item["source"] == "local cache" and _md5(out / "step-00000003.pt") == best["md5"]
+
+    cache_object = _object(project.root / ".dvc" / "cache", best["md5"])
+    original = cache_object.read_bytes()
+    cache_object.chmod(0o644)
+    cache_object.write_bytes(bytes([original[0] ^ 0xFF]) + original[1:])
+    refused = project.cascade("checkout", "v1", "--to", str(tmp_path / "bad"))
+    assert refused.returncode == 1 and "corrupt" in refused.stderr and best["md5"] in refused.stderr
+    assert not (tmp_path / "bad").exists()
+
+    cache_object.unlink()  # gone from the cache: fetched from the remote, verified
+    result = project.cascade("checkout", "v1", "--to", str(tmp_path / "again"), "--json")
+    assert result.returncode == 0, result.stderr
+    (item,) = json.loads(result.stdout)["data"]["items"]
+    assert (
+        item["source"].startswith("remote") and _md5(tmp_path / "again" / "step-00000003.pt") == best["md5"]
+    )
+
+    remote_object = _object(_remote_dir(project), best["md5"])
+    remote_object.chmod(0o644)
+    remote_object.write_bytes(b"not a checkpoint")
+    cache_object.chmod(0o644)
+    cache_object.unlink()
+    refused = project.cascade("checkout", "v1", "--to", str(tmp_path / "worse"))
+    assert (
+        refused.returncode == 1 and "remote cascade-local" in refused.stderr and best["md5"] in refused.stderr
+    )
+    assert "nor intact in the remote" in refused.stderr
+    assert not (tmp_path / "worse").exists()
+
+    remote_object.parent.mkdir(parents=True, exist_ok=True)
+    remote_object.write_bytes(original)
+    code = (
+        "import cascade_repro, torch;"
+        "s = cascade_repro.load_checkpoint('v1', 'last', map_location='cpu');"
+        "print(s['weight'].sum().item() == torch.load('checkpoints/final.pt')['weight'].sum().item())"
+    )
+    loaded = subprocess.run(["python", "-c", code], cwd=project.root, capture_output=True, text=True)
+    assert loaded.stdout.strip() == "True", loaded.stderr
+    missing = project.cascade("checkout", "v1", "--checkpoint", "9")
+    assert missing.returncode == 2 and "no kept checkpoint matches '9'" in missing.stderr
+
+
+def test_a_failed_push_keeps_the_run_and_cascade_push_retries(dvc_project: Project, tmp_path: Path) -> None:
+    project = dvc_project
+    good = _remote_dir(project)
+    broken = tmp_path / "not-a-directory"
+    broken.write_text("x")
+    subprocess.run(["dvc", "remote", "modify", "--local", "cascade-local", "url", str(broken)],
+                   cwd=project.root, check=True)  # fmt: skip
+    run_id, manifest = _run(project, "ckpt.py")
+    result_warning = project.client().get_run(run_id).info.status
+    assert result_warning == "FINISHED"
+    kept = [c for c in manifest["checkpoints"] if c["status"] == "kept"]
+    assert kept and all(c["pushed"] is False for c in kept)
+    assert all(_object(project.root / ".dvc" / "cache", c["md5"]).is_file() for c in kept)  # safe locally
+    subprocess.run(["dvc", "remote", "modify", "--local", "cascade-local", "url", str(good)],
+                   cwd=project.root, check=True)  # fmt: skip
+    pushed = project.cascade("push", run_id[:8])
+    assert pushed.returncode == 0, pushed.stderr
+    assert all(_object(good, c["md5"]).is_file() for c in kept)
+
+
+def test_dvc_tracked_data_is_recorded_as_read_and_restored(dvc_project: Project, tmp_path: Path) -> None:
+    project = dvc_project
+    project.write("data/input.bin", bytes([10]) * 1000)
+    subprocess.run(["dvc", "add", "-q", "data/input.bin"], cwd=project.root, check=True)
+    project.commit("track data")
+    committed = _md5(project.root / "data" / "input.bin")
+    (project.root / "data" / "input.bin").chmod(0o644)
+    project.write("data/input.bin", bytes([200]) * 1000)  # the workspace differs from the pointer
+    refused = project.cascade("run", "--require-clean", "ckpt.py")
+    assert refused.returncode == 1 and "data/input.bin (DVC)" in refused.stderr
+    run_id, manifest = _run(project, "ckpt.py", str(tmp_path))
+    (item,) = manifest["data"]
+    assert item["path"] == "data/input.bin" and item["md5"] == committed and item["matches"] is False
+    assert item["workspace_md5"] == _md5(project.root / "data" / "input.bin") and item["committed_to_cache"]
+    assert (
+        git(project.root, "status", "--porcelain").strip() == "M data/input.bin.dvc"
+        or git(project.root, "diff", "--stat", "HEAD", "--", "data/input.bin.dvc") == ""
+    )
+    outside = next(c for c in manifest["checkpoints"] if c["path"].endswith("outside.pt"))
+    assert outside["status"] == "not_cached" and "outside the repository" in outside["reason"]
+    (project.root / "data" / "input.bin").write_bytes(bytes([1]) * 1000)
+    out = tmp_path / "data-back"
+    result = project.cascade("checkout", run_id[:8], "--data", "--to", str(out))
+    assert result.returncode == 0, result.stderr
+    assert (out / "input.bin").read_bytes() == bytes([200]) * 1000
