@@ -403,6 +403,7 @@ def restore(
     show_plan: Callable[[RestorePlan], None] = lambda plan: None,
 ) -> RestoreResult:
     """Rebuild a recorded run in an isolated worktree, re-run it, and judge the new trace against it."""
+    from cascade_repro import checkout as checking
     from cascade_repro import restore as restoring
 
     settings = _context(cwd)
@@ -427,7 +428,22 @@ def restore(
             f"the record names untracked files it did not keep: {', '.join(plan.unavailable[:5])}",
             hint="they were larger than untracked_max_bytes; track such files with `dvc add` next time",
         )
-    tree = restoring.materialize(plan, root, client, notify)
+    wanted = _restore_objects(plan, manifest, execute)
+    cache = _dvc_cache(root) if wanted or Cache.exists_for(root) else None
+    try:
+        fetched = (
+            [checking.fetch(cache, path, md5, settings.dvc_remote) for path, md5 in wanted] if cache else []
+        )
+        tree = restoring.materialize(plan, root, client, notify)
+        if cache is not None and Cache.exists_for(tree.path) and not tree.reused:
+            cache.share_with(tree.path)  # the re-run's checkpoints go to this cache and remote
+        for item in fetched:  # verified before the worktree was made; copied in now
+            checking.deliver(item, tree.path / item.path, force=False)
+    finally:
+        if cache is not None:
+            cache.close()
+    if fetched:
+        notify(f"restored {len(fetched)} DVC object(s) into the worktree, md5-verified")
     if not execute:
         return RestoreResult(plan, tree, None, None)
     request = RunRequest(
@@ -451,6 +467,21 @@ def restore(
     verdict = _judge(client, manifest, result.manifest.to_dict(), rtol, atol, record_on=result.run_id,
                      against=run_id, steps=steps)  # fmt: skip
     return RestoreResult(plan, tree, result, verdict)
+
+
+def _restore_objects(plan: RestorePlan, manifest: Mapping[str, Any], execute: bool) -> list[tuple[str, str]]:
+    """The data the run read; with --no-run also its kept checkpoints (a re-run starts without them,
+    as the original did)."""
+    from cascade_repro import checkout as checking
+
+    wanted = checking.data_objects(plan.data)
+    if not execute:
+        wanted += [
+            (str(c["path"]), str(c["md5"]))
+            for c in manifest.get("checkpoints") or []
+            if c.get("status") == "kept" and c.get("md5") and not os.path.isabs(str(c["path"]))
+        ]
+    return wanted
 
 
 def _recorded_params(manifest: Mapping[str, Any]) -> ResolvedParams:

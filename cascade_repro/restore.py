@@ -91,7 +91,8 @@ def plan_restore(manifest: Mapping[str, Any], version: str | None, workdir: Path
     for item in manifest.get("data") or []:
         _safe_path(str(item.get("path") or ""), "a data path")
     for item in manifest.get("checkpoints") or []:
-        _safe_path(str(item.get("path") or ""), "a checkpoint path")
+        if item.get("status") == "kept" and item.get("md5"):  # the ones restore may write
+            _safe_path(str(item.get("path") or ""), "a checkpoint path")
     params = manifest.get("params") or {}
     trace = manifest.get("trace") or {}
     return RestorePlan(

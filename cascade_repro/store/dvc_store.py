@@ -91,6 +91,24 @@ class Cache:
             self._repo.close()
             self._repo = None
 
+    def share_with(self, other_root: Path) -> None:
+        """Make the DVC repo at `other_root` (a restore worktree) use this cache and these remotes."""
+        from dvc.repo import Repo
+
+        repo = self.repo()
+        remotes = dict(repo.config["remote"])
+        default = repo.config["core"].get("remote")
+        other = Repo(str(other_root))
+        try:
+            with other.config.edit("local") as conf:
+                conf["cache"]["dir"] = str(Path(repo.cache.local.path).parents[1])
+                for name, settings in remotes.items():
+                    conf["remote"][name] = dict(settings)
+                if default:
+                    conf["core"]["remote"] = default
+        finally:
+            other.close()
+
     def object_path(self, md5: str) -> Path:
         return Path(self.repo().cache.local.oid_to_path(md5))
 

@@ -190,3 +190,26 @@ def test_dvc_tracked_data_is_recorded_as_read_and_restored(dvc_project: Project,
     result = project.cascade("checkout", run_id[:8], "--data", "--to", str(out))
     assert result.returncode == 0, result.stderr
     assert (out / "input.bin").read_bytes() == bytes([200]) * 1000
+
+
+def test_restore_brings_back_the_data_the_run_read(dvc_project: Project) -> None:
+    project = dvc_project
+    project.write("data/input.bin", bytes([10]) * 1000)
+    subprocess.run(["dvc", "add", "-q", "data/input.bin"], cwd=project.root, check=True)
+    project.commit("track data")
+    (project.root / "data" / "input.bin").chmod(0o644)
+    project.write("data/input.bin", bytes([200]) * 1000)  # read by the run, never committed
+    run_id, _ = _run(project, "--tag", "v-data", "ckpt.py")
+    project.write("data/input.bin", bytes([77]) * 1000)  # the workspace moves on
+    result = project.cascade("restore", "v-data", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)["data"]
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL"
+    worktree = Path(data["worktree"]["path"])
+    assert (worktree / "data" / "input.bin").read_bytes() == bytes([200]) * 1000
+    restored = project.manifest(data["run"]["run_id"])
+    assert restored["data"][0]["workspace_md5"] == project.manifest(run_id)["data"][0]["workspace_md5"]
+    kept = [c for c in restored["checkpoints"] if c["status"] == "kept"]
+    assert kept and all(c["pushed"] for c in kept)  # the worktree shares this cache and remote
+    assert all(_object(project.root / ".dvc" / "cache", c["md5"]).is_file() for c in kept)
+    assert (project.root / "data" / "input.bin").read_bytes() == bytes([77]) * 1000  # yours, untouched
