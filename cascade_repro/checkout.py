@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from cascade_repro.errors import DataError, UsageError
-from cascade_repro.store.dvc_store import Cache, md5_of
+from cascade_repro.store.dvc_store import Cache, Progress, md5_of
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,9 @@ def select_checkpoint(checkpoints: Sequence[Mapping[str, Any]], which: str) -> M
     return matches[-1]
 
 
-def fetch(cache: Cache, path: str, md5: str, remote: str | None) -> Fetched:
+def fetch(cache: Cache, path: str, md5: str, remote: str | None, progress: Progress | None = None) -> Fetched:
     """The verified cache object for `md5`, pulled from the remote when the cache lacks it."""
-    target = cache.verified_object(md5)
+    target = cache.verified_object(md5, progress)
     source = "local cache"
     if target is None:
         name = remote or cache.default_remote() or "(default)"
@@ -73,7 +73,7 @@ def fetch(cache: Cache, path: str, md5: str, remote: str | None) -> Fetched:
             )
         source = f"remote {name}"
         try:
-            target = cache.verified_object(md5)
+            target = cache.verified_object(md5, progress)
         except DataError as exc:
             raise DataError(f"{path}: the object fetched from the {source} is corrupt: {exc.message}",
                             hint=exc.hint) from None  # fmt: skip
@@ -105,13 +105,3 @@ def deliver(fetched: Fetched, destination: Path, force: bool) -> Fetched:
 
 def _written(fetched: Fetched, destination: Path) -> Fetched:
     return Fetched(fetched.path, fetched.md5, fetched.size, fetched.source, fetched.object_path, destination)
-
-
-def data_objects(data: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
-    """(path, md5) of the bytes the run read: the workspace's when it differed from the pointer."""
-    out = []
-    for item in data:
-        md5 = item.get("workspace_md5") or (item.get("md5") if item.get("matches") else None)
-        if md5 and not str(md5).endswith(".dir"):
-            out.append((str(item["path"]), str(md5)))
-    return out

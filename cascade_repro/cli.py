@@ -361,7 +361,10 @@ def checkout_command(ctx: click.Context, ref: str, checkpoint: str | None, data:
     def body() -> None:
         from cascade_repro import api, render
 
-        result = api.checkout(ref, checkpoint=checkpoint, data=data, to=to, force=force)
+        with render.byte_progress() as progress:
+            result = api.checkout(
+                ref, checkpoint=checkpoint, data=data, to=to, force=force, progress=progress
+            )
         if as_json:
             render.emit_json(
                 "checkout", {"run_id": result.run_id, "items": [i.to_dict() for i in result.items]}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from cascade_repro.errors import CascadeError
 
@@ -55,3 +55,13 @@ class Manifest:
             )
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def data_objects(data: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """(path, md5) of the bytes the run read: the workspace's when it differed from the pointer."""
+    out = []
+    for item in data:
+        md5 = item.get("workspace_md5") or (item.get("md5") if item.get("matches") else None)
+        if md5 and not str(md5).endswith(".dir"):
+            out.append((str(item["path"]), str(md5)))
+    return out

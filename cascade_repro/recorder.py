@@ -32,7 +32,7 @@ from cascade_repro.capture.packages import capture_python
 from cascade_repro.capture.system import capture_system
 from cascade_repro.child import protocol
 from cascade_repro.errors import CascadeError, StoreError
-from cascade_repro.manifest import ARTIFACT_PATH, Manifest
+from cascade_repro.manifest import ARTIFACT_PATH, Manifest, data_objects
 from cascade_repro.params import ResolvedParams, flatten
 from cascade_repro.settings import Settings
 from cascade_repro.store import mlflow_store
@@ -301,8 +301,9 @@ class _Recording:
         except Exception as exc:  # the run still gets closed with its outcome
             self.warnings.append(f"capture failed: {exc}")
             captured = _empty_capture()
+        read = [md5 for _, md5 in data_objects(captured.get("data") or [])]
         checkpoints = finish_checkpoints(self.keeper, self.mlflow, run_id, self.plan.settings.dvc_remote,
-                                         self.plan.settings.log_checkpoints, self.notify)  # fmt: skip
+                                         self.plan.settings.log_checkpoints, self.notify, read)  # fmt: skip
         self.warnings.extend(checkpoints.warnings)
         manifest = self._manifest(captured, facts).with_outcome(
             outcome,

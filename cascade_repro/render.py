@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
     from cascade_repro.api import CheckoutResult, RestoreResult, RunRecord, RunSummary
@@ -208,6 +209,27 @@ def checkpoints(entries: list[dict[str, Any]]) -> None:
     console.print(table)
 
 
+@contextlib.contextmanager
+def byte_progress() -> Iterator[Callable[[str, int | None], Callable[[int], None] | None]]:
+    """A progress-bar factory for long hashing and copying: bars on a terminal, nothing elsewhere."""
+    if not sys.stderr.isatty():
+        yield lambda label, total: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    with Progress(
+        "{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        console=Console(stderr=True), transient=True,
+    ) as bars:  # fmt: skip
+
+        def factory(label: str, total: int | None) -> Callable[[int], None]:
+            task = bars.add_task(label, total=total or None)
+            return lambda advance: bars.advance(task, advance)
+
+        yield factory
+
+
 def checkout_result(result: CheckoutResult) -> None:
     for item in result.items:
         notice(f"{item.path} → {item.written_to} (md5 {item.md5[:12]} verified, from the {item.source})")
@@ -245,6 +267,8 @@ def restore_plan(plan: RestorePlan) -> None:
     command = " ".join((plan.script, *plan.argv))
     notice(f"  command    {command} (cwd {plan.cwd}), seed {plan.seed}, determinism {plan.determinism}"
            + (f", first {plan.steps} steps" if plan.steps else ""))  # fmt: skip
+    if plan.num_threads:
+        notice(f"  threads    torch.set_num_threads({plan.num_threads}), as recorded")
     for name, value in plan.environment.items():
         notice(f"  env        {name}={value}" if value is not None else f"  env        unset {name}")
     for difference in plan.differences:

@@ -52,6 +52,7 @@ class RestorePlan:
     differences: tuple[Difference, ...]  # this machine vs the record
     workdir: Path
     steps: int | None = None
+    num_threads: int | None = None  # torch's intra-op threads in the recorded run, set for the re-run
 
     def to_dict(self) -> dict[str, Any]:
         body = {k: v for k, v in vars(self).items() if k != "differences"}
@@ -118,7 +119,15 @@ def plan_restore(manifest: Mapping[str, Any], version: str | None, workdir: Path
         differences=tuple(machine_differences(manifest, here)),
         workdir=workdir,
         steps=steps,
+        num_threads=_int_or_none((manifest.get("torch") or {}).get("num_threads")),
     )
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 def recorded_environment(recorded: Mapping[str, str], environ: Mapping[str, str],

@@ -36,6 +36,10 @@ latest="$(cascade ls --json | python3 -c 'import json, sys; print(json.load(sys.
 step "cascade show ${latest:0:8}"
 cascade show "${latest:0:8}"
 
+step "cascade show v1.0 --checkpoints: kept in the DVC cache and pushed to the local DVC remote"
+cascade show v1.0 --checkpoints
+cascade checkout v1.0 --checkpoint best --to "$(mktemp -d)"
+
 step "cascade verify: the two default runs, compared step by step"
 read -r first third <<<"$(cascade ls --json | python3 -c '
 import json, sys

@@ -34,6 +34,10 @@ def on_torch_import(torch: ModuleType, seed: int, mode: str) -> dict[str, Any]:
     applied: dict[str, Any] = {}
     torch.manual_seed(seed)  # also queues the seed for every CUDA device without initializing CUDA
     applied["torch.manual_seed"] = seed
+    threads = os.environ.get(protocol.ENV_NUM_THREADS)
+    if threads:  # `cascade restore`: the thread count the recorded run had (CPU reductions depend on it)
+        torch.set_num_threads(int(threads))
+        applied["torch.set_num_threads"] = int(threads)
     if mode == "off":
         return applied
     torch.use_deterministic_algorithms(True, warn_only=(mode == "warn"))

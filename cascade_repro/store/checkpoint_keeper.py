@@ -143,8 +143,10 @@ class CheckpointsRecorded:
 
 
 def finish_checkpoints(keeper: CheckpointKeeper, mlflow: Any, run_id: str, remote: str | None,
-                       log_files: bool, notify: Callable[[str], None]) -> CheckpointsRecorded:  # fmt: skip
-    """After the child ended: pointers to MLflow, kept objects pushed to the DVC remote."""
+                       log_files: bool, notify: Callable[[str], None],
+                       data_md5s: list[str] | None = None) -> CheckpointsRecorded:  # fmt: skip
+    """After the child ended: pointers to MLflow; kept checkpoints and the data the run read (when
+    it was not committed yet, only this cache has it) pushed to the DVC remote."""
     from cascade_repro.store import mlflow_store
 
     entries = keeper.stop()
@@ -162,9 +164,13 @@ def finish_checkpoints(keeper: CheckpointKeeper, mlflow: Any, run_id: str, remot
     if outside:
         warnings.append(f"checkpoints not in the DVC cache: {', '.join(outside[:3])} ({entries[-1].reason})")
     records = [e.to_dict() for e in entries]
-    if kept and keeper.cache is not None:
-        notify(f"pushing {len(kept)} checkpoint(s) to the DVC remote")
-        pushed = keeper.cache.push([e.md5 for e in kept if e.md5], remote)
+    if keeper.cache is not None and data_md5s:  # inputs never cached here are not ours to push
+        data_md5s = [m for m in data_md5s if keeper.cache.object_path(m).exists()]
+    if (kept or data_md5s) and keeper.cache is not None:
+        notify(
+            f"pushing {len(kept)} checkpoint(s) and {len(data_md5s or [])} data object(s) to the DVC remote"
+        )
+        pushed = keeper.cache.push([e.md5 for e in kept if e.md5] + list(data_md5s or []), remote)
         for record in records:
             if record.get("status") == "kept" and record.get("md5"):
                 record["remote"] = pushed.remote

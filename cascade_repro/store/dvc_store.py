@@ -19,7 +19,7 @@ import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from cascade_repro.errors import DataError
 
@@ -46,12 +46,17 @@ class PushResult:
         return self.error is None and not self.failed
 
 
-def md5_of(path: Path) -> tuple[str, int]:
+Progress = Callable[[int], None]  # called with the bytes just hashed
+
+
+def md5_of(path: Path, progress: Progress | None = None) -> tuple[str, int]:
     digest, size = hashlib.md5(usedforsecurity=False), 0
     with open(path, "rb") as handle:
         while chunk := handle.read(CHUNK):
             digest.update(chunk)
             size += len(chunk)
+            if progress is not None:
+                progress(len(chunk))
     return digest.hexdigest(), size
 
 
@@ -146,13 +151,13 @@ class Cache:
         repo.state.save(str(target), repo.fs, HashInfo("md5", md5))
         return Stored(md5, size, link)
 
-    def verified_object(self, md5: str) -> Path | None:
+    def verified_object(self, md5: str, progress: Progress | None = None) -> Path | None:
         """The cache object, re-hashed (DVC's own check trusts read-only files): None if absent.
         Raises DataError when its bytes do not match its name."""
         target = self.object_path(md5)
         if not target.exists():
             return None
-        actual, _ = md5_of(target)
+        actual, _ = md5_of(target, progress)
         if actual != md5:
             raise DataError(
                 f"the DVC cache object {md5} at {target} is corrupt (its bytes hash to {actual})",
@@ -237,7 +242,11 @@ def _place(source: Path, target: Path, hardlink: bool) -> str:
             os.link(source, tmp)
             link = "hardlink"
         except OSError:
-            shutil.copyfile(source, tmp)
+            try:
+                shutil.copyfile(source, tmp)
+            except BaseException:  # disk full, Ctrl-C: no half object left behind under a temp name
+                tmp.unlink(missing_ok=True)
+                raise
             link = "copy"
     os.chmod(tmp, 0o444)
     os.replace(tmp, target)

@@ -213,3 +213,24 @@ def test_restore_brings_back_the_data_the_run_read(dvc_project: Project) -> None
     assert kept and all(c["pushed"] for c in kept)  # the worktree shares this cache and remote
     assert all(_object(project.root / ".dvc" / "cache", c["md5"]).is_file() for c in kept)
     assert (project.root / "data" / "input.bin").read_bytes() == bytes([77]) * 1000  # yours, untouched
+
+
+def test_restore_in_a_fresh_clone_from_the_dvc_remote_and_a_copied_store(dvc_project: Project,
+                                                                         tmp_path: Path) -> None:  # fmt: skip
+    project = dvc_project
+    project.write("data/input.bin", bytes([10]) * 1000)
+    subprocess.run(["dvc", "add", "-q", "data/input.bin"], cwd=project.root, check=True)
+    project.commit("track data")
+    (project.root / "data" / "input.bin").chmod(0o644)
+    project.write("data/input.bin", bytes([99]) * 1000)  # read by the run from the workspace
+    run_id, manifest = _run(project, "--tag", "v-clone", "ckpt.py")
+    assert _object(_remote_dir(project), manifest["data"][0]["workspace_md5"]).is_file()  # pushed too
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(project.root), str(clone)], check=True)
+    (clone / ".dvc" / "config.local").write_text((project.root / ".dvc" / "config.local").read_text())
+    (clone / "mlflow.db").write_bytes((project.root / "mlflow.db").read_bytes())  # the copied store
+    result = Project(clone).cascade("restore", "v-clone", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)["data"]
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL" and data["verdict"]["run_a"] == run_id
+    assert (Path(data["worktree"]["path"]) / "data" / "input.bin").read_bytes() == bytes([99]) * 1000

@@ -43,6 +43,10 @@ def tagged(project: Project) -> tuple[Project, str, str]:
     project.write("notes/extra.txt", "untracked, read by nobody, restored all the same\n")
     commit = git(project.root, "rev-parse", "HEAD").strip()
     run_id = _run(project, "--tag", "v1", "train.py")
+    snapshot = project.root.parent / "as-run"
+    snapshot.mkdir()
+    for name in ("train.py", "hyperparameters.yaml"):
+        (snapshot / name).write_bytes((project.root / name).read_bytes())
     git(project.root, "stash", "-u", "-q")
     project.write(
         "hyperparameters.yaml", (project.root / "hyperparameters.yaml").read_text().replace("0.1", "0.3")
@@ -86,6 +90,10 @@ def test_restore_rebuilds_the_dirty_state_and_reproduces_bit_for_bit(
     assert worktree == project.root / ".cascade" / "restore" / "v1"
     assert git(worktree, "rev-parse", "HEAD").strip() == commit
     assert (worktree / "notes" / "extra.txt").read_text().startswith("untracked")
+    snapshot = project.root.parent / "as-run"
+    for name in ("train.py", "hyperparameters.yaml"):  # byte for byte as the run had them
+        assert (worktree / name).read_bytes() == (snapshot / name).read_bytes()
+    assert restored["torch"]["num_threads"] == original["torch"]["num_threads"]
     # the user's checkout is untouched
     assert git(project.root, "rev-parse", "HEAD").strip() == head_before
     assert git(project.root, "status", "--porcelain").strip() == ""

@@ -1,0 +1,114 @@
+"""Checkpoints into the DVC cache, three figures in one run (a 256 MiB torch.save on this machine):
+
+1. commit into the DVC cache (one md5 pass + reflink/hardlink + DVC state entry) / `md5sum` of the
+   same file: target <= 1.2, beside `dvc add` of the same bytes (which hashes, copies, writes a .dvc);
+2. bytes read back from storage after the checkpoint was written / its size (/proc/<pid>/io
+   read_bytes of the hashing process): target <= 0.01;
+3. training step time while a checkpoint is being committed by another process / without: reported.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import ROOT, median
+
+SIZE_MB = 256
+COMMIT = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from cascade_repro.store.dvc_store import Cache
+cache = Cache(Path({repo!r})); cache.repo()
+def read_bytes():
+    return int(next(l for l in open('/proc/self/io') if l.startswith('read_bytes')).split()[1])
+before = read_bytes(); started = time.perf_counter()
+stored = cache.add(Path({path!r}), hardlink=True)
+print(time.perf_counter() - started, read_bytes() - before, stored.link)
+"""
+
+
+def write_checkpoint(path: Path) -> None:
+    code = f"import torch; torch.save(torch.randn({SIZE_MB} * 262144), {str(path)!r})"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def dvc_repo(base: Path, name: str) -> Path:
+    repo = base / name
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["dvc", "init", "-q"], cwd=repo, check=True)
+    return repo
+
+
+def timed(command: list[str], cwd: Path) -> float:
+    started = time.perf_counter()
+    subprocess.run(command, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def commit_in_subprocess(repo: Path, path: Path) -> tuple[float, int, str]:
+    code = COMMIT.format(root=str(ROOT), repo=str(repo), path=str(path))
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()
+    return float(out[0]), int(out[1]), out[2]
+
+
+def step_times(seconds: float) -> list[float]:
+    code = (
+        "import time, torch\n"
+        "torch.manual_seed(0); m = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),"
+        " torch.nn.Linear(1024, 512)); o = torch.optim.SGD(m.parameters(), lr=0.01); x = torch.randn(64, 512)\n"
+        f"end = time.perf_counter() + {seconds}; times = []\n"
+        "while time.perf_counter() < end:\n"
+        "    t = time.perf_counter(); o.zero_grad(); m(x).pow(2).mean().backward(); o.step()\n"
+        "    times.append(time.perf_counter() - t)\n"
+        "print(' '.join(map(str, times)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    return [float(v) for v in out.split()]
+
+
+def main() -> None:
+    base = Path(tempfile.mkdtemp(prefix="cascade-bench-ckpt-"))
+    try:
+        ours_repo, dvc_add_repo = dvc_repo(base, "ours"), dvc_repo(base, "dvc-add")
+        ratios, dvc_ratios, read_ratios, links = [], [], [], set()
+        for index in range(3):
+            ours = ours_repo / f"ckpt-{index}.pt"
+            write_checkpoint(ours)  # freshly written: still in the page cache, as after a real save
+            commit_s, read_back, link = commit_in_subprocess(ours_repo, ours)
+            links.add(link)
+            read_ratios.append(read_back / ours.stat().st_size)
+            md5sum_s = timed(["md5sum", str(ours)], base)
+            theirs = dvc_add_repo / f"ckpt-{index}.pt"
+            shutil.copyfile(ours, theirs)
+            timed(["md5sum", str(theirs)], base)  # same warm page cache for both
+            dvc_s = timed(["dvc", "add", "-q", theirs.name], dvc_add_repo)
+            ratios.append(commit_s / md5sum_s)
+            dvc_ratios.append(dvc_s / md5sum_s)
+        print(f"checkpoint: {SIZE_MB} MiB, placed by {', '.join(sorted(links))}")
+        print(f"commit into the DVC cache / md5sum : {median(ratios):.2f}  (target <= 1.2; median of 3)")
+        print(f"dvc add / md5sum                   : {median(dvc_ratios):.2f}")
+        print(f"bytes read back / checkpoint size  : {max(read_ratios):.4f}  (target <= 0.01; worst of 3)")
+
+        quiet = step_times(4.0)
+        busy_file = ours_repo / "busy.pt"
+        write_checkpoint(busy_file)
+        committing = subprocess.Popen([sys.executable, "-c", COMMIT.format(root=str(ROOT), repo=str(ours_repo),
+                                       path=str(busy_file))], stdout=subprocess.DEVNULL)  # fmt: skip
+        busy = step_times(1.5)
+        committing.wait()
+        print(f"step time while committing / without: {median(busy) / median(quiet):.2f}"
+              f"  ({median(busy) * 1e3:.2f} ms vs {median(quiet) * 1e3:.2f} ms; {os.cpu_count()} cores)")  # fmt: skip
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Checkpoints and data of recorded runs: checkout, load, push."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from cascade_repro.api.records import context, dvc_cache, record_of
+from cascade_repro.errors import DataError
+from cascade_repro.manifest import data_objects
+
+if TYPE_CHECKING:
+    from cascade_repro.checkout import Fetched
+
+ProgressFactory = Callable[[str, "int | None"], "Callable[[int], None] | None"]  # (label, total bytes)
+
+
+@dataclass(frozen=True)
+class CheckoutResult:
+    run_id: str
+    items: tuple[Fetched, ...]
+
+
+def checkout(ref: str, checkpoint: str | None = None, data: bool = False, to: Path | None = None,
+             force: bool = False, cwd: Path | None = None,
+             progress: ProgressFactory = lambda label, total: None) -> CheckoutResult:  # fmt: skip
+    """Fetch a run's checkpoint and/or data from the DVC cache or remote, md5-verified, into place."""
+    from cascade_repro import checkout as checking
+
+    if checkpoint is None and not data:
+        checkpoint = "best"
+    settings = context(cwd)
+    root = settings.root
+    run_id, manifest = record_of(settings, ref)
+    cache = dvc_cache(root)
+    wanted: list[tuple[str, str]] = []
+    sizes: dict[str, int] = {}
+    if checkpoint is not None:
+        chosen = checking.select_checkpoint(manifest.get("checkpoints") or [], checkpoint)
+        wanted.append((str(chosen["path"]), str(chosen["md5"])))
+        sizes[str(chosen["md5"])] = int(chosen.get("size") or 0)
+    if data:
+        objects = data_objects(manifest.get("data") or [])
+        if not objects:
+            raise DataError(f"run {run_id[:12]} recorded no DVC-tracked data it could restore")
+        wanted += objects
+    items = []
+    try:
+        for path, md5 in wanted:
+            bar = progress(f"md5 of {path}", sizes.get(md5))
+            fetched = checking.fetch(cache, path, md5, settings.dvc_remote, bar)
+            destination = (to / Path(path).name) if to is not None else root / path
+            items.append(checking.deliver(fetched, destination, force))
+    finally:
+        cache.close()
+    return CheckoutResult(run_id, tuple(items))
+
+
+def checkpoint_path(ref: str, which: str = "best", cwd: Path | None = None) -> Path:
+    """The verified DVC cache object of a run's checkpoint (read-only; for `load_checkpoint`)."""
+    from cascade_repro import checkout as checking
+
+    settings = context(cwd)
+    _, manifest = record_of(settings, ref)
+    chosen = checking.select_checkpoint(manifest.get("checkpoints") or [], which)
+    cache = dvc_cache(settings.root)
+    try:
+        return checking.fetch(cache, str(chosen["path"]), str(chosen["md5"]), settings.dvc_remote).object_path
+    finally:
+        cache.close()
+
+
+@dataclass(frozen=True)
+class PushSummary:
+    run_id: str
+    remote: str | None
+    pushed: int
+    failed: tuple[str, ...]
+
+
+def push(ref: str, cwd: Path | None = None) -> PushSummary:
+    """Push a run's kept checkpoints and the data it read to the DVC remote (retry after a failure)."""
+
+    settings = context(cwd)
+    run_id, manifest = record_of(settings, ref)
+    md5s = [
+        str(c["md5"]) for c in manifest.get("checkpoints") or [] if c.get("status") == "kept" and c.get("md5")
+    ]
+    md5s += [md5 for _, md5 in data_objects(manifest.get("data") or [])]
+    if not md5s:
+        raise DataError(f"run {run_id[:12]} has no checkpoints or data in the DVC cache to push")
+    cache = dvc_cache(settings.root)
+    try:
+        missing = [m for m in md5s if not cache.object_path(m).exists()]
+        if missing:
+            raise DataError(
+                f"{len(missing)} object(s) of run {run_id[:12]} are not in this DVC cache: {missing[0]}, ...",
+                hint="push from the machine where the run was recorded",
+            )
+        result = cache.push(md5s, settings.dvc_remote)
+    finally:
+        cache.close()
+    if result.error:
+        raise DataError(f"push to the DVC remote failed: {result.error}",
+                        hint="configure a reachable remote: `dvc remote list`, `cascade init`")  # fmt: skip
+    return PushSummary(run_id, result.remote, result.pushed, result.failed)

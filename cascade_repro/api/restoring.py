@@ -1,0 +1,187 @@
+"""`cascade restore`: record → plan → worktree (code, dirty state, data) → re-run → verdict."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from cascade_repro import versions
+from cascade_repro.api.records import context, dvc_cache, judge_and_record, manifest_data
+from cascade_repro.api.runs import RunRequest, run
+from cascade_repro.errors import RestoreRefused, UsageError
+from cascade_repro.manifest import data_objects
+from cascade_repro.params import ResolvedParams
+from cascade_repro.recorder import Notify, RunResult
+from cascade_repro.settings import Settings
+from cascade_repro.store import mlflow_store
+from cascade_repro.store.dvc_store import Cache
+
+if TYPE_CHECKING:
+    from cascade_repro.determinism.verdict import Verdict
+    from cascade_repro.restore import RestorePlan, Worktree
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    plan: RestorePlan
+    worktree: Worktree
+    run: RunResult | None  # None with --no-run
+    verdict: Verdict | None
+
+    @property
+    def reproduced(self) -> bool:
+        return self.verdict is not None and self.verdict.reproduced
+
+
+def restore(
+    ref: str,
+    cwd: Path | None = None,
+    workdir: Path | None = None,
+    steps: int | None = None,
+    execute: bool = True,
+    rtol: float = 1e-5,
+    atol: float = 1e-8,
+    notify: Notify = lambda message: None,
+    show_plan: Callable[[RestorePlan], None] = lambda plan: None,
+) -> RestoreResult:
+    """Rebuild a recorded run in an isolated worktree, re-run it, and judge the new trace against it."""
+    from cascade_repro import checkout as checking
+    from cascade_repro import restore as restoring
+
+    settings = context(cwd)
+    root = settings.root
+    mlflow_store.probe_store(settings.tracking_uri)
+    client = mlflow_store.client(settings.tracking_uri)
+    found = mlflow_store.resolve_run(client, ref, settings.experiment)
+    run_id = found.info.run_id
+    manifest = manifest_data(client, run_id)
+    version = found.data.tags.get(versions.VERSION_TAG)
+    if steps is not None and steps < 1:
+        raise UsageError("--steps must be a positive number of optimizer steps")
+    if steps is not None and not (manifest.get("trace") or {}).get("steps"):
+        raise UsageError(f"run {run_id[:12]} has no step trace, so --steps has nothing to compare")
+    label = (version or run_id[:12]).replace("/", "_")
+    workdir = (workdir or root / ".cascade" / "restore" / label).absolute()
+    plan = restoring.plan_restore(manifest, version, workdir, steps, os.environ, settings.env_allow_prefixes,
+                                  _this_machine(os.environ, settings))  # fmt: skip
+    show_plan(plan)
+    if plan.unavailable:
+        raise RestoreRefused(
+            f"the record names untracked files it did not keep: {', '.join(plan.unavailable[:5])}",
+            hint="they were larger than untracked_max_bytes; track such files with `dvc add` next time",
+        )
+    wanted = _restore_objects(plan, manifest, execute)
+    cache = dvc_cache(root) if wanted or Cache.exists_for(root) else None
+    try:
+        fetched = (
+            [checking.fetch(cache, path, md5, settings.dvc_remote) for path, md5 in wanted] if cache else []
+        )
+        tree = restoring.materialize(plan, root, client, notify)
+        if cache is not None and Cache.exists_for(tree.path) and not tree.reused:
+            cache.share_with(tree.path)  # the re-run's checkpoints go to this cache and remote
+        for item in fetched:  # verified before the worktree was made; copied in now
+            checking.deliver(item, tree.path / item.path, force=False)
+    finally:
+        if cache is not None:
+            cache.close()
+    if fetched:
+        notify(f"restored {len(fetched)} DVC object(s) into the worktree, md5-verified")
+    if not execute:
+        return RestoreResult(plan, tree, None, None)
+    request = RunRequest(
+        script=str(tree.path / plan.script),
+        args=plan.argv,
+        cwd=tree.path / plan.cwd,
+        determinism=plan.determinism,
+        run_name=f"restore-{label}",
+        experiment=plan.experiment,
+        trace_interval=plan.trace_interval,
+        environ=_restore_environ(plan, settings),
+        restored_params=_recorded_params(manifest),
+        extra_tags={
+            "cascade.restored_from": run_id,
+            **({"cascade.restored_version": version} if version else {}),
+        },
+    )
+    notify(f"re-running {' '.join((plan.script, *plan.argv))} in {tree.path}")
+    result = run(request, notify)
+    restoring.write_marker(tree.path, plan)  # the re-run's own outputs belong to the state reuse expects
+    verdict = judge_and_record(
+        client, manifest, result.manifest.to_dict(), rtol, atol, record_on=result.run_id, against=run_id,
+        steps=steps,
+    )  # fmt: skip
+    return RestoreResult(plan, tree, result, verdict)
+
+
+def _restore_objects(plan: RestorePlan, manifest: Mapping[str, Any], execute: bool) -> list[tuple[str, str]]:
+    """The data the run read; with --no-run also its kept checkpoints (a re-run starts without them,
+    as the original did)."""
+
+    wanted = data_objects(plan.data)
+    if not execute:
+        wanted += [
+            (str(c["path"]), str(c["md5"]))
+            for c in manifest.get("checkpoints") or []
+            if c.get("status") == "kept" and c.get("md5") and not os.path.isabs(str(c["path"]))
+        ]
+    return wanted
+
+
+def _recorded_params(manifest: Mapping[str, Any]) -> ResolvedParams:
+    params = manifest.get("params") or {}
+    return ResolvedParams(
+        values=dict(params.get("values") or {}),
+        source=params.get("source"),
+        overrides=dict(params.get("overrides") or {}),
+        seed=int(params.get("seed", 0)),
+        seed_source="restored",
+    )
+
+
+def _restore_environ(plan: RestorePlan, settings: Settings) -> dict[str, str]:
+    """This machine's environment with the record's allow-listed variables, writing to this store."""
+    from cascade_repro.child import protocol
+
+    environ = dict(os.environ)
+    for name, value in plan.environment.items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
+    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID"):
+        environ.pop(name, None)  # the re-run is a new run of the recorded experiment
+    environ["MLFLOW_TRACKING_URI"] = settings.tracking_uri
+    if plan.steps is not None:
+        environ[protocol.ENV_STOP_AFTER] = str(plan.steps)
+    if plan.num_threads:
+        environ[protocol.ENV_NUM_THREADS] = str(plan.num_threads)
+    return environ
+
+
+def _this_machine(environ: Mapping[str, str], settings: Settings) -> dict[str, Any]:
+    """A partial record of this machine, made without importing torch (restore's plan compares it)."""
+    import platform
+
+    from cascade_repro.capture.environment import capture_environment
+    from cascade_repro.capture.system import capture_system
+
+    hardware = capture_system(environ)
+    hardware.pop("container", None)
+    return {
+        "torch": {"version": _installed("torch")},
+        "python": {"version": platform.python_version()},
+        "hardware": hardware,
+        "environment": capture_environment(environ, settings.env_allow_prefixes),
+    }
+
+
+def _installed(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed_version
+
+    try:
+        return installed_version(name)
+    except PackageNotFoundError:
+        return None

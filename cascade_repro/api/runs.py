@@ -1,0 +1,240 @@
+"""Recording and listing runs: init, run (with --tag), ls, tag."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from cascade_repro import versions
+from cascade_repro.api.records import context
+from cascade_repro.capture.git import head_commit, is_dirty
+from cascade_repro.errors import DirtyTreeRefused, UsageError
+from cascade_repro.params import ResolvedParams, find_params_file, resolve_params
+from cascade_repro.project import InitResult, find_repo_root, init_project
+from cascade_repro.recorder import Notify, RunPlan, RunResult, own_paths, record_run
+from cascade_repro.settings import Settings, load_settings
+from cascade_repro.store import mlflow_store
+
+log = logging.getLogger(__name__)
+
+
+def init(cwd: Path | None = None) -> InitResult:
+    root = find_repo_root(cwd)
+    settings = load_settings(root)
+    return init_project(root, settings.checkpoints_dir)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    script: str
+    args: Sequence[str] = ()
+    params_file: str | None = None
+    sets: Sequence[str] = ()
+    adds: Sequence[str] = ()
+    seed: str | None = None
+    determinism: str | None = None
+    run_name: str | None = None
+    experiment: str | None = None
+    require_clean: bool = False
+    trace_interval: int | None = None
+    cwd: Path | None = None
+    environ: Mapping[str, str] | None = None
+    version: str | None = None  # `--tag`: label the run once it has finished
+    force_version: bool = False
+    git_tag: bool = True
+    restored_params: ResolvedParams | None = None  # `cascade restore`: the recorded params, as they were
+    log_checkpoints: bool = False
+    extra_tags: Mapping[str, str] | None = None
+
+
+def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult:
+    """Record one run of a script. Every check that can refuse happens before the script starts."""
+    cwd = (request.cwd or Path.cwd()).resolve()
+    environ = dict(os.environ if request.environ is None else request.environ)
+    root = find_repo_root(cwd)
+    settings = load_settings(root, environ)
+    if request.experiment:
+        settings = replace(settings, experiment=request.experiment)
+    if request.log_checkpoints:
+        settings = replace(settings, log_checkpoints=True)
+    if request.trace_interval is not None:
+        if request.trace_interval < 0:
+            raise UsageError("--trace-interval must be 0 (no trace) or a positive number of steps")
+        settings = replace(settings, trace_interval=request.trace_interval)
+    script = (cwd / request.script).resolve()
+    if not script.is_file():
+        raise UsageError(f"script not found: {request.script}", hint=f"give a path relative to {cwd}")
+    try:
+        script_rel = script.relative_to(root).as_posix()
+    except ValueError:
+        raise UsageError(
+            f"{request.script} is outside the git repository {root}",
+            hint="cascade records code through git: move the script into the repository",
+        ) from None
+    commit = head_commit(root)
+    exclude = own_paths(settings)
+    if request.require_clean:
+        changed = is_dirty(root, exclude) + _dirty_data(root)
+        if changed:
+            shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+            raise DirtyTreeRefused(
+                f"--require-clean: the working tree has uncommitted changes ({shown})",
+                hint="commit or stash them, or drop --require-clean to record them as a patch",
+            )
+    if request.restored_params is not None:
+        resolved = request.restored_params
+    else:
+        params_file = find_params_file(root, script, request.params_file, settings.params_file)
+        resolved = resolve_params(params_file, root, request.sets, request.adds, request.seed)
+    log.debug("repo root %s, HEAD %s, settings %s", root, commit[:12], _settings_source(root, environ))
+    log.debug(
+        "params from %s; overrides %s", resolved.source or "(no params file)", resolved.overrides or "none"
+    )
+    log.debug("seed %d (from %s); determinism %s", resolved.seed, resolved.seed_source,
+              request.determinism or settings.determinism)  # fmt: skip
+    log.debug(
+        "store %s (%s), experiment %s", settings.tracking_uri, _store_source(environ), settings.experiment
+    )
+    mlflow_store.probe_store(settings.tracking_uri)
+    if request.version is not None:
+        _check_version_free(settings, root, request)
+    plan = RunPlan(
+        settings=settings,
+        script=script,
+        script_rel=script_rel,
+        args=tuple(request.args),
+        cwd=cwd,
+        commit=commit,
+        params=resolved,
+        determinism=request.determinism or settings.determinism,
+        run_name=request.run_name,
+        environ=environ,
+        exclude=exclude,
+        invocation=("cascade", "run", *_invocation_options(request), request.script, *request.args),
+        extra_tags=dict(request.extra_tags or {}),
+    )
+    result = record_run(plan, notify)
+    if request.version is None:
+        return result
+    if result.status != "FINISHED":
+        message = f"not tagged {request.version}: the run {result.status}; `cascade tag {result.run_id[:8]} "
+        return replace(result, warnings=(*result.warnings, message + f"{request.version}` tags it anyway"))
+    client = mlflow_store.client(settings.tracking_uri)
+    tagged = versions.tag_run(client, root, client.get_run(result.run_id), request.version,
+                              force=request.force_version, git_tag=request.git_tag)  # fmt: skip
+    return replace(result, version=tagged.version)
+
+
+def _check_version_free(settings: Settings, root: Path, request: RunRequest) -> None:
+    """`--tag`: refuse a taken version before the script runs (costs the MLflow import, ~1.5 s)."""
+    assert request.version is not None
+    versions.validate_version(request.version, root)
+    client = mlflow_store.client(settings.tracking_uri)
+    experiment = client.get_experiment_by_name(settings.experiment)
+    versions.check_free(client, root, request.version, experiment.experiment_id if experiment else None,
+                        None, request.force_version, request.git_tag)  # fmt: skip
+
+
+def _dirty_data(root: Path) -> list[str]:
+    from cascade_repro.capture.data import dirty_data  # imports dvc: only for --require-clean
+
+    return [f"{path} (DVC)" for path in dirty_data(root)]
+
+
+def _settings_source(root: Path, environ: Mapping[str, str]) -> str:
+    overrides = sorted(k for k in environ if k.startswith("CASCADE_"))
+    base = "cascade.yaml" if (root / "cascade.yaml").is_file() else "defaults (no cascade.yaml)"
+    return base + (f" + {', '.join(overrides)}" if overrides else "")
+
+
+def _store_source(environ: Mapping[str, str]) -> str:
+    for name in ("MLFLOW_TRACKING_URI", "CASCADE_TRACKING_URI"):
+        if environ.get(name):
+            return f"from {name}"
+    return "from cascade.yaml or MLflow's default"
+
+
+def _invocation_options(request: RunRequest) -> list[str]:
+    options: list[str] = []
+    for flag, values in (("--set", request.sets), ("--add", request.adds)):
+        for assignment in values:
+            options += [flag, assignment]
+    single: tuple[tuple[str, str | None], ...] = (
+        ("--params", request.params_file),
+        ("--seed", request.seed),
+        ("--deterministic", request.determinism),
+        ("--name", request.run_name),
+        ("--tag", request.version),
+    )
+    for flag, value in single:
+        if value is not None:
+            options += [flag, value]
+    return options
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    name: str | None
+    experiment: str
+    version: str | None
+    status: str
+    start_time: float | None
+    duration_s: float | None
+    commit: str | None
+    dirty: bool | None
+    metrics: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def list_runs(cwd: Path | None = None, all_experiments: bool = False, limit: int = 50,
+              versions_only: bool = False) -> list[RunSummary]:  # fmt: skip
+    settings = context(cwd)
+    mlflow_store.probe_store(settings.tracking_uri)
+    client = mlflow_store.client(settings.tracking_uri)
+    only = f"tags.`{versions.VERSION_TAG}` LIKE '%'" if versions_only else None
+    runs = mlflow_store.search_runs(client, None if all_experiments else settings.experiment, limit, only)
+    names: dict[str, str] = {}
+    summaries = []
+    for run in runs:
+        info, data = run.info, run.data
+        if info.experiment_id not in names:
+            names[info.experiment_id] = client.get_experiment(info.experiment_id).name
+        end = info.end_time
+        summaries.append(
+            RunSummary(
+                run_id=info.run_id,
+                name=info.run_name,
+                experiment=names[info.experiment_id],
+                version=data.tags.get("cascade.version"),
+                status=info.status,
+                start_time=info.start_time / 1000 if info.start_time else None,
+                duration_s=(end - info.start_time) / 1000 if end and info.start_time else None,
+                commit=data.tags.get("mlflow.source.git.commit"),
+                dirty={"true": True, "false": False}.get(data.tags.get("cascade.dirty", "")),
+                metrics=_key_metrics(data.metrics, settings.key_metrics),
+            )
+        )
+    return summaries
+
+
+def _key_metrics(metrics: Mapping[str, float], configured: Sequence[str]) -> dict[str, float]:
+    if configured:
+        return {k: metrics[k] for k in configured if k in metrics}
+    own = sorted(k for k in metrics if not k.startswith("cascade."))
+    return {k: metrics[k] for k in own[:3]}
+
+
+def tag(ref: str, version: str, force: bool = False, git_tag: bool = True,
+        cwd: Path | None = None) -> versions.TagResult:  # fmt: skip
+    """Label a recorded run with a version (MLflow tag and annotated git tag)."""
+    settings = context(cwd)
+    mlflow_store.probe_store(settings.tracking_uri)
+    client = mlflow_store.client(settings.tracking_uri)
+    found = mlflow_store.resolve_run(client, ref, settings.experiment)
+    return versions.tag_run(client, settings.root, found, version, force=force, git_tag=git_tag)

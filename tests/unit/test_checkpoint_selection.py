@@ -1,0 +1,71 @@
+"""Top-k pruning in the child and checkpoint selection for checkout (pure logic)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cascade_repro.checkout import select_checkpoint
+from cascade_repro.child.checkpoints import Policy, _Saved, _to_prune
+from cascade_repro.errors import DataError, UsageError
+from cascade_repro.manifest import data_objects
+
+
+def _saved(values: list[float | None]) -> list[_Saved]:
+    return [_Saved(Path(f"s{i}.pt"), i, v) for i, v in enumerate(values)]
+
+
+def test_top_k_keeps_the_best_and_the_last() -> None:
+    saved = _saved([5, 3, 4, 1, 2, 6])
+    pruned = _to_prune(saved, Policy(monitor="val_loss", mode="min", save_top_k=3, save_last=True))
+    assert sorted(s.step for s in pruned) == [0, 2]
+    pruned = _to_prune(saved, Policy(monitor="val_loss", mode="max", save_top_k=2, save_last=False))
+    assert sorted(s.step for s in pruned) == [1, 2, 3, 4]  # 6 (step 5) and 5 (step 0) stay
+
+
+def test_nothing_is_pruned_without_a_metric_or_with_top_k_minus_one() -> None:
+    assert _to_prune(_saved([1, None, 3, 4]), Policy(monitor="val_loss", save_top_k=1)) == []
+    assert _to_prune(_saved([1, 2, 3, 4]), Policy(monitor="val_loss", save_top_k=-1)) == []
+    assert _to_prune(_saved([1, 2, 3, 4]), Policy(monitor=None, save_top_k=1)) == []
+
+
+def _ckpt(step: int, loss: float | None, status: str = "kept", path: str | None = None) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "step": step,
+        "status": status,
+        "md5": f"m{step}",
+        "path": path or f"c/s{step}.pt",
+    }
+    if loss is not None:
+        entry.update(metrics={"val_loss": loss}, monitor="val_loss", mode="min")
+    return entry
+
+
+def test_select_best_last_step_and_path() -> None:
+    entries = [_ckpt(1, 0.5), _ckpt(2, 0.2), _ckpt(3, 0.1, status="pruned"), _ckpt(4, 0.9)]
+    assert select_checkpoint(entries, "best")["step"] == 2  # the pruned 0.1 is gone
+    assert select_checkpoint(entries, "last")["step"] == 4
+    assert select_checkpoint(entries, "1")["step"] == 1
+    assert select_checkpoint(entries, "c/s4.pt")["step"] == 4
+    assert select_checkpoint(entries, "s2.pt")["step"] == 2
+    with pytest.raises(UsageError, match="no kept checkpoint matches '3'"):
+        select_checkpoint(entries, "3")
+
+
+def test_best_needs_a_monitored_metric_and_no_kept_checkpoint_is_an_error() -> None:
+    with pytest.raises(UsageError, match="none is 'best'"):
+        select_checkpoint([_ckpt(1, None)], "best")
+    with pytest.raises(DataError, match=r"no kept checkpoint .* \(1 were pruned\)"):
+        select_checkpoint([_ckpt(1, 0.3, status="pruned")], "best")
+
+
+def test_data_objects_are_the_bytes_the_run_read() -> None:
+    data = [
+        {"path": "a.bin", "md5": "committed", "matches": True},
+        {"path": "b.bin", "md5": "committed", "matches": False, "workspace_md5": "dirty"},
+        {"path": "c.bin", "md5": "committed", "matches": False, "note": "missing"},
+        {"path": "dir", "md5": "x.dir", "matches": True},
+    ]
+    assert data_objects(data) == [("a.bin", "committed"), ("b.bin", "dirty")]
