@@ -43,7 +43,7 @@ def dvc_repo(base: Path, name: str) -> Path:
     repo = base / name
     repo.mkdir()
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    subprocess.run(["dvc", "init", "-q"], cwd=repo, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=repo, check=True)
     return repo
 
 
@@ -55,7 +55,9 @@ def timed(command: list[str], cwd: Path) -> float:
 
 def commit_in_subprocess(repo: Path, path: Path) -> tuple[float, int, str]:
     code = COMMIT.format(root=str(ROOT), repo=str(repo), path=str(path))
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout.split()
     return float(out[0]), int(out[1]), out[2]
 
 
@@ -63,7 +65,8 @@ def step_times(seconds: float) -> list[float]:
     code = (
         "import time, torch\n"
         "torch.manual_seed(0); m = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),"
-        " torch.nn.Linear(1024, 512)); o = torch.optim.SGD(m.parameters(), lr=0.01); x = torch.randn(64, 512)\n"
+        " torch.nn.Linear(1024, 512)); o = torch.optim.SGD(m.parameters(), lr=0.01)\n"
+        "x = torch.randn(64, 512)\n"
         f"end = time.perf_counter() + {seconds}; times = []\n"
         "while time.perf_counter() < end:\n"
         "    t = time.perf_counter(); o.zero_grad(); m(x).pow(2).mean().backward(); o.step()\n"
@@ -89,7 +92,7 @@ def main() -> None:
             theirs = dvc_add_repo / f"ckpt-{index}.pt"
             shutil.copyfile(ours, theirs)
             timed(["md5sum", str(theirs)], base)  # same warm page cache for both
-            dvc_s = timed(["dvc", "add", "-q", theirs.name], dvc_add_repo)
+            dvc_s = timed([sys.executable, "-m", "dvc", "add", "-q", theirs.name], dvc_add_repo)
             ratios.append(commit_s / md5sum_s)
             dvc_ratios.append(dvc_s / md5sum_s)
         print(f"checkpoint: {SIZE_MB} MiB, placed by {', '.join(sorted(links))}")
@@ -100,12 +103,13 @@ def main() -> None:
         quiet = step_times(4.0)
         busy_file = ours_repo / "busy.pt"
         write_checkpoint(busy_file)
-        committing = subprocess.Popen([sys.executable, "-c", COMMIT.format(root=str(ROOT), repo=str(ours_repo),
-                                       path=str(busy_file))], stdout=subprocess.DEVNULL)  # fmt: skip
+        code = COMMIT.format(root=str(ROOT), repo=str(ours_repo), path=str(busy_file))
+        committing = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL)
         busy = step_times(1.5)
         committing.wait()
-        print(f"step time while committing / without: {median(busy) / median(quiet):.2f}"
-              f"  ({median(busy) * 1e3:.2f} ms vs {median(quiet) * 1e3:.2f} ms; {os.cpu_count()} cores)")  # fmt: skip
+        ratio = median(busy) / median(quiet)
+        detail = f"{median(busy) * 1e3:.2f} ms vs {median(quiet) * 1e3:.2f} ms; {os.cpu_count()} cores"
+        print(f"step time while committing / without: {ratio:.2f}  ({detail})")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -23,7 +23,7 @@ REPEATS = 3
 def main() -> None:
     repo = scratch_repo({"first_line.py": HERE / "scripts" / "first_line.py"})
     env = clean_env()
-    subprocess.run(["dvc", "init", "-q"], cwd=repo, check=True, env=env)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=repo, check=True, env=env)
     subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
     subprocess.run(
         ["git", "-c", "user.name=b", "-c", "user.email=b@e", "commit", "-qm", "dvc"], cwd=repo, check=True
@@ -48,7 +48,7 @@ def main() -> None:
         subprocess.run(["git", "worktree", "add", "-q", "--detach", str(tree), commit], cwd=repo, check=True)
         subprocess.run(["git", "apply", "--binary", str(scratch / "git.patch")], cwd=tree, check=True)
         shutil.copyfile(scratch / "notes.txt", tree / "notes.txt")
-        subprocess.run(["dvc", "checkout", "-q"], cwd=tree, check=True, env=env)
+        subprocess.run([sys.executable, "-m", "dvc", "checkout", "-q"], cwd=tree, check=True, env=env)
         subprocess.run([sys.executable, "first_line.py"], cwd=tree, check=True, env=env)
         by_hand.append(float((tree / "first_line.json").read_text()) - started)
 

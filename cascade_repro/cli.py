@@ -107,6 +107,8 @@ def main(ctx: click.Context, log_level: str, verbose: bool) -> None:
     cascade tag RUN v1.2.3              label a run with a version (MLflow tag + git tag)
     cascade restore v1.2.3              rebuild a version, re-run it, say whether it reproduced
     cascade checkout v1.2.3 --checkpoint best --to DIR   a checkpoint, md5-verified
+    cascade diff v1.2.3 current         what differs: stack, code, params, packages, env, data, results
+    cascade check v1.2.3                can this machine reproduce it bit for bit?
     """
     logging.basicConfig(
         level=getattr(logging, log_level.upper()),
@@ -386,6 +388,62 @@ def push_command(ctx: click.Context, ref: str) -> None:
 
         result = api.push(ref)
         render.notice(f"pushed {result.pushed} object(s) of run {result.run_id[:12]} to {result.remote}")
+
+    _guard(body, ctx)
+
+
+@main.command(name="diff")
+@click.argument("ref_a", metavar="A")
+@click.argument("ref_b", metavar="B")
+@click.option("--only", "only", multiple=True, metavar="SECTION",
+              help="Only these sections: stack code params seed packages environment data container "
+              "machine metrics checkpoints trace.")  # fmt: skip
+@click.option("--log-to", metavar="RUN", help="Attach the diff report to RUN as an MLflow artifact.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable diff.")
+@click.pass_context
+def diff_command(ctx: click.Context, ref_a: str, ref_b: str, only: tuple[str, ...], log_to: str | None,
+                 as_json: bool) -> None:  # fmt: skip
+    """What differs between runs A and B (ids, names, versions, or `current`: this machine and tree).
+
+    Sections are ordered by what matters for reproduction: class A (bitwise impossible), class B
+    (likely root causes), class C (informational), then results.
+    """
+
+    def body() -> None:
+        from cascade_repro import api, render
+
+        result = api.diff(ref_a, ref_b, only=only, log_to=log_to)
+        if as_json:
+            render.emit_json("diff", result.to_dict())
+        else:
+            render.diff(result)
+
+    _guard(body, ctx)
+
+
+@main.command(name="check")
+@click.argument("ref", metavar="[VERSION|RUN]", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable findings.")
+@click.pass_context
+def check_command(ctx: click.Context, ref: str | None, as_json: bool) -> None:
+    """Can this machine reproduce RUN bit for bit? Without RUN: is cascade set up on this machine?
+
+    Exit 0: bitwise reproducible here (or all checks pass); 3: within tolerance only; 1: not
+    runnable here (or a check failed).
+    """
+
+    def body() -> int:
+        from cascade_repro import api, render
+        from cascade_repro.check import BITWISE, TOLERANCE
+
+        report = api.check(ref)
+        if as_json:
+            render.emit_json("check", report.to_dict())
+        else:
+            render.check_report(report)
+        if report.verdict in (BITWISE, "OK"):
+            return 0
+        return 3 if report.verdict == TOLERANCE else 1
 
     _guard(body, ctx)
 

@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
     from cascade_repro.api import CheckoutResult, RestoreResult, RunRecord, RunSummary
+    from cascade_repro.check import CheckReport
     from cascade_repro.determinism.verdict import Verdict
+    from cascade_repro.diff import Diff
     from cascade_repro.project import InitResult
     from cascade_repro.recorder import RunResult
     from cascade_repro.restore import RestorePlan
@@ -243,6 +245,55 @@ def _size(size: Any) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return ""
+
+
+CLASS_WORDS = {"A": "class A · bitwise impossible", "B": "class B · likely cause", "C": "class C · info",
+               "R": "results"}  # fmt: skip
+
+
+def diff(result: Diff) -> None:
+    from rich.table import Table
+
+    console = _console()
+    console.print(f"[bold]{result.run_a[:12]}[/] → [bold]{result.run_b[:12]}[/]")
+    for note in result.notes:
+        console.print(f"  note: {note}")
+    if result.identical:
+        console.print("  no differences")
+    for section in result.sections:
+        if not section.changes:
+            continue
+        console.print(f"\n[bold]{section.name}[/] ({CLASS_WORDS[section.klass]}; {section.equal} equal)")
+        table = Table(box=None, header_style="bold", show_header=True, pad_edge=False)
+        for column in ("", "key", "A", "B", "note"):
+            table.add_column(column, overflow="fold")
+        for change in section.changes:
+            table.add_row(change.klass, change.key, _cell(change.a), _cell(change.b), change.note or "")
+        console.print(table)
+    same = [s.name for s in result.sections if not s.changes and s.equal]
+    if same:
+        console.print(f"\nequal: {', '.join(same)}")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "—"
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_report(report: CheckReport) -> None:
+    console = _console()
+    style = {"BITWISE_REPRODUCIBLE": "green", "OK": "green", "WITHIN_TOLERANCE_ONLY": "yellow"}.get(
+        report.verdict, "red"
+    )
+    console.print(f"[bold {style}]{report.verdict}[/]  ({report.subject})")
+    marks = {"ok": "ok  ", "problem": "FAIL", "not_runnable": "STOP", "tolerance": "A   ",
+             "restore_fixes": "B   "}  # fmt: skip
+    for finding in report.findings:
+        console.print(f"  {marks.get(finding.level, '    ')} {finding.summary}")
+        if finding.fix:
+            console.print(f"       fix: {finding.fix}")
 
 
 def tag_result(result: TagResult) -> None:

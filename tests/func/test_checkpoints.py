@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from tests.conftest import SCRIPTS, Project, git
 
 pytestmark = pytest.mark.slow
+DVC = [sys.executable, "-m", "dvc"]  # the venv's dvc, whether or not the venv is on PATH
 
 
 def _md5(path: Path) -> str:
@@ -79,7 +81,7 @@ def test_top_k_checkpoints_enter_the_dvc_cache_and_the_remote(dvc_project: Proje
     best = by_path["checkpoints/step-00000003.pt"]
     project.write("best.dvc", f"outs:\n- md5: {best['md5']}\n  size: {best['size']}\n  hash: md5\n"
                               "  path: checkpoints/step-00000003.pt\n")  # fmt: skip
-    status = subprocess.run(["dvc", "status"], cwd=project.root, capture_output=True, text=True, check=True)
+    status = subprocess.run([*DVC, "status"], cwd=project.root, capture_output=True, text=True, check=True)
     assert "up to date" in status.stdout
     from dvc.repo import Repo
 
@@ -91,7 +93,7 @@ def test_top_k_checkpoints_enter_the_dvc_cache_and_the_remote(dvc_project: Proje
     clone = project.root.parent / "clone"
     subprocess.run(["git", "clone", "-q", str(project.root), str(clone)], check=True)
     (clone / ".dvc" / "config.local").write_text((project.root / ".dvc" / "config.local").read_text())
-    subprocess.run(["dvc", "pull", "-q"], cwd=clone, check=True)
+    subprocess.run([*DVC, "pull", "-q"], cwd=clone, check=True)
     assert _md5(clone / best["path"]) == best["md5"]
 
 
@@ -142,7 +144,7 @@ def test_checkout_verifies_md5_from_cache_and_remote_and_refuses_tampering(
         "s = cascade_repro.load_checkpoint('v1', 'last', map_location='cpu');"
         "print(s['weight'].sum().item() == torch.load('checkpoints/final.pt')['weight'].sum().item())"
     )
-    loaded = subprocess.run(["python", "-c", code], cwd=project.root, capture_output=True, text=True)
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=project.root, capture_output=True, text=True)
     assert loaded.stdout.strip() == "True", loaded.stderr
     missing = project.cascade("checkout", "v1", "--checkpoint", "9")
     assert missing.returncode == 2 and "no kept checkpoint matches '9'" in missing.stderr
@@ -153,7 +155,7 @@ def test_a_failed_push_keeps_the_run_and_cascade_push_retries(dvc_project: Proje
     good = _remote_dir(project)
     broken = tmp_path / "not-a-directory"
     broken.write_text("x")
-    subprocess.run(["dvc", "remote", "modify", "--local", "cascade-local", "url", str(broken)],
+    subprocess.run([*DVC, "remote", "modify", "--local", "cascade-local", "url", str(broken)],
                    cwd=project.root, check=True)  # fmt: skip
     run_id, manifest = _run(project, "ckpt.py")
     result_warning = project.client().get_run(run_id).info.status
@@ -161,7 +163,7 @@ def test_a_failed_push_keeps_the_run_and_cascade_push_retries(dvc_project: Proje
     kept = [c for c in manifest["checkpoints"] if c["status"] == "kept"]
     assert kept and all(c["pushed"] is False for c in kept)
     assert all(_object(project.root / ".dvc" / "cache", c["md5"]).is_file() for c in kept)  # safe locally
-    subprocess.run(["dvc", "remote", "modify", "--local", "cascade-local", "url", str(good)],
+    subprocess.run([*DVC, "remote", "modify", "--local", "cascade-local", "url", str(good)],
                    cwd=project.root, check=True)  # fmt: skip
     pushed = project.cascade("push", run_id[:8])
     assert pushed.returncode == 0, pushed.stderr
@@ -171,7 +173,7 @@ def test_a_failed_push_keeps_the_run_and_cascade_push_retries(dvc_project: Proje
 def test_dvc_tracked_data_is_recorded_as_read_and_restored(dvc_project: Project, tmp_path: Path) -> None:
     project = dvc_project
     project.write("data/input.bin", bytes([10]) * 1000)
-    subprocess.run(["dvc", "add", "-q", "data/input.bin"], cwd=project.root, check=True)
+    subprocess.run([*DVC, "add", "-q", "data/input.bin"], cwd=project.root, check=True)
     project.commit("track data")
     committed = _md5(project.root / "data" / "input.bin")
     (project.root / "data" / "input.bin").chmod(0o644)
@@ -195,7 +197,7 @@ def test_dvc_tracked_data_is_recorded_as_read_and_restored(dvc_project: Project,
 def test_restore_brings_back_the_data_the_run_read(dvc_project: Project) -> None:
     project = dvc_project
     project.write("data/input.bin", bytes([10]) * 1000)
-    subprocess.run(["dvc", "add", "-q", "data/input.bin"], cwd=project.root, check=True)
+    subprocess.run([*DVC, "add", "-q", "data/input.bin"], cwd=project.root, check=True)
     project.commit("track data")
     (project.root / "data" / "input.bin").chmod(0o644)
     project.write("data/input.bin", bytes([200]) * 1000)  # read by the run, never committed
@@ -219,7 +221,7 @@ def test_restore_in_a_fresh_clone_from_the_dvc_remote_and_a_copied_store(dvc_pro
                                                                          tmp_path: Path) -> None:  # fmt: skip
     project = dvc_project
     project.write("data/input.bin", bytes([10]) * 1000)
-    subprocess.run(["dvc", "add", "-q", "data/input.bin"], cwd=project.root, check=True)
+    subprocess.run([*DVC, "add", "-q", "data/input.bin"], cwd=project.root, check=True)
     project.commit("track data")
     (project.root / "data" / "input.bin").chmod(0o644)
     project.write("data/input.bin", bytes([99]) * 1000)  # read by the run from the workspace

@@ -1,0 +1,199 @@
+"""`cascade diff` and `cascade check`: two records (or this machine, "current") compared."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+from cascade_repro.api.records import context, judge_and_record, manifest_data
+from cascade_repro.check import CheckReport, check_against, check_machine
+from cascade_repro.diff import Diff, diff_records
+from cascade_repro.errors import CascadeError, UsageError
+from cascade_repro.settings import Settings
+from cascade_repro.store import mlflow_store
+
+CURRENT = "current"
+TORCH_PROBE = (
+    "import json, torch\n"
+    "from cascade_repro.child.torch_probe import torch_stack\n"
+    "print(json.dumps(torch_stack(torch), default=str))\n"
+)
+
+
+def diff(ref_a: str, ref_b: str, only: tuple[str, ...] = (), cwd: Path | None = None,
+         log_to: str | None = None) -> Diff:  # fmt: skip
+    """What differs between two runs (ids, names, versions, or "current": this machine and tree)."""
+    settings = context(cwd)
+    client = None
+    records = []
+    for ref in (ref_a, ref_b):
+        if ref == CURRENT:
+            records.append(current_record(settings))
+            continue
+        if client is None:
+            mlflow_store.probe_store(settings.tracking_uri)
+            client = mlflow_store.client(settings.tracking_uri)
+        found = mlflow_store.resolve_run(client, ref, settings.experiment)
+        records.append(manifest_data(client, found.info.run_id))
+    a, b = records
+    trace_note = None
+    both_traced = all((m.get("trace") or {}).get("steps") for m in (a, b))
+    if client is not None and both_traced and (not only or "trace" in only):
+        verdict = judge_and_record(client, a, b, 1e-5, 1e-8, record_on=None, against=str(a["run_id"]))
+        summary = verdict.summary
+        trace_note = summary if summary.startswith(verdict.verdict) else f"{verdict.verdict}: {summary}"
+    try:
+        result = diff_records(a, b, only, _code_stat(settings.root, a, b), trace_note)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if log_to is not None:
+        if client is None:
+            client = mlflow_store.client(settings.tracking_uri)
+        target = mlflow_store.resolve_run(client, log_to, settings.experiment)
+        name = f"cascade/diff/{result.run_a[:12]}-{result.run_b[:12]}.json"
+        mlflow_store.log_json(client, target.info.run_id, result.to_dict(), name)
+    return result
+
+
+def check(ref: str | None = None, cwd: Path | None = None) -> CheckReport:
+    """Against a run: can this machine reproduce it bit for bit? Without: is cascade set up here?"""
+    settings = context(cwd)
+    if ref is None:
+        return check_machine(_machine_probes(settings))
+    mlflow_store.probe_store(settings.tracking_uri)
+    client = mlflow_store.client(settings.tracking_uri)
+    found = mlflow_store.resolve_run(client, ref, settings.experiment)
+    return check_against(manifest_data(client, found.info.run_id), current_record(settings))
+
+
+def current_record(settings: Settings) -> dict[str, Any]:
+    """A record of this machine and working tree, made without running anything."""
+    from cascade_repro.capture.environment import capture_environment
+    from cascade_repro.capture.git import capture_git
+    from cascade_repro.capture.packages import capture_python
+    from cascade_repro.capture.system import capture_system
+    from cascade_repro.params import find_params_file, resolve_params
+    from cascade_repro.recorder import own_paths
+
+    root = settings.root
+    hardware = capture_system(os.environ)
+    container = hardware.pop("container", {})
+    params_file = find_params_file(root, root / "train.py", None, settings.params_file)
+    params = resolve_params(params_file, root)
+    return {
+        "run_id": CURRENT,
+        "experiment": settings.experiment,
+        "command": {},
+        "params": {"values": params.values, "seed": params.seed},
+        "determinism": {"mode": settings.determinism},
+        "git": capture_git(root, own_paths(settings), settings.untracked_max_bytes).to_dict(),
+        "python": capture_python(),
+        "torch": _torch_here(),
+        "hardware": hardware,
+        "environment": capture_environment(os.environ, settings.env_allow_prefixes),
+        "container": container,
+        "data": _data_here(root),
+    }
+
+
+def _torch_here() -> dict[str, Any]:
+    """torch's stack as `cascade run` would record it, probed in a subprocess (no import here)."""
+    out = subprocess.run([sys.executable, "-c", TORCH_PROBE], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        return {}
+    try:
+        return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        return {}
+
+
+def _data_here(root: Path) -> list[dict[str, Any]]:
+    from cascade_repro.store.dvc_store import Cache
+
+    if not Cache.exists_for(root):
+        return []
+    cache = Cache(root)
+    try:
+        outputs = cache.tracked_outputs()
+    except CascadeError:
+        return []
+    finally:
+        cache.close()
+    return outputs
+
+
+def _code_stat(root: Path, a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
+    commits = [str((m.get("git") or {}).get("commit") or "") for m in (a, b)]
+    if not all(commits) or commits[0] == commits[1]:
+        return None
+    out = subprocess.run(["git", "diff", "--stat", commits[0], commits[1]], cwd=root, capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    return out.stdout if out.returncode == 0 else "(a commit is not in this repository: git fetch it)"
+
+
+def _machine_probes(settings: Settings) -> dict[str, tuple[bool, str, str]]:
+    from cascade_repro.capture.git import head_commit
+    from cascade_repro.store.dvc_store import Cache
+
+    probes: dict[str, tuple[bool, str, str]] = {}
+    root = settings.root
+    try:
+        probes["git"] = (True, f"{root} at {head_commit(root)[:12]}", "")
+    except CascadeError as exc:
+        probes["git"] = (False, exc.message, exc.hint or "commit your code")
+    config = (root / "cascade.yaml").is_file()
+    probes["cascade.yaml"] = (
+        config,
+        "present" if config else "missing (defaults apply)",
+        "run `cascade init`",
+    )
+    try:
+        mlflow_store.probe_store(settings.tracking_uri)
+        mlflow_store.client(settings.tracking_uri).search_experiments(max_results=1)
+        probes["MLflow store"] = (True, settings.tracking_uri, "")
+    except Exception as exc:
+        probes["MLflow store"] = (False, f"{settings.tracking_uri}: {exc}".splitlines()[0],
+                                  "start the server or fix MLFLOW_TRACKING_URI / tracking_uri")  # fmt: skip
+    if Cache.exists_for(root):
+        cache = Cache(root)
+        try:
+            remote = settings.dvc_remote or cache.default_remote()
+            remotes = dict(cache.repo().config["remote"])
+            url = str((remotes.get(remote) or {}).get("url") or "") if remote else ""
+            reachable = bool(url) and ("://" in url or Path(url).is_dir())
+            fix = "run `cascade init` for a local remote, or `dvc remote add -d NAME URL`"
+            probes["DVC remote"] = (reachable, f"{remote or '(none)'} → {url or '(no url)'}", fix)
+        finally:
+            cache.close()
+    else:
+        probes["DVC"] = (False, "not a DVC repository", "run `cascade init` (it runs `dvc init`)")
+    from cascade_repro.capture.system import capture_gpus
+
+    torch = _torch_here()
+    gpus = [g for g in capture_gpus() if isinstance(g, dict)]
+    cuda = torch.get("cuda") or "none"
+    probes["torch"] = (
+        bool(torch),
+        f"{torch.get('version')} (CUDA {cuda}, cuda available: {torch.get('cuda_available')})"
+        if torch
+        else "not installed",
+        "pip install torch",
+    )
+    probes["GPUs"] = (
+        True,
+        ", ".join(str(g.get("name")) for g in gpus) if gpus else "none visible (CPU runs)",
+        "",
+    )
+    if settings.docker.get("enabled"):
+        docker = shutil.which("docker")
+        ok = docker is not None and subprocess.run([docker, "info"], capture_output=True).returncode == 0
+        probes["Docker"] = (ok, "engine answers" if ok else "no engine answers",
+                            "start Docker (dockerd) or set docker.enabled: false")  # fmt: skip
+    probes["python"] = (True, f"{platform.python_version()} ({sys.executable})", "")
+    return probes

@@ -1,0 +1,104 @@
+"""Can this machine reproduce a recorded run? Pure: the record and a record of this machine in,
+findings out: bitwise reproducible here, within tolerance only (naming the class-A fields), or not
+runnable (missing GPU, CPU-only torch for a CUDA run, another Python, missing packages).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from cascade_repro.diff import diff_records
+
+BITWISE = "BITWISE_REPRODUCIBLE"
+TOLERANCE = "WITHIN_TOLERANCE_ONLY"
+NOT_RUNNABLE = "NOT_RUNNABLE"
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str  # "not_runnable", "tolerance", "restore_fixes", "ok", "problem"
+    summary: str
+    fix: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"level": self.level, "summary": self.summary, "fix": self.fix}
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    subject: str  # the run checked against, or "this machine"
+    verdict: str
+    findings: tuple[Finding, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": "cascade.check/1", "subject": self.subject, "verdict": self.verdict,
+                "findings": [f.to_dict() for f in self.findings]}  # fmt: skip
+
+
+def check_against(record: Mapping[str, Any], here: Mapping[str, Any]) -> CheckReport:
+    findings = _not_runnable(record, here)
+    stack = next(s for s in diff_records(record, here, only=("stack",)).sections)
+    for change in stack.changes:
+        if change.klass == "A":
+            findings.append(
+                Finding("tolerance", f"{change.key}: {change.a} recorded, {change.b} here",
+                        "compare within tolerance (cascade restore does), or run where the record was made")
+            )  # fmt: skip
+        else:
+            findings.append(Finding("restore_fixes", f"{change.key}: {change.a} recorded, {change.b} here",
+                                    "cascade restore sets it as recorded"))  # fmt: skip
+    levels = {f.level for f in findings}
+    verdict = NOT_RUNNABLE if "not_runnable" in levels else TOLERANCE if "tolerance" in levels else BITWISE
+    return CheckReport(str(record.get("run_id")), verdict, tuple(findings))
+
+
+def _not_runnable(record: Mapping[str, Any], here: Mapping[str, Any]) -> list[Finding]:
+    out: list[Finding] = []
+    torch_r, torch_h = record.get("torch") or {}, here.get("torch") or {}
+    gpus_r = torch_r.get("gpus") or (record.get("hardware") or {}).get("gpus") or []
+    gpus_h = torch_h.get("gpus") or (here.get("hardware") or {}).get("gpus") or []
+    if torch_r.get("version") and not torch_h.get("version"):
+        out.append(Finding("not_runnable", "torch is not installed here",
+                           f"pip install torch=={torch_r['version'].split('+')[0]}"))  # fmt: skip
+    if torch_r.get("cuda") and torch_h.get("version") and not torch_h.get("cuda"):
+        out.append(
+            Finding("not_runnable", f"the run used a CUDA build of torch (CUDA {torch_r['cuda']}); "
+                    f"torch {torch_h.get('version')} here is CPU-only",
+                    f"install the CUDA build of torch {torch_r.get('version')}")
+        )  # fmt: skip
+    if gpus_r and not gpus_h:
+        names = ", ".join(sorted({str(g.get("name")) for g in gpus_r}))
+        summary = f"the run used {len(gpus_r)} GPU(s) ({names}); none is visible here"
+        fix = "run on a machine with that GPU (check CUDA_VISIBLE_DEVICES and the driver)"
+        out.append(Finding("not_runnable", summary, fix))
+    py_r = str((record.get("python") or {}).get("version") or "")
+    py_h = str((here.get("python") or {}).get("version") or "")
+    if py_r and py_h and py_r.split(".")[:2] != py_h.split(".")[:2]:
+        out.append(Finding("not_runnable", f"the run used Python {py_r}; this is Python {py_h}",
+                           f"use a Python {'.'.join(py_r.split('.')[:2])} interpreter"))  # fmt: skip
+    packages_r = (record.get("python") or {}).get("packages") or {}
+    packages_h = (here.get("python") or {}).get("packages") or {}
+    if packages_h:
+        missing = sorted(name for name in packages_r if name not in packages_h and name != "cascade-repro")
+        if missing:
+            pins = " ".join(f"{n}=={_version(packages_r[n])}" for n in missing[:8])
+            summary = f"{len(missing)} package(s) of the run are not installed here: " + ", ".join(
+                missing[:8]
+            )
+            out.append(Finding("not_runnable", summary, f"pip install {pins}"))
+    return out
+
+
+def _version(info: Any) -> str:
+    return str(info.get("version") if isinstance(info, dict) else info)
+
+
+def check_machine(facts: Mapping[str, Any]) -> CheckReport:
+    """Sanity of this machine for cascade itself, from probes the caller ran (name → (ok, detail, fix))."""
+    findings = tuple(
+        Finding("ok" if ok else "problem", f"{name}: {detail}", None if ok else fix)
+        for name, (ok, detail, fix) in facts.items()
+    )
+    verdict = "OK" if all(f.level == "ok" for f in findings) else "PROBLEMS"
+    return CheckReport("this machine", verdict, findings)

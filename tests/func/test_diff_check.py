@@ -1,0 +1,109 @@
+"""`cascade diff` and `cascade check` on real runs (records edited where another machine is needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+
+from tests.conftest import Project, git
+
+pytestmark = pytest.mark.slow
+
+
+def _run(project: Project, *args: str) -> str:
+    before = {r.info.run_id for r in project.runs()}
+    project.cascade("run", *args, check=True)
+    (new,) = {r.info.run_id for r in project.runs()} - before
+    return new
+
+
+def _edit_record(project: Project, run_id: str, edit: Any) -> None:
+    """Stand in for a run made on another machine: rewrite its stored record."""
+    path = Path(urlparse(project.client().get_run(run_id).info.artifact_uri).path) / "cascade" / "run.json"
+    record = json.loads(path.read_text())
+    edit(record)
+    path.write_text(json.dumps(record))
+
+
+def _diff(project: Project, *args: str) -> dict[str, Any]:
+    result = project.cascade("diff", *args, "--json")
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout)["data"])
+
+
+def test_diff_shows_exactly_what_differs_in_class_order(project: Project) -> None:
+    a = _run(project, "train.py")
+    project.write("train.py", (project.root / "train.py").read_text() + "# a later commit\n")
+    project.commit("later")
+    b = _run(project, "--set", "optimizer.lr=0.05", "train.py")
+    numpy_a = project.manifest(a)["python"]["packages"]["numpy"]["version"]
+    _edit_record(project, b, lambda r: r["python"]["packages"]["numpy"].update(version="1.0.0"))
+    data = _diff(project, a, b)
+    changed = {s["name"]: s for s in data["sections"] if s["changes"]}
+    assert list(changed) == ["code", "params", "packages", "metrics", "trace"]  # class B first, results last
+    assert [c["key"] for c in changed["code"]["changes"]] == ["commit"]
+    assert "train.py | 1 +" in changed["code"]["changes"][0]["note"]
+    assert [(c["key"], c["a"], c["b"]) for c in changed["params"]["changes"]] == [("optimizer.lr", 0.1, 0.05)]
+    assert [(c["key"], c["a"], c["b"]) for c in changed["packages"]["changes"]] == [
+        ("numpy", numpy_a, "1.0.0")
+    ]
+    assert changed["trace"]["changes"][0]["note"].startswith("DIVERGED at step 0")
+    assert not any(s["changes"] for s in data["sections"] if s["name"] in ("stack", "environment", "seed"))
+    only = _diff(project, a, b, "--only", "params")
+    assert [s["name"] for s in only["sections"]] == ["params"]
+    human = project.cascade("diff", a, b, "--log-to", b)
+    assert human.returncode == 0 and "optimizer.lr" in human.stdout and "class B" in human.stdout
+    logged = project.client().list_artifacts(b, "cascade/diff")
+    assert [Path(f.path).name for f in logged] == [f"{a[:12]}-{b[:12]}.json"]
+    bad = project.cascade("diff", a, b, "--only", "nonsense")
+    assert bad.returncode == 2 and "unknown section" in bad.stderr
+
+
+def test_diff_against_current_sees_the_working_tree(project: Project) -> None:
+    a = _run(project, "train.py")
+    project.write(
+        "hyperparameters.yaml", (project.root / "hyperparameters.yaml").read_text().replace("0.1", "0.2")
+    )
+    data = _diff(project, a, "current")
+    changed = {s["name"]: s for s in data["sections"] if s["changes"]}
+    assert set(changed) == {"code", "params"}
+    assert [c["key"] for c in changed["code"]["changes"]] == ["patch"]  # same commit, now dirty
+    assert changed["params"]["changes"][0]["b"] == 0.2
+
+
+def test_check_names_class_a_fields_and_what_stops_a_run(project: Project) -> None:
+    same = _run(project, "train.py")
+    result = project.cascade("check", same, "--json")
+    assert result.returncode == 0 and json.loads(result.stdout)["data"]["verdict"] == "BITWISE_REPRODUCIBLE"
+
+    other_torch = _run(project, "train.py")
+    _edit_record(project, other_torch, lambda r: r["torch"].update(version="2.99.0+cpu"))
+    result = project.cascade("check", other_torch, "--json")
+    assert result.returncode == 3, result.stderr
+    report = json.loads(result.stdout)["data"]
+    assert report["verdict"] == "WITHIN_TOLERANCE_ONLY"
+    assert [f["summary"] for f in report["findings"]] == [
+        f"torch.version: 2.99.0+cpu recorded, {project.manifest(same)['torch']['version']} here"
+    ]
+
+    gpu = _run(project, "train.py")
+    _edit_record(project, gpu, lambda r: r["hardware"].update(gpus=[{"name": "NVIDIA H200"}]))
+    result = project.cascade("check", gpu)
+    assert result.returncode == 1 and "NOT_RUNNABLE" in result.stdout and "NVIDIA H200" in result.stdout
+
+    assert project.cascade("check", "no-such-run").returncode == 1
+
+
+def test_check_without_a_run_checks_this_machine(project: Project) -> None:
+    project.cascade("init", check=True)
+    project.commit("cascade init")
+    result = project.cascade("check", "--json")
+    assert result.returncode == 0, result.stdout
+    findings = json.loads(result.stdout)["data"]["findings"]
+    names = [f["summary"].split(":")[0] for f in findings]
+    assert {"git", "MLflow store", "DVC remote", "torch"} <= set(names)
+    assert git(project.root, "status", "--porcelain") == ""
