@@ -19,6 +19,7 @@ demo: install
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/demo.sh
 
 test: install
+	bash scripts/services.sh
 	$(BIN)/python -m pytest
 
 test-fast: install

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -109,6 +110,7 @@ def main(ctx: click.Context, log_level: str, verbose: bool) -> None:
     cascade checkout v1.2.3 --checkpoint best --to DIR   a checkpoint, md5-verified
     cascade diff v1.2.3 current         what differs: stack, code, params, packages, env, data, results
     cascade check v1.2.3                can this machine reproduce it bit for bit?
+    cascade ui                          the MLflow UI on the same store, http://127.0.0.1:5000
     """
     logging.basicConfig(
         level=getattr(logging, log_level.upper()),
@@ -444,6 +446,37 @@ def check_command(ctx: click.Context, ref: str | None, as_json: bool) -> None:
         if report.verdict in (BITWISE, "OK"):
             return 0
         return 3 if report.verdict == TOLERANCE else 1
+
+    _guard(body, ctx)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+@main.command(name="ui")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (0.0.0.0: all).")
+@click.option("--port", default=5000, show_default=True, help="Port to serve on.")
+@click.pass_context
+def ui_command(ctx: click.Context, host: str, port: int) -> None:
+    """The MLflow UI on this project's store (runs, params, metrics, cascade records). Ctrl-C stops it."""
+
+    def body() -> int:
+        from cascade_repro import api, render
+
+        server = api.ui(host=host, port=port)
+        signal.signal(signal.SIGTERM, _interrupt)  # stopped by a supervisor: stop the server too
+        render.notice(f"MLflow UI on {server.url}  (store: cascade's; log: {server.log}; Ctrl-C stops it)")
+        sys.stdout.write(server.url + "\n")
+        sys.stdout.flush()
+        try:
+            code = server.wait()
+        except KeyboardInterrupt:
+            server.stop()
+            render.notice("MLflow UI stopped")
+            return 0
+        render.error(f"the MLflow UI exited with {code}; see {server.log}")
+        return 1
 
     _guard(body, ctx)
 

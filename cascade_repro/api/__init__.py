@@ -11,10 +11,10 @@ from cascade_repro.api.compare import check, diff
 from cascade_repro.api.data import CheckoutResult, PushSummary, checkout, checkpoint_path, push
 from cascade_repro.api.records import RunRecord, TraceSummary, show_run, verify
 from cascade_repro.api.restoring import RestoreResult, restore
-from cascade_repro.api.runs import RunRequest, RunSummary, init, list_runs, run, tag
+from cascade_repro.api.runs import RunRequest, RunSummary, init, list_runs, run, tag, ui
 
 __all__ = [
     "CheckoutResult", "PushSummary", "RestoreResult", "RunRecord", "RunRequest", "RunSummary",
     "TraceSummary", "check", "checkout", "checkpoint_path", "diff", "init", "list_runs", "push",
-    "restore", "run", "show_run", "tag", "verify",
+    "restore", "run", "show_run", "tag", "ui", "verify",
 ]  # fmt: skip

@@ -6,7 +6,7 @@ import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from cascade_repro import versions
 from cascade_repro.api.records import context
@@ -17,6 +17,9 @@ from cascade_repro.project import InitResult, find_repo_root, init_project
 from cascade_repro.recorder import Notify, RunPlan, RunResult, own_paths, record_run
 from cascade_repro.settings import Settings, load_settings
 from cascade_repro.store import mlflow_store
+
+if TYPE_CHECKING:
+    from cascade_repro.store.ui_server import UiServer
 
 log = logging.getLogger(__name__)
 
@@ -238,3 +241,17 @@ def tag(ref: str, version: str, force: bool = False, git_tag: bool = True,
     client = mlflow_store.client(settings.tracking_uri)
     found = mlflow_store.resolve_run(client, ref, settings.experiment)
     return versions.tag_run(client, settings.root, found, version, force=force, git_tag=git_tag)
+
+
+def ui(host: str = "127.0.0.1", port: int = 5000, cwd: Path | None = None) -> UiServer:
+    """Start the MLflow UI on this project's store; the caller waits on it and stops it."""
+    from cascade_repro.store import ui_server
+
+    settings = context(cwd)
+    if not settings.tracking_uri.startswith(("sqlite:", "file:", "postgresql", "mysql", "mssql")):
+        raise UsageError(
+            f"the store {settings.tracking_uri} is a tracking server already: open it in a browser",
+            hint="cascade ui serves a local store (sqlite or a database URI)",
+        )
+    return ui_server.start(settings.tracking_uri, settings.artifact_root, host, port,
+                           settings.root / ".cascade" / "ui.log")  # fmt: skip

@@ -1,0 +1,86 @@
+"""`cascade ui`: the stock MLflow UI (`mlflow server`) on cascade's store, started, awaited, stopped.
+
+The server runs as a child process in its own process group, so Ctrl-C here stops it and every
+worker it started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from cascade_repro.errors import StoreError, UsageError
+
+READY_TIMEOUT_S = 90.0
+
+
+@dataclass
+class UiServer:
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def wait(self) -> int:
+        return self.process.wait()
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        except ProcessLookupError:
+            pass
+
+
+def start(tracking_uri: str, artifact_root: str, host: str, port: int, log: Path) -> UiServer:
+    """Start `mlflow server` and return once it answers on /health (or raise with its log)."""
+    _refuse_taken_port(host, port)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri,
+        "--default-artifact-root", artifact_root, "--host", host, "--port", str(port), "--workers", "1",
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    server = UiServer(process, f"http://{shown}:{port}", log)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+            raise StoreError(f"mlflow server exited with {process.returncode}: " + " | ".join(tail),
+                             hint=f"see {log}")  # fmt: skip
+        if _answers(server.url + "/health"):
+            return server
+        time.sleep(0.3)
+    server.stop()
+    raise StoreError(f"mlflow server did not answer within {READY_TIMEOUT_S:.0f} s", hint=f"see {log}")
+
+
+def _refuse_taken_port(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host or "127.0.0.1", port))
+        except OSError:
+            raise UsageError(f"port {port} on {host} is already in use",
+                             hint=f"pass another --port, e.g. --port {port + 1}") from None  # fmt: skip
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as response:  # noqa: S310 - our own server
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
