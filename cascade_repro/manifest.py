@@ -45,16 +45,22 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
-        schema = str(data.get("schema", ""))
-        if not schema.startswith("cascade.run/"):
-            raise CascadeError(f"not a cascade run record (schema {schema!r})")
-        if schema != SCHEMA:
-            raise CascadeError(
-                f"run record schema {schema} is newer than this cascade understands ({SCHEMA})",
-                hint="upgrade cascade: pip install -U cascade-repro",
-            )
+        check_schema(data)
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def check_schema(data: Mapping[str, Any], run_id: str | None = None) -> None:
+    """Every reader goes through this: a record of another kind or a newer schema gets a clear error."""
+    schema = str(data.get("schema", ""))
+    where = f"run {run_id}: " if run_id else ""
+    if not schema.startswith("cascade.run/"):
+        raise CascadeError(f"{where}not a cascade run record (schema {schema!r})")
+    if schema != SCHEMA:
+        raise CascadeError(
+            f"{where}run record schema {schema} is not one this cascade reads ({SCHEMA})",
+            hint="upgrade cascade (pip install -U cascade-repro) to read records of newer versions",
+        )
 
 
 def data_objects(data: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from cascade_repro.errors import DataError, RunNotFound, StoreError
-from cascade_repro.manifest import ARTIFACT_PATH, Manifest
+from cascade_repro.manifest import ARTIFACT_PATH, Manifest, check_schema
 from cascade_repro.project import find_repo_root
 from cascade_repro.settings import Settings, load_settings
 from cascade_repro.store import mlflow_store
@@ -133,6 +133,7 @@ def manifest_data(client: Any, run_id: str) -> dict[str, Any]:
             f"run {run_id} has no cascade record ({ARTIFACT_PATH})",
             hint="it was not made by `cascade run`, or its recording stopped before the record was written",
         ) from None
+    check_schema(data, run_id)
     return dict(data)
 
 

@@ -107,3 +107,14 @@ def test_check_without_a_run_checks_this_machine(project: Project) -> None:
     names = [f["summary"].split(":")[0] for f in findings]
     assert {"git", "MLflow store", "DVC remote", "torch"} <= set(names)
     assert git(project.root, "status", "--porcelain") == ""
+
+
+def test_records_of_another_schema_and_runs_of_another_experiment(project: Project) -> None:
+    a = _run(project, "train.py")
+    b = _run(project, "--experiment", "elsewhere", "train.py")
+    data = _diff(project, a, b)
+    assert data["notes"] == [f"the runs belong to different experiments: {project.root.name} and elsewhere"]
+    _edit_record(project, b, lambda r: r.update(schema="cascade.run/9"))
+    newer = project.cascade("diff", a, b)
+    assert newer.returncode == 1 and "schema cascade.run/9 is not one this cascade reads" in newer.stderr
+    assert "upgrade cascade" in newer.stderr
