@@ -48,8 +48,13 @@ def _run(project: Project, *args: str) -> tuple[str, dict[str, Any]]:
 
 def test_top_k_checkpoints_enter_the_dvc_cache_and_the_remote(dvc_project: Project) -> None:
     project = dvc_project
-    run_id, manifest = _run(project, "ckpt.py")
+    run_id, manifest = _run(project, "--log-checkpoints", "ckpt.py")
     by_path = {c["path"]: c for c in manifest["checkpoints"]}
+    heavy = {
+        Path(f.path).name
+        for f in project.client().list_artifacts(run_id, "cascade/checkpoint_files/checkpoints")
+    }
+    assert heavy == {Path(p).name for p, c in by_path.items() if c["status"] == "kept"}  # asked for: logged
     kept = sorted(p for p, c in by_path.items() if c["status"] == "kept")
     pruned = sorted(p for p, c in by_path.items() if c["status"] == "pruned")
     # best 3 by val_loss (steps 3, 4, 1) + the last (step 5), and the plain torch.save
@@ -102,6 +107,7 @@ def test_checkout_verifies_md5_from_cache_and_remote_and_refuses_tampering(
 ) -> None:
     project = dvc_project
     run_id, manifest = _run(project, "--tag", "v1", "ckpt.py")
+    assert project.client().list_artifacts(run_id, "cascade/checkpoint_files") == []  # not unless asked
     best = next(c for c in manifest["checkpoints"] if c["path"] == "checkpoints/step-00000003.pt")
     out = tmp_path / "restored"
     result = project.cascade("checkout", "v1", "--checkpoint", "best", "--to", str(out), "--json")
