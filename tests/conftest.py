@@ -68,6 +68,13 @@ class Project:
             raise AssertionError(f"cascade {' '.join(args)} exited {result.returncode}:\n{result.stderr}")
         return result
 
+    def record(self, *args: str, env: dict[str, str] | None = None) -> str:
+        """`cascade run ARGS`, which must succeed; the id of the run it made."""
+        before = {r.info.run_id for r in self.runs()}
+        self.cascade("run", *args, env=env, check=True)
+        (new,) = {r.info.run_id for r in self.runs()} - before
+        return str(new)
+
     @property
     def tracking_uri(self) -> str:
         return f"sqlite:///{self.root / 'mlflow.db'}"

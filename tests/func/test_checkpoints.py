@@ -39,11 +39,8 @@ def dvc_project(project: Project) -> Project:
 
 
 def _run(project: Project, *args: str) -> tuple[str, dict[str, Any]]:
-    before = {r.info.run_id for r in project.runs()}
-    result = project.cascade("run", *args)
-    assert result.returncode == 0, result.stderr
-    (new,) = {r.info.run_id for r in project.runs()} - before
-    return new, project.manifest(new)
+    run_id = project.record(*args)
+    return run_id, project.manifest(run_id)
 
 
 def test_top_k_checkpoints_enter_the_dvc_cache_and_the_remote(dvc_project: Project) -> None:

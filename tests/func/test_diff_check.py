@@ -14,13 +14,6 @@ from tests.conftest import Project, git
 pytestmark = pytest.mark.slow
 
 
-def _run(project: Project, *args: str) -> str:
-    before = {r.info.run_id for r in project.runs()}
-    project.cascade("run", *args, check=True)
-    (new,) = {r.info.run_id for r in project.runs()} - before
-    return new
-
-
 def _edit_record(project: Project, run_id: str, edit: Any) -> None:
     """Stand in for a run made on another machine: rewrite its stored record."""
     path = Path(urlparse(project.client().get_run(run_id).info.artifact_uri).path) / "cascade" / "run.json"
@@ -36,10 +29,10 @@ def _diff(project: Project, *args: str) -> dict[str, Any]:
 
 
 def test_diff_shows_exactly_what_differs_in_class_order(project: Project) -> None:
-    a = _run(project, "train.py")
+    a = project.record("train.py")
     project.write("train.py", (project.root / "train.py").read_text() + "# a later commit\n")
     project.commit("later")
-    b = _run(project, "--set", "optimizer.lr=0.05", "train.py")
+    b = project.record("--set", "optimizer.lr=0.05", "train.py")
     numpy_a = project.manifest(a)["python"]["packages"]["numpy"]["version"]
     _edit_record(project, b, lambda r: r["python"]["packages"]["numpy"].update(version="1.0.0"))
     data = _diff(project, a, b)
@@ -64,7 +57,7 @@ def test_diff_shows_exactly_what_differs_in_class_order(project: Project) -> Non
 
 
 def test_diff_against_current_sees_the_working_tree(project: Project) -> None:
-    a = _run(project, "train.py")
+    a = project.record("train.py")
     project.write(
         "hyperparameters.yaml", (project.root / "hyperparameters.yaml").read_text().replace("0.1", "0.2")
     )
@@ -76,11 +69,11 @@ def test_diff_against_current_sees_the_working_tree(project: Project) -> None:
 
 
 def test_check_names_class_a_fields_and_what_stops_a_run(project: Project) -> None:
-    same = _run(project, "train.py")
+    same = project.record("train.py")
     result = project.cascade("check", same, "--json")
     assert result.returncode == 0 and json.loads(result.stdout)["data"]["verdict"] == "BITWISE_REPRODUCIBLE"
 
-    other_torch = _run(project, "train.py")
+    other_torch = project.record("train.py")
     _edit_record(project, other_torch, lambda r: r["torch"].update(version="2.99.0+cpu"))
     result = project.cascade("check", other_torch, "--json")
     assert result.returncode == 3, result.stderr
@@ -90,7 +83,7 @@ def test_check_names_class_a_fields_and_what_stops_a_run(project: Project) -> No
         f"torch.version: 2.99.0+cpu recorded, {project.manifest(same)['torch']['version']} here"
     ]
 
-    gpu = _run(project, "train.py")
+    gpu = project.record("train.py")
     _edit_record(project, gpu, lambda r: r["hardware"].update(gpus=[{"name": "NVIDIA H200"}]))
     result = project.cascade("check", gpu)
     assert result.returncode == 1 and "NOT_RUNNABLE" in result.stdout and "NVIDIA H200" in result.stdout
@@ -110,8 +103,8 @@ def test_check_without_a_run_checks_this_machine(project: Project) -> None:
 
 
 def test_records_of_another_schema_and_runs_of_another_experiment(project: Project) -> None:
-    a = _run(project, "train.py")
-    b = _run(project, "--experiment", "elsewhere", "train.py")
+    a = project.record("train.py")
+    b = project.record("--experiment", "elsewhere", "train.py")
     data = _diff(project, a, b)
     assert data["notes"] == [f"the runs belong to different experiments: {project.root.name} and elsewhere"]
     _edit_record(project, b, lambda r: r.update(schema="cascade.run/9"))

@@ -15,13 +15,6 @@ from tests.conftest import Project, git
 pytestmark = pytest.mark.slow
 
 
-def _run(project: Project, *args: str, env: dict[str, str] | None = None) -> str:
-    before = {r.info.run_id for r in project.runs()}
-    project.cascade("run", *args, env=env, check=True)
-    (new,) = {r.info.run_id for r in project.runs()} - before
-    return new
-
-
 def _restore(project: Project, *args: str, cwd: Path | None = None,
              env: dict[str, str] | None = None) -> tuple[int, dict[str, Any], str]:  # fmt: skip
     if cwd is None:
@@ -42,7 +35,7 @@ def tagged(project: Project) -> tuple[Project, str, str]:
     project.write("train.py", (project.root / "train.py").read_text() + "# tuned by hand\n")
     project.write("notes/extra.txt", "untracked, read by nobody, restored all the same\n")
     commit = git(project.root, "rev-parse", "HEAD").strip()
-    run_id = _run(project, "--tag", "v1", "train.py")
+    run_id = project.record("--tag", "v1", "train.py")
     snapshot = project.root.parent / "as-run"
     snapshot.mkdir()
     for name in ("train.py", "hyperparameters.yaml"):
@@ -132,7 +125,7 @@ def test_restore_steps_reruns_and_verifies_a_prefix(tagged: tuple[Project, str, 
 
 
 def test_restore_sets_the_variables_the_script_read(project: Project) -> None:
-    run_id = _run(project, "--tag", "perturbed", "train.py", env={"PERTURB_AT_STEP": "4"})
+    run_id = project.record("--tag", "perturbed", "train.py", env={"PERTURB_AT_STEP": "4"})
     assert project.manifest(run_id)["environment_read"]["PERTURB_AT_STEP"] == "4"
     code, data, stderr = _restore(project, "perturbed")
     assert code == 0, stderr
@@ -141,7 +134,7 @@ def test_restore_sets_the_variables_the_script_read(project: Project) -> None:
 
 
 def test_restore_that_cannot_set_a_secret_variable_exits_3_and_names_it(project: Project) -> None:
-    run_id = _run(project, "--tag", "secret", "train.py", env={"PERTURB_SECRET_STEP": "4"})
+    run_id = project.record("--tag", "secret", "train.py", env={"PERTURB_SECRET_STEP": "4"})
     assert project.manifest(run_id)["environment_read"]["PERTURB_SECRET_STEP"] == "<redacted>"
     code, data, stderr = _restore(project, "secret")
     assert code == 3, stderr
@@ -170,7 +163,7 @@ def test_versions_are_unique_unless_forced_and_the_move_is_recorded(tagged: tupl
     refused = project.cascade("run", "--tag", "v1", "train.py")
     assert refused.returncode == 1 and f"version v1 is already run {first}" in refused.stderr
     assert len([r for r in project.runs() if r.data.tags.get("cascade.version") == "v1"]) == 1
-    second = _run(project, "train.py")
+    second = project.record("train.py")
     head = git(project.root, "rev-parse", "HEAD").strip()
     assert project.cascade("tag", second, "v1").returncode == 1
     project.cascade("tag", second, "v1", "--force", check=True)

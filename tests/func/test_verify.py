@@ -12,13 +12,6 @@ from tests.conftest import Project
 pytestmark = pytest.mark.slow
 
 
-def _run(project: Project, *args: str, env: dict[str, str] | None = None) -> str:
-    before = {r.info.run_id for r in project.runs()}
-    project.cascade("run", *args, env=env, check=True)
-    (new,) = {r.info.run_id for r in project.runs()} - before
-    return new
-
-
 def _verify(project: Project, a: str, b: str) -> tuple[int, dict[str, Any]]:
     result = project.cascade("verify", a, b, "--json")
     assert result.returncode in (0, 3), result.stderr
@@ -26,8 +19,8 @@ def _verify(project: Project, a: str, b: str) -> tuple[int, dict[str, Any]]:
 
 
 def test_same_seeded_run_twice_is_bitwise_identical_and_recorded(project: Project) -> None:
-    a = _run(project, "train.py")
-    b = _run(project, "train.py")
+    a = project.record("train.py")
+    b = project.record("train.py")
     code, verdict = _verify(project, a, b)
     assert code == 0
     assert verdict["verdict"] == "BITWISE_IDENTICAL"
@@ -42,8 +35,8 @@ def test_same_seeded_run_twice_is_bitwise_identical_and_recorded(project: Projec
 
 
 def test_unseeded_runs_diverge_at_step_zero_in_the_rng(project: Project) -> None:
-    a = _run(project, "--seed", "random", "train.py")
-    b = _run(project, "--seed", "random", "train.py")
+    a = project.record("--seed", "random", "train.py")
+    b = project.record("--seed", "random", "train.py")
     code, verdict = _verify(project, a, b)
     assert code == 3
     assert verdict["verdict"] == "DIVERGED"
@@ -54,8 +47,8 @@ def test_unseeded_runs_diverge_at_step_zero_in_the_rng(project: Project) -> None
 
 
 def test_one_ulp_write_after_step_k_is_found_at_step_k(project: Project) -> None:
-    a = _run(project, "train.py")
-    b = _run(project, "train.py", env={"PERTURB_AT_STEP": "5"})
+    a = project.record("train.py")
+    b = project.record("train.py", env={"PERTURB_AT_STEP": "5"})
     code, verdict = _verify(project, a, b)
     assert code == 3 and verdict["verdict"] == "DIVERGED"
     first = verdict["first_divergence"]
@@ -71,8 +64,8 @@ def test_one_ulp_write_after_step_k_is_found_at_step_k(project: Project) -> None
 
 
 def test_changed_learning_rate_names_the_param_first(project: Project) -> None:
-    a = _run(project, "train.py")
-    b = _run(project, "--set", "optimizer.lr=0.05", "train.py")
+    a = project.record("train.py")
+    b = project.record("--set", "optimizer.lr=0.05", "train.py")
     code, verdict = _verify(project, a, b)
     assert code == 3 and verdict["verdict"] == "DIVERGED"
     assert verdict["first_divergence"]["step"] in (0, 1)
@@ -80,8 +73,8 @@ def test_changed_learning_rate_names_the_param_first(project: Project) -> None:
 
 
 def test_runs_of_different_length_are_incomparable_with_the_overlap_compared(project: Project) -> None:
-    a = _run(project, "train.py")
-    b = _run(project, "--set", "steps=12", "train.py")
+    a = project.record("train.py")
+    b = project.record("--set", "steps=12", "train.py")
     code, verdict = _verify(project, a, b)
     assert code == 3
     assert verdict["verdict"] == "INCOMPARABLE"
@@ -91,7 +84,7 @@ def test_runs_of_different_length_are_incomparable_with_the_overlap_compared(pro
 
 
 def test_verify_of_an_unknown_run(project: Project) -> None:
-    a = _run(project, "train.py")
+    a = project.record("train.py")
     result = project.cascade("verify", a, "nosuchrun")
     assert result.returncode == 1 and "no run 'nosuchrun'" in result.stderr
 
@@ -101,12 +94,12 @@ def test_manual_sgd_without_an_optimizer_is_traced_and_verified(project: Project
 
     project.write("manual_sgd.py", (SCRIPTS / "manual_sgd.py").read_text())
     project.commit("manual sgd")
-    a = _run(project, "manual_sgd.py")
-    b = _run(project, "manual_sgd.py")
+    a = project.record("manual_sgd.py")
+    b = project.record("manual_sgd.py")
     assert project.manifest(a)["trace"]["steps"] == 20
     code, verdict = _verify(project, a, b)
     assert code == 0 and verdict["verdict"] == "BITWISE_IDENTICAL"
-    c = _run(project, "--set", "optimizer.lr=0.2", "manual_sgd.py")
+    c = project.record("--set", "optimizer.lr=0.2", "manual_sgd.py")
     code, verdict = _verify(project, a, c)
     assert code == 3 and verdict["first_divergence"]["step"] == 0
     assert [f["facet"] for f in verdict["first_divergence"]["facets"]] == ["params_after"]
@@ -119,8 +112,8 @@ def test_another_cpu_capability_is_numerically_equivalent(project: Project) -> N
 
     if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
         pytest.skip("this CPU has no vector capability to step down from")
-    a = _run(project, "train.py")
-    b = _run(project, "train.py", env={"ATEN_CPU_CAPABILITY": "default"})
+    a = project.record("train.py")
+    b = project.record("train.py", env={"ATEN_CPU_CAPABILITY": "default"})
     code, verdict = _verify(project, a, b)
     assert project.manifest(b)["torch"]["cpu_capability"] == "DEFAULT"
     assert code == 0 and verdict["verdict"] == "NUMERICALLY_EQUIVALENT", verdict["summary"]
@@ -132,7 +125,7 @@ def test_another_cpu_capability_is_numerically_equivalent(project: Project) -> N
 
 
 def test_show_trace_summarizes_the_recorded_losses(project: Project) -> None:
-    run_id = _run(project, "train.py")
+    run_id = project.record("train.py")
     losses = json.loads((project.root / "out/losses.json").read_text())
     shown = json.loads(project.cascade("show", run_id, "--trace", "--json", check=True).stdout)["data"][
         "trace"
@@ -146,8 +139,8 @@ def test_show_trace_summarizes_the_recorded_losses(project: Project) -> None:
 
 
 def test_trace_interval_zero_records_no_trace(project: Project) -> None:
-    a = _run(project, "--trace-interval", "0", "train.py")
-    b = _run(project, "train.py")
+    a = project.record("--trace-interval", "0", "train.py")
+    b = project.record("train.py")
     assert project.manifest(a)["trace"] is None
     code, verdict = _verify(project, a, b)
     assert code == 3 and verdict["verdict"] == "INCOMPARABLE" and "no step trace" in verdict["summary"]
@@ -158,13 +151,13 @@ def test_shuffled_dataloader_with_workers_is_reproduced_batch_for_batch(project:
 
     project.write("loader.py", (SCRIPTS / "loader.py").read_text())
     project.commit("loader")
-    a = _run(project, "loader.py")
-    b = _run(project, "loader.py")
+    a = project.record("loader.py")
+    b = project.record("loader.py")
     records = project.cascade("show", a, "--trace", "--json", check=True)
     assert json.loads(records.stdout)["data"]["trace"]["steps"] == 16
     code, verdict = _verify(project, a, b)
     assert code == 0 and verdict["verdict"] == "BITWISE_IDENTICAL"
-    c = _run(project, "--seed", "5", "loader.py")
+    c = project.record("--seed", "5", "loader.py")
     code, verdict = _verify(project, a, c)
     assert verdict["first_divergence"]["step"] == 0
     assert verdict["first_divergence"]["facets"][0]["facet"] == "rng"
