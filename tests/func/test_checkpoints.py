@@ -219,6 +219,18 @@ def test_restore_brings_back_the_data_the_run_read(dvc_project: Project) -> None
     assert all(_object(project.root / ".dvc" / "cache", c["md5"]).is_file() for c in kept)
     assert (project.root / "data" / "input.bin").read_bytes() == bytes([77]) * 1000  # yours, untouched
 
+    read = project.manifest(run_id)["data"][0]["workspace_md5"]  # gone from cache and remote:
+    for base in (project.root / ".dvc" / "cache", _remote_dir(project)):
+        _object(base, read).chmod(0o644)
+        _object(base, read).unlink()
+    elsewhere = project.root.parent / "elsewhere"
+    refused = project.cascade("restore", "v-data", "--workdir", str(elsewhere))
+    assert (
+        refused.returncode == 1
+        and f"data/input.bin ({read}) is neither in the local DVC cache" in refused.stderr
+    )
+    assert not elsewhere.exists()  # refused before the worktree was made
+
 
 def test_restore_in_a_fresh_clone_from_the_dvc_remote_and_a_copied_store(dvc_project: Project,
                                                                          tmp_path: Path) -> None:  # fmt: skip
