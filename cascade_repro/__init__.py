@@ -26,6 +26,6 @@ def load_checkpoint(ref: str, which: str = "best", map_location: Any = None, **k
     """
     import torch
 
-    from cascade_repro.api import checkpoint_path  # mlflow and dvc: only when asked
+    from cascade_repro.api.data import checkpoint_path  # mlflow and dvc: only when asked
 
     return torch.load(checkpoint_path(ref, which), map_location=map_location, **kwargs)

@@ -9,7 +9,10 @@ import sys
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
-    from cascade_repro.api import CheckoutResult, RestoreResult, RunRecord, RunSummary
+    from cascade_repro.api.data import CheckoutResult
+    from cascade_repro.api.records import RunRecord
+    from cascade_repro.api.restoring import RestoreResult
+    from cascade_repro.api.runs import RunSummary
     from cascade_repro.check import CheckReport
     from cascade_repro.determinism.verdict import Verdict
     from cascade_repro.diff import Diff

@@ -1,20 +1,38 @@
 """One function per use case; the CLI renders what these return. The only orchestrator.
 
-runs.py       init, run (with --tag), list_runs, tag
-records.py    show_run, verify, and what reading use cases share
-restoring.py  restore
-data.py       checkout, checkpoint_path (load_checkpoint), push
-compare.py    diff, check
+    runs.py       init, run (with --tag), list_runs, tag, ui
+    records.py    show_run, verify, and what reading use cases share
+    restoring.py  restore
+    data.py       checkout, checkpoint_path (load_checkpoint), push
+    compare.py    diff, check
+
+Only what `cascade run` needs is imported with the package (its start is a measured target); the
+rest loads on first use.
 """
 
-from cascade_repro.api.compare import check, diff
-from cascade_repro.api.data import CheckoutResult, PushSummary, checkout, checkpoint_path, push
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from cascade_repro.api.records import RunRecord, TraceSummary, show_run, verify
-from cascade_repro.api.restoring import RestoreResult, restore
 from cascade_repro.api.runs import RunRequest, RunSummary, init, list_runs, run, tag, ui
+
+_LAZY = {
+    "check": "compare", "diff": "compare",
+    "CheckoutResult": "data", "PushSummary": "data", "checkout": "data", "checkpoint_path": "data",
+    "push": "data",
+    "RestoreResult": "restoring", "restore": "restoring",
+}  # fmt: skip
 
 __all__ = [
     "CheckoutResult", "PushSummary", "RestoreResult", "RunRecord", "RunRequest", "RunSummary",
     "TraceSummary", "check", "checkout", "checkpoint_path", "diff", "init", "list_runs", "push",
     "restore", "run", "show_run", "tag", "ui", "verify",
 ]  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"cascade_repro.api.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'cascade_repro.api' has no attribute {name!r}")

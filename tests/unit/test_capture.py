@@ -106,7 +106,7 @@ def test_manifest_round_trip_and_newer_schema() -> None:
     )  # fmt: skip
     data = json.loads(json.dumps(manifest.to_dict()))
     assert Manifest.from_dict(data) == manifest
-    with pytest.raises(CascadeError, match="newer than this cascade"):
+    with pytest.raises(CascadeError, match="not one this cascade reads"):
         Manifest.from_dict({**data, "schema": "cascade.run/2"})
     with pytest.raises(CascadeError, match="not a cascade run record"):
         Manifest.from_dict({"run_id": "x"})
