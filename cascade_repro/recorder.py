@@ -25,18 +25,16 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from cascade_repro import __version__
-from cascade_repro.capture.data import capture_data
-from cascade_repro.capture.environment import capture_environment, environment_read
-from cascade_repro.capture.git import GitState, capture_git
-from cascade_repro.capture.packages import capture_python
-from cascade_repro.capture.system import capture_system
+from cascade_repro.capture.environment import environment_read
+from cascade_repro.capture.git import GitState
+from cascade_repro.capture.snapshot import capture_snapshot, empty_snapshot
 from cascade_repro.child import protocol
 from cascade_repro.errors import CascadeError, StoreError
 from cascade_repro.manifest import ARTIFACT_PATH, Manifest, data_objects
 from cascade_repro.params import ResolvedParams, flatten
 from cascade_repro.settings import Settings
 from cascade_repro.store import mlflow_store
-from cascade_repro.store.checkpoint_keeper import CheckpointKeeper, finish_checkpoints
+from cascade_repro.store.checkpoint_keeper import CheckpointKeeper, CheckpointsRecorded, finish_checkpoints
 from cascade_repro.store.dvc_store import Cache
 from cascade_repro.store.metrics_writer import MetricsWriter
 from cascade_repro.supervisor import Child, ChildExit
@@ -116,7 +114,13 @@ def record_run(plan: RunPlan, notify: Notify) -> RunResult:
     _yield_cpu_to_the_child()
     log.debug("child pid %d: %s %s (cwd %s)", child.pid, plan.script_rel, " ".join(plan.args), plan.cwd)
     log.debug("child environment adds %s", {k: env[k] for k in sorted(set(env) - set(plan.environ))})
-    capture = _Worker("cascade-capture", lambda: _capture(plan, env))
+    settings = plan.settings
+    capture = _Worker(
+        "cascade-capture",
+        lambda: capture_snapshot(
+            settings.root, plan.exclude, settings.untracked_max_bytes, env, settings.env_allow_prefixes
+        ),  # fmt: skip
+    )
     capture.start()
     root = plan.settings.root
     keeper = CheckpointKeeper(
@@ -193,27 +197,6 @@ def _make_run_dir(base: Path) -> Path:
     run_dir = base / f"{stamp}-{os.getpid()}"
     run_dir.mkdir()
     return run_dir
-
-
-def _capture(plan: RunPlan, env: Mapping[str, str]) -> dict[str, Any]:
-    started = time.perf_counter()
-    git = capture_git(plan.settings.root, plan.exclude, plan.settings.untracked_max_bytes)
-    python = capture_python()
-    system = capture_system(env)
-    environment = capture_environment(env, plan.settings.env_allow_prefixes)
-    try:
-        data = capture_data(plan.settings.root)
-    except Exception as exc:  # the run goes on; the record says why its data section is empty
-        log.warning("DVC-tracked data not recorded: %s", exc)
-        data = []
-    for item in git.untracked:
-        log.debug("untracked %s: %d bytes, %s", item.path, item.size, "kept" if item.stored else item.reason)
-    log.debug(
-        "captured in %.0f ms: commit %s (%s), %d packages, %d env vars, %d untracked files",
-        (time.perf_counter() - started) * 1000, git.commit[:12], "dirty" if git.dirty else "clean",
-        len(python["packages"]), len(environment), len(git.untracked),
-    )  # fmt: skip
-    return {"git": git, "python": python, "system": system, "environment": environment, "data": data}
 
 
 class _Recording:
@@ -300,10 +283,18 @@ class _Recording:
             captured = self.capture.value()
         except Exception as exc:  # the run still gets closed with its outcome
             self.warnings.append(f"capture failed: {exc}")
-            captured = _empty_capture()
+            captured = empty_snapshot()
         read = [md5 for _, md5 in data_objects(captured.get("data") or [])]
-        checkpoints = finish_checkpoints(self.keeper, self.mlflow, run_id, self.plan.settings.dvc_remote,
-                                         self.plan.settings.log_checkpoints, self.notify, read)  # fmt: skip
+        try:
+            settings = self.plan.settings
+            checkpoints = finish_checkpoints(self.keeper, self.mlflow, run_id, settings.dvc_remote,
+                                             settings.log_checkpoints, self.notify, read)  # fmt: skip
+        except Exception as exc:  # the run is still closed with its outcome and what the keeper saw
+            self.warnings.append(f"checkpoints not fully recorded: {type(exc).__name__}: {exc}")
+            checkpoints = CheckpointsRecorded([e.to_dict() for e in self.keeper.entries], [], {})
+        finally:
+            if self.keeper.cache is not None:
+                self.keeper.cache.close()
         self.warnings.extend(checkpoints.warnings)
         manifest = self._manifest(captured, facts).with_outcome(
             outcome,
@@ -444,11 +435,6 @@ def _trace_section(path: Path, header: dict[str, Any] | None) -> dict[str, Any] 
         "steps": steps,
         **header,
     }
-
-
-def _empty_capture() -> dict[str, Any]:
-    unavailable = GitState("unavailable", None, {}, False, b"", ())
-    return {"git": unavailable, "python": {}, "system": {"container": {}}, "environment": {}, "data": []}
 
 
 def _status(ended: ChildExit) -> str:
