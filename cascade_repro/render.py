@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from cascade_repro.determinism.verdict import Verdict
     from cascade_repro.diff import Diff
     from cascade_repro.project import InitResult
-    from cascade_repro.recorder import RunResult
     from cascade_repro.restore import RestorePlan
+    from cascade_repro.run_plan import RunResult
     from cascade_repro.versions import TagResult
 
 JSON_SCHEMA = "cascade.cli/1"

@@ -13,7 +13,7 @@ from cascade_repro.api.runs import RunRequest, run
 from cascade_repro.errors import RestoreRefused, UsageError
 from cascade_repro.manifest import data_objects
 from cascade_repro.params import ResolvedParams
-from cascade_repro.recorder import Notify, RunResult
+from cascade_repro.run_plan import Notify, RunResult
 from cascade_repro.settings import Settings
 from cascade_repro.store import mlflow_store
 from cascade_repro.store.dvc_store import Cache

@@ -14,7 +14,8 @@ from cascade_repro.capture.git import head_commit, is_dirty
 from cascade_repro.errors import DirtyTreeRefused, UsageError
 from cascade_repro.params import ResolvedParams, find_params_file, resolve_params
 from cascade_repro.project import InitResult, find_repo_root, init_project
-from cascade_repro.recorder import Notify, RunPlan, RunResult, own_paths, record_run
+from cascade_repro.recorder import own_paths, record_run
+from cascade_repro.run_plan import Notify, RunPlan, RunResult
 from cascade_repro.settings import Settings, load_settings
 from cascade_repro.store import mlflow_store
 

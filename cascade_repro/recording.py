@@ -1,0 +1,357 @@
+"""The store side of one run: opened in a thread while the child runs, finished after it.
+
+Params, tags, the dirty state and an early record go to MLflow as soon as capture is done; after the
+child ended, the metrics are flushed, checkpoints finished (pointers, push), and the final record,
+output log and trace written before the run is closed with its status.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import resource
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from cascade_repro import __version__
+from cascade_repro.capture.environment import environment_read
+from cascade_repro.capture.git import GitState
+from cascade_repro.capture.snapshot import empty_snapshot
+from cascade_repro.child import protocol
+from cascade_repro.manifest import ARTIFACT_PATH, Manifest, data_objects
+from cascade_repro.params import flatten
+from cascade_repro.run_plan import Notify, RunPlan, RunResult
+from cascade_repro.store import mlflow_store
+from cascade_repro.store.checkpoint_keeper import CheckpointKeeper, CheckpointsRecorded, finish_checkpoints
+from cascade_repro.store.metrics_writer import MetricsWriter
+from cascade_repro.supervisor import Child, ChildExit
+
+log = logging.getLogger(__name__)
+
+
+class Worker(threading.Thread):
+    """A thread that keeps its result or exception for the joiner."""
+
+    def __init__(self, name: str, target: Callable[[], Any]) -> None:
+        super().__init__(name=name, daemon=True)
+        self._fn = target
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self._fn()
+        except BaseException as exc:  # handed to the joiner
+            self.error = exc
+
+    def value(self) -> Any:
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class Recording:
+    """The store side of one run: opened in a thread while the child runs, finished after it."""
+
+    def __init__(self, plan: RunPlan, run_dir: Path, start_ms: int, child: Child, capture: Worker,
+                 notify: Notify, keeper: CheckpointKeeper) -> None:  # fmt: skip
+        self.plan = plan
+        self.run_dir = run_dir
+        self.start_ms = start_ms
+        self.child = child
+        self.capture = capture
+        self.notify = notify
+        self.keeper = keeper
+        self.mlflow: Any = None
+        self.opened: mlflow_store.OpenedRun | None = None
+        self.writer: MetricsWriter | None = None
+        self.warnings: list[str] = []
+        self.peak_rss_mb = 0.0
+
+    # -- while the child runs -------------------------------------------------------------
+    def open(self) -> None:
+        plan = self.plan
+        try:
+            self.mlflow = mlflow_store.client(plan.settings.tracking_uri)
+            self.opened = mlflow_store.open_run(
+                self.mlflow,
+                plan.settings.experiment,
+                plan.settings.artifact_root,
+                plan.run_name,
+                self._start_tags(),
+                self.start_ms,
+                existing_run_id=plan.environ.get("MLFLOW_RUN_ID") or None,
+            )
+        except BaseException:
+            self.child.terminate()
+            raise
+        run_id = self.opened.run_id
+        (self.run_dir / protocol.RUN_ID_FILE).write_text(run_id, encoding="utf-8")
+        self.writer = MetricsWriter(
+            self.mlflow,
+            run_id,
+            self.run_dir / protocol.EVENTS_FILE,
+            flush_s=plan.settings.metrics_flush_s,
+            sample=self._sample_memory,
+        ).start()
+        self.notify(f"run {run_id} · experiment {self.opened.experiment} · {plan.settings.tracking_uri}")
+        captured = self.capture.value()
+        git: GitState = captured["git"]
+        self.warnings += mlflow_store.log_params(
+            self.mlflow, run_id, self._flat_params(), existing=self.opened.existing_params
+        )
+        mlflow_store.set_tags(
+            self.mlflow,
+            run_id,
+            {"cascade.dirty": str(git.dirty).lower(), "mlflow.source.git.repoURL": git.remotes.get("origin")},
+        )
+        self._log_dirty_state(git)
+        early = self._manifest(captured, facts={})  # kept if the parent dies before finish()
+        mlflow_store.log_json(self.mlflow, run_id, early.to_dict(), ARTIFACT_PATH)
+
+    # -- after the child ended --------------------------------------------------------------
+    def finish(self, ended: ChildExit) -> RunResult:
+        assert self.opened is not None and self.writer is not None
+        run_id = self.opened.run_id
+        end_ms = int(time.time() * 1000)
+        facts = _read_json(self.run_dir / protocol.FACTS_FILE)
+        status = _status(ended)
+        resources = self._resources(facts)
+        self.writer.add(resources)
+        self.writer.stop()
+        if self.writer.errors:
+            self.warnings.extend(self.writer.errors[:3])
+        outcome = {
+            "status": status,
+            "exit_code": ended.exit_code,
+            "signal": ended.signal_received or ended.killed_by_signal,
+            "start_time": self.start_ms / 1000,
+            "end_time": end_ms / 1000,
+            "duration_s": round((end_ms - self.start_ms) / 1000, 3),
+            "error": facts.get("exception"),
+        }
+        try:
+            captured = self.capture.value()
+        except Exception as exc:  # the run still gets closed with its outcome
+            self.warnings.append(f"capture failed: {exc}")
+            captured = empty_snapshot()
+        read = [md5 for _, md5 in data_objects(captured.get("data") or [])]
+        try:
+            settings = self.plan.settings
+            checkpoints = finish_checkpoints(self.keeper, self.mlflow, run_id, settings.dvc_remote,
+                                             settings.log_checkpoints, self.notify, read)  # fmt: skip
+        except Exception as exc:  # the run is still closed with its outcome and what the keeper saw
+            self.warnings.append(f"checkpoints not fully recorded: {type(exc).__name__}: {exc}")
+            checkpoints = CheckpointsRecorded([e.to_dict() for e in self.keeper.entries], [], {})
+        finally:
+            if self.keeper.cache is not None:
+                self.keeper.cache.close()
+        self.warnings.extend(checkpoints.warnings)
+        manifest = self._manifest(captured, facts).with_outcome(
+            outcome,
+            metrics={**self.writer.summary_dict(), "resources": resources},
+            checkpoints=checkpoints.entries,
+        )
+        mlflow_store.log_json(self.mlflow, run_id, manifest.to_dict(), ARTIFACT_PATH)
+        for name in (protocol.OUTPUT_LOG, protocol.TRACE_FILE):
+            if (self.run_dir / name).exists():
+                mlflow_store.log_file(self.mlflow, run_id, self.run_dir / name, "cascade")
+        mlflow_store.set_tags(self.mlflow, run_id, {**self._end_tags(manifest), **checkpoints.tags})
+        mlflow_store.finish_run(self.mlflow, run_id, status, end_ms)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        return RunResult(
+            run_id, status, ended.exit_code, self.plan.settings.tracking_uri, self.opened.experiment,
+            manifest, tuple(self.warnings),
+        )  # fmt: skip
+
+    # -- pieces -------------------------------------------------------------------------------
+    def _flat_params(self) -> dict[str, Any]:
+        flat = flatten(self.plan.params.values)
+        flat.setdefault("seed", self.plan.params.seed)
+        return flat
+
+    def _start_tags(self) -> dict[str, str]:
+        plan = self.plan
+        tags = {
+            "mlflow.source.git.commit": plan.commit,
+            "mlflow.source.name": plan.script_rel,
+            "mlflow.source.type": "LOCAL",
+            "mlflow.user": _user(),
+            "cascade.tool_version": __version__,
+            "cascade.seed": str(plan.params.seed),
+            "cascade.determinism": plan.determinism,
+            "cascade.argv": json.dumps(list(plan.args)),
+            "mlflow.note.content": _note(plan),
+        }
+        if plan.run_name:
+            tags["mlflow.runName"] = plan.run_name
+        return {**tags, **plan.extra_tags}
+
+    def _end_tags(self, manifest: Manifest) -> dict[str, str | None]:
+        torch = manifest.torch
+        gpus = torch.get("gpus") or manifest.hardware.get("gpus") or []
+        return {
+            "cascade.torch": torch.get("version"),
+            "cascade.cuda": torch.get("cuda") or "none",
+            "cascade.cpu_capability": torch.get("cpu_capability"),
+            "cascade.gpu": ", ".join(g["name"] for g in gpus) if isinstance(gpus, list) and gpus else "none",
+            "cascade.python": manifest.python.get("version"),
+            "cascade.status": manifest.outcome["status"] if manifest.outcome else None,
+        }
+
+    def _log_dirty_state(self, git: GitState) -> None:
+        assert self.opened is not None
+        run_id = self.opened.run_id
+        if git.patch:
+            patch = self.run_dir / "git.patch"
+            patch.write_bytes(git.patch)
+            mlflow_store.log_file(self.mlflow, run_id, patch, "cascade")
+        stored = [u for u in git.untracked if u.stored and u.symlink_target is None]
+        if stored:
+            staging = self.run_dir / "untracked"
+            for item in stored:
+                target = staging / item.path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(self.plan.settings.root / item.path, target)
+            mlflow_store.log_dir(self.mlflow, run_id, staging, "cascade/untracked")
+        refused = [u.path for u in git.untracked if not u.stored]
+        if refused:
+            self.warnings.append(
+                f"untracked files too large to keep ({', '.join(refused[:5])}): `dvc add` them or "
+                "raise untracked_max_bytes in cascade.yaml"
+            )
+
+    def _manifest(self, captured: dict[str, Any], facts: dict[str, Any]) -> Manifest:
+        plan = self.plan
+        assert self.opened is not None
+        system = dict(captured["system"])
+        container = system.pop("container")
+        torch = facts.get("torch") or {"version": _installed_version("torch"), "probed": False}
+        determinism = facts.get("determinism") or {"mode": plan.determinism}
+        return Manifest(
+            run_id=self.opened.run_id,
+            experiment=self.opened.experiment,
+            cascade_version=__version__,
+            command={
+                "script": plan.script_rel,
+                "argv": list(plan.args),
+                "cwd": _relative(plan.cwd, plan.settings.root),
+                "interpreter": sys.executable,
+                "invocation": list(plan.invocation),
+                "run_name": plan.run_name,
+            },
+            params={
+                "values": plan.params.values,
+                "source": plan.params.source,
+                "overrides": plan.params.overrides,
+                "seed": plan.params.seed,
+                "seed_source": plan.params.seed_source,
+            },
+            determinism=determinism,
+            git=captured["git"].to_dict(),
+            python=captured["python"],
+            torch=torch,
+            hardware=system,
+            environment=captured["environment"],
+            container=container,
+            data=captured.get("data") or [],
+            environment_read=environment_read(
+                facts.get("environment_read") or {}, plan.settings.env_allow_prefixes
+            ),
+            trace=_trace_section(self.run_dir / protocol.TRACE_FILE, facts.get("trace")),
+            outcome={"status": "RUNNING", "start_time": self.start_ms / 1000},
+        )
+
+    def _sample_memory(self) -> dict[str, float]:
+        rss = _vm_hwm_mb(self.child.pid)
+        self.peak_rss_mb = max(self.peak_rss_mb, rss)
+        return {"cascade.peak_rss_mb": self.peak_rss_mb} if rss else {}
+
+    def _resources(self, facts: dict[str, Any]) -> dict[str, float]:
+        rusage = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # kB on Linux
+        values = {"cascade.peak_rss_mb": round(max(self.peak_rss_mb, rusage), 1)}
+        for key, value in (facts.get("gpu_memory") or {}).items():
+            values[f"cascade.{key}"] = round(float(value), 1)
+        return values
+
+
+def _trace_section(path: Path, header: dict[str, Any] | None) -> dict[str, Any] | None:
+    if header is None or not path.exists():
+        return None
+    with open(path, "rb") as handle:
+        steps = sum(1 for line in handle if line.strip())
+    return {
+        "artifact": f"cascade/{protocol.TRACE_FILE}",
+        "format": "cascade.trace/1",
+        "steps": steps,
+        **header,
+    }
+
+
+def _status(ended: ChildExit) -> str:
+    if ended.exit_code == 0 and ended.signal_received is None:
+        return "FINISHED"
+    if (
+        ended.signal_received is not None
+        or ended.killed_by_signal is not None
+        or ended.exit_code in (130, 143)
+    ):
+        return "KILLED"
+    return "FAILED"
+
+
+def _vm_hwm_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        return 0.0
+    return 0.0
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _installed_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return path.resolve().relative_to(root).as_posix() or "."
+    except ValueError:
+        return str(path)
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def _note(plan: RunPlan) -> str:
+    args = " ".join(plan.args)
+    return (
+        f"`cascade run {plan.script_rel} {args}`".replace(" `", "`")
+        + f"\n\nseed {plan.params.seed}, determinism {plan.determinism}, commit {plan.commit[:12]}. "
+        "The full record is the artifact cascade/run.json."
+    )
