@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cascade_repro.store import dvc_store
+from cascade_repro.store.jsonl_tail import read_new_lines
 
 log = logging.getLogger(__name__)
 POLL_S = 0.3
@@ -72,15 +73,8 @@ class CheckpointKeeper:
             self._drain()
 
     def _drain(self) -> None:
-        try:
-            with open(self.events, "rb") as handle:
-                handle.seek(self._offset)
-                data = handle.read()
-        except FileNotFoundError:
-            return
-        end = data.rfind(b"\n") + 1  # a line still being written waits for the next round
-        self._offset += end
-        for line in data[:end].splitlines():
+        lines, self._offset = read_new_lines(self.events, self._offset)
+        for line in lines:
             try:
                 event = json.loads(line)
             except ValueError:

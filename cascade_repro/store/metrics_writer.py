@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from cascade_repro.store import mlflow_store
+from cascade_repro.store.jsonl_tail import read_new_lines
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -46,7 +47,6 @@ class MetricsWriter:
         self._pending: list[Point] = []
         self._pending_since: float | None = None
         self._offset = 0
-        self._partial = b""
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.points = 0
@@ -94,21 +94,11 @@ class MetricsWriter:
                     due = False
 
     def _read_events(self) -> None:
-        try:
-            with open(self._events, "rb") as handle:
-                handle.seek(self._offset)
-                data = handle.read()
-        except FileNotFoundError:
+        lines, self._offset = read_new_lines(self._events, self._offset)
+        if not lines:
             return
-        if not data:
-            return
-        self._offset += len(data)
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()  # an incomplete last line waits for the rest
         points: list[Point] = []
         for line in lines:
-            if not line.strip():
-                continue
             try:
                 ts, step, values = json.loads(line)
                 points.extend((str(k), float(v), int(ts), int(step)) for k, v in values.items())
