@@ -59,4 +59,4 @@ step "cascade restore v1.0: the tagged run rebuilt in a git worktree, re-run, an
 cascade restore v1.0
 cascade ls --versions
 
-step "done: browse it with  (cd $demo && mlflow ui)"
+step "done: browse it with  (cd $demo && cascade ui)"
