@@ -82,6 +82,18 @@ def fetch(cache: Cache, path: str, md5: str, remote: str | None, progress: Progr
     return Fetched(path, md5, size, source, target)
 
 
+def inside(base: Path, relative: str) -> Path:
+    """`base / relative`, refused when a record's path would lead out of `base` (records are not trusted)."""
+    destination = base / relative
+    resolved, root = destination.resolve(), base.resolve()
+    if Path(relative).is_absolute() or (resolved != root and root not in resolved.parents):
+        raise DataError(
+            f"unsafe record: the path {relative!r} leads out of {base}",
+            hint="the run record was altered or made by something else; nothing was written",
+        )
+    return destination
+
+
 def deliver(fetched: Fetched, destination: Path, force: bool) -> Fetched:
     """Copy a verified object to `destination`; an existing different file is refused unless forced."""
     if destination.exists():

@@ -93,7 +93,9 @@ def tag_run(client: Any, root: Path, run: Any, version: str, force: bool = False
     if moved_from:
         tags["cascade.version_moved_from"] = moved_from
     mlflow_store.set_tags(client, run_id, tags)
-    if git_tag:
+    existing = _git_tag_message(root, version) if git_tag else None
+    already_ours = existing is not None and f"{GIT_TRAILER} {run_id}" in existing  # tagging again: no-op
+    if git_tag and not already_ours:
         dirty = run.data.tags.get("cascade.dirty", "unknown")
         message = (
             f"cascade version {version}\n\nexperiment run {run_id}; dirty: {dirty}"

@@ -34,11 +34,13 @@ def checkout(ref: str, checkpoint: str | None = None, data: bool = False, to: Pa
     root = settings.root
     run_id, manifest = record_of(settings, ref)
     cache = dvc_cache(root)
-    wanted: list[tuple[str, str]] = []
+    wanted: list[tuple[str, str]] = []  # (path in the record, md5)
+    flat: set[str] = set()  # checkpoints go straight into --to DIR; data keeps its relative path
     sizes: dict[str, int] = {}
     if checkpoint is not None:
         chosen = checking.select_checkpoint(manifest.get("checkpoints") or [], checkpoint)
         wanted.append((str(chosen["path"]), str(chosen["md5"])))
+        flat.add(str(chosen["path"]))
         sizes[str(chosen["md5"])] = int(chosen.get("size") or 0)
     if data:
         objects = data_objects(manifest.get("data") or [])
@@ -50,7 +52,8 @@ def checkout(ref: str, checkpoint: str | None = None, data: bool = False, to: Pa
         for path, md5 in wanted:
             bar = progress(f"md5 of {path}", sizes.get(md5))
             fetched = checking.fetch(cache, path, md5, settings.dvc_remote, bar)
-            destination = (to / Path(path).name) if to is not None else root / path
+            base, relative = (root, path) if to is None else (to, Path(path).name if path in flat else path)
+            destination = checking.inside(base, relative)
             items.append(checking.deliver(fetched, destination, force))
     finally:
         cache.close()

@@ -194,7 +194,7 @@ def test_dvc_tracked_data_is_recorded_as_read_and_restored(dvc_project: Project,
     out = tmp_path / "data-back"
     result = project.cascade("checkout", run_id[:8], "--data", "--to", str(out))
     assert result.returncode == 0, result.stderr
-    assert (out / "input.bin").read_bytes() == bytes([200]) * 1000
+    assert (out / "data" / "input.bin").read_bytes() == bytes([200]) * 1000
 
 
 def test_restore_brings_back_the_data_the_run_read(dvc_project: Project) -> None:

@@ -172,6 +172,8 @@ def test_versions_are_unique_unless_forced_and_the_move_is_recorded(tagged: tupl
     assert old.data.tags["cascade.version_moved"].startswith(f"v1 → {second}")
     assert new.data.tags["cascade.version"] == "v1" and new.data.tags["cascade.version_moved_from"] == first
     assert git(project.root, "rev-list", "-n1", "v1").strip() == head
+    project.cascade("tag", second, "v1", check=True)  # again, the same run: nothing changes
+    assert git(project.root, "rev-list", "-n1", "v1").strip() == head
     bad = project.cascade("tag", second, "not a version")
     assert bad.returncode == 2 and "invalid version" in bad.stderr
 

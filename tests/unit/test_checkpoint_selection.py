@@ -69,3 +69,12 @@ def test_data_objects_are_the_bytes_the_run_read() -> None:
         {"path": "dir", "md5": "x.dir", "matches": True},
     ]
     assert data_objects(data) == [("a.bin", "committed"), ("b.bin", "dirty")]
+
+
+def test_checkout_never_writes_outside_its_base(tmp_path: Path) -> None:
+    from cascade_repro.checkout import inside
+
+    assert inside(tmp_path, "data/x.bin") == tmp_path / "data" / "x.bin"
+    for bad in ("../x.bin", "data/../../x.bin", "/etc/passwd"):
+        with pytest.raises(DataError, match="leads out of"):
+            inside(tmp_path, bad)
