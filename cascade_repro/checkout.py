@@ -6,7 +6,7 @@ Nothing is handed over before its bytes hash to the md5 in the record.
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -101,7 +101,7 @@ def deliver(fetched: Fetched, destination: Path, force: bool) -> Fetched:
             raise UsageError(f"{destination} is a directory", hint="give a file path, or --to DIR")
         same = destination.stat().st_size == fetched.size and md5_of(destination)[0] == fetched.md5
         if same:
-            return _written(fetched, destination)
+            return replace(fetched, written_to=destination)
         if not force:
             raise UsageError(
                 f"{destination} exists with other content",
@@ -112,8 +112,4 @@ def deliver(fetched: Fetched, destination: Path, force: bool) -> Fetched:
     tmp = destination.with_name(f".{destination.name}.cascade.tmp")
     shutil.copyfile(fetched.object_path, tmp)
     tmp.replace(destination)
-    return _written(fetched, destination)
-
-
-def _written(fetched: Fetched, destination: Path) -> Fetched:
-    return Fetched(fetched.path, fetched.md5, fetched.size, fetched.source, fetched.object_path, destination)
+    return replace(fetched, written_to=destination)

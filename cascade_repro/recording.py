@@ -21,6 +21,7 @@ from typing import Any, Callable
 from cascade_repro import __version__
 from cascade_repro.capture.environment import environment_read
 from cascade_repro.capture.git import GitState
+from cascade_repro.capture.packages import installed_version
 from cascade_repro.capture.snapshot import empty_snapshot
 from cascade_repro.child import protocol
 from cascade_repro.manifest import ARTIFACT_PATH, Manifest, data_objects
@@ -232,7 +233,7 @@ class Recording:
         assert self.opened is not None
         system = dict(captured["system"])
         container = system.pop("container")
-        torch = facts.get("torch") or {"version": _installed_version("torch"), "probed": False}
+        torch = facts.get("torch") or {"version": installed_version("torch"), "probed": False}
         determinism = facts.get("determinism") or {"mode": plan.determinism}
         return Manifest(
             run_id=self.opened.run_id,
@@ -323,15 +324,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def _installed_version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
 
 
 def _relative(path: Path, root: Path) -> str:

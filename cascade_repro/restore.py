@@ -7,7 +7,6 @@ the user's checkout. Re-execution and verification are composed by `api.restore`
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import posixpath
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Mapping
 
-from cascade_repro.capture.git import capture_git
+from cascade_repro.capture.git import capture_git, has_commit, sha256_of
 from cascade_repro.determinism.explain import THREAD_VARS, Difference
 from cascade_repro.errors import RestoreRefused
 from cascade_repro.store import mlflow_store
@@ -257,7 +256,7 @@ def materialize(plan: RestorePlan, root: Path, client: Any, notify: Callable[[st
     An existing worktree is reused when it is exactly what the last restore left; a worktree
     someone modified is refused, never overwritten.
     """
-    if not _has_commit(root, plan.commit):
+    if not has_commit(root, plan.commit):
         raise RestoreRefused(
             f"commit {plan.commit[:12]} of run {plan.run_id[:12]} is not in this repository",
             hint="git fetch it (e.g. `git fetch --all`) from the remote the run came from",
@@ -412,19 +411,11 @@ def _download(client: Any, run_id: str, artifact: str, into: Path) -> Path:
 
 
 def _check_sha256(path: Path, expected: str, what: str) -> None:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    if digest.hexdigest() != expected:
+    if sha256_of(path) != expected:
         raise RestoreRefused(
             f"{what} does not match the sha256 in the record (tampered or corrupted artifact)",
             hint="nothing was written; restore from an intact copy of the MLflow artifact store",
         )
-
-
-def _has_commit(root: Path, commit: str) -> bool:
-    return _git(root, "cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode == 0
 
 
 def _git_dir(workdir: Path) -> Path:

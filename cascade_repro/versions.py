@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cascade_repro.capture.git import has_commit
 from cascade_repro.errors import CascadeError, UsageError, VersionTaken
 from cascade_repro.store import mlflow_store
 
@@ -80,7 +81,7 @@ def tag_run(client: Any, root: Path, run: Any, version: str, force: bool = False
     if not commit:
         raise CascadeError(f"run {run_id} has no recorded git commit; it cannot carry a version")
     moved_from = check_free(client, root, version, experiment_id, run_id, force, git_tag)
-    if git_tag and not _has_commit(root, commit):
+    if git_tag and not has_commit(root, commit):
         raise CascadeError(
             f"commit {commit[:12]} of run {run_id[:12]} is not in this repository",
             hint="git fetch the branch it was made on, or pass --no-git-tag",
@@ -108,11 +109,6 @@ def tag_run(client: Any, root: Path, run: Any, version: str, force: bool = False
         )
         _git(root, "tag", "-a", *(["-f"] if force else []), "-m", message, version, commit)
     return TagResult(version, run_id, commit, git_tag, moved_from)
-
-
-def _has_commit(root: Path, commit: str) -> bool:
-    out = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=root, capture_output=True)
-    return out.returncode == 0
 
 
 def _git_tag_message(root: Path, version: str) -> str | None:

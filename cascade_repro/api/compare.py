@@ -74,16 +74,11 @@ def check(ref: str | None = None, cwd: Path | None = None) -> CheckReport:
 
 def current_record(settings: Settings) -> dict[str, Any]:
     """A record of this machine and working tree, made without running anything."""
-    from cascade_repro.capture.environment import capture_environment
     from cascade_repro.capture.git import capture_git
-    from cascade_repro.capture.packages import capture_python
-    from cascade_repro.capture.system import capture_system
     from cascade_repro.params import find_params_file, resolve_params
     from cascade_repro.recorder import own_paths
 
     root = settings.root
-    hardware = capture_system(os.environ)
-    container = hardware.pop("container", {})
     params_file = find_params_file(root, root / "train.py", None, settings.params_file)
     params = resolve_params(params_file, root)
     return {
@@ -93,12 +88,28 @@ def current_record(settings: Settings) -> dict[str, Any]:
         "params": {"values": params.values, "seed": params.seed},
         "determinism": {"mode": settings.determinism},
         "git": capture_git(root, own_paths(settings), settings.untracked_max_bytes).to_dict(),
-        "python": capture_python(),
-        "torch": _torch_here(),
-        "hardware": hardware,
-        "environment": capture_environment(os.environ, settings.env_allow_prefixes),
-        "container": container,
+        **machine_record(settings, os.environ, probe_torch=True),
         "data": _data_here(root),
+    }
+
+
+def machine_record(settings: Settings, environ: Mapping[str, str], probe_torch: bool) -> dict[str, Any]:
+    """The machine sections of a record (torch, python, hardware, environment, container).
+
+    `probe_torch`: torch's full stack from a subprocess (~1.5 s); else only its installed version.
+    """
+    from cascade_repro.capture.environment import capture_environment
+    from cascade_repro.capture.packages import capture_python, installed_version
+    from cascade_repro.capture.system import capture_system
+
+    hardware = capture_system(environ)
+    container = hardware.pop("container", {})
+    return {
+        "python": capture_python(),
+        "torch": _torch_here() if probe_torch else {"version": installed_version("torch")},
+        "hardware": hardware,
+        "environment": capture_environment(environ, settings.env_allow_prefixes),
+        "container": container,
     }
 
 
@@ -114,18 +125,12 @@ def _torch_here() -> dict[str, Any]:
 
 
 def _data_here(root: Path) -> list[dict[str, Any]]:
-    from cascade_repro.store.dvc_store import Cache
+    from cascade_repro.capture.data import tracked_data
 
-    if not Cache.exists_for(root):
-        return []
-    cache = Cache(root)
     try:
-        outputs = cache.tracked_outputs()
-    except CascadeError:
+        return tracked_data(root)
+    except CascadeError:  # a broken DVC repo: `current` still describes the rest
         return []
-    finally:
-        cache.close()
-    return outputs
 
 
 def _code_stat(root: Path, a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:

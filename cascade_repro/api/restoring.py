@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from cascade_repro import versions
+from cascade_repro.api.compare import machine_record
 from cascade_repro.api.records import context, dvc_cache, judge_and_record, manifest_data
 from cascade_repro.api.runs import RunRequest, run
 from cascade_repro.errors import RestoreRefused, UsageError
@@ -65,7 +66,7 @@ def restore(
     label = (version or run_id[:12]).replace("/", "_")
     workdir = (workdir or root / ".cascade" / "restore" / label).absolute()
     plan = restoring.plan_restore(manifest, version, workdir, steps, os.environ, settings.env_allow_prefixes,
-                                  _this_machine(os.environ, settings))  # fmt: skip
+                                  machine_record(settings, os.environ, probe_torch=False))  # fmt: skip
     show_plan(plan)
     if plan.unavailable:
         raise RestoreRefused(
@@ -158,30 +159,3 @@ def _restore_environ(plan: RestorePlan, settings: Settings) -> dict[str, str]:
     if plan.num_threads:
         environ[protocol.ENV_NUM_THREADS] = str(plan.num_threads)
     return environ
-
-
-def _this_machine(environ: Mapping[str, str], settings: Settings) -> dict[str, Any]:
-    """A partial record of this machine, made without importing torch (restore's plan compares it)."""
-    import platform
-
-    from cascade_repro.capture.environment import capture_environment
-    from cascade_repro.capture.system import capture_system
-
-    hardware = capture_system(environ)
-    hardware.pop("container", None)
-    return {
-        "torch": {"version": _installed("torch")},
-        "python": {"version": platform.python_version()},
-        "hardware": hardware,
-        "environment": capture_environment(environ, settings.env_allow_prefixes),
-    }
-
-
-def _installed(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed_version
-
-    try:
-        return installed_version(name)
-    except PackageNotFoundError:
-        return None

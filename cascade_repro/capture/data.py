@@ -36,12 +36,17 @@ def capture_data(root: Path) -> list[dict[str, Any]]:
         cache.close()
 
 
-def dirty_data(root: Path) -> list[str]:
-    """Paths of DVC-tracked outputs whose workspace differs from the committed pointer."""
+def tracked_data(root: Path) -> list[dict[str, Any]]:
+    """The DVC-tracked outputs as they are now, read only: nothing enters the cache."""
     if not Cache.exists_for(root):
         return []
     cache = Cache(root)
     try:
-        return [item["path"] for item in cache.tracked_outputs() if not item["matches"]]
+        return cache.tracked_outputs()
     finally:
         cache.close()
+
+
+def dirty_data(root: Path) -> list[str]:
+    """Paths of DVC-tracked outputs whose workspace differs from the committed pointer."""
+    return [item["path"] for item in tracked_data(root) if not item["matches"]]

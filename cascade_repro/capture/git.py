@@ -126,6 +126,20 @@ def _remotes(root: Path) -> dict[str, str]:
     return remotes
 
 
+def has_commit(root: Path, commit: str) -> bool:
+    """Whether `commit` is in the repository at `root` (a record may name one never fetched here)."""
+    out = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=root, capture_output=True)
+    return out.returncode == 0
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _untracked(root: Path, rel: str, max_bytes: int) -> UntrackedFile:
     path = root / rel
     if path.is_symlink():
@@ -133,16 +147,13 @@ def _untracked(root: Path, rel: str, max_bytes: int) -> UntrackedFile:
         link_digest = hashlib.sha256(target.encode("utf-8", "surrogateescape")).hexdigest()
         return UntrackedFile(rel, len(target), link_digest, stored=True, symlink_target=target)
     size = path.stat().st_size
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
+    digest = sha256_of(path)
     if size > max_bytes:
         return UntrackedFile(
-            rel, size, digest.hexdigest(), stored=False,
+            rel, size, digest, stored=False,
             reason=f"larger than untracked_max_bytes ({max_bytes}); `dvc add` it or add it to .gitignore",
         )  # fmt: skip
-    return UntrackedFile(rel, size, digest.hexdigest(), stored=True)
+    return UntrackedFile(rel, size, digest, stored=True)
 
 
 def _excluded(rel: str, exclude: tuple[str, ...]) -> bool:

@@ -99,3 +99,13 @@ def _origin(path: str) -> dict[str, Any]:
     if "archive_info" in data:
         return {"origin": "archive", "url": url}
     return {"origin": "direct", "url": url}
+
+
+def installed_version(name: str) -> str | None:
+    """The installed version of a distribution, without importing it (None: not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None

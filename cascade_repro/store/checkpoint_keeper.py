@@ -87,7 +87,7 @@ class CheckpointKeeper:
 
     def _handle(self, event: dict[str, Any]) -> None:
         path = Path(str(event["path"]))
-        rel = _relative(path, self.root)
+        rel = dvc_store.relative_posix(path, self.root)
         if event.get("event") == "pruned":
             for entry in reversed(self.entries):
                 if entry.path == rel and entry.status in ("kept", "missing"):
@@ -120,13 +120,6 @@ class CheckpointKeeper:
             return
         entry.md5, entry.size, entry.link = stored.md5, stored.size, stored.link
         self.notify(f"checkpoint {rel} (step {entry.step}) → DVC cache {stored.md5[:12]} ({stored.link})")
-
-
-def _relative(path: Path, root: Path) -> str:
-    try:
-        return path.resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        return str(path)
 
 
 @dataclass(frozen=True)

@@ -215,10 +215,10 @@ class Cache:
             state = next(iter(status.values()), None) if status else None
             found.append(
                 {
-                    "path": _relative(Path(out.fs_path), self.root),
+                    "path": relative_posix(Path(out.fs_path), self.root),
                     "md5": out.hash_info.value,
                     "size": getattr(out.meta, "size", None),
-                    "dvcfile": _relative(Path(out.stage.path), self.root),
+                    "dvcfile": relative_posix(Path(out.stage.path), self.root),
                     "matches": state is None,
                     "workspace": state or "matches",
                     "in_cache": not out.changed_cache(),
@@ -253,7 +253,8 @@ def _place(source: Path, target: Path, hardlink: bool) -> str:
     return link
 
 
-def _relative(path: Path, root: Path) -> str:
+def relative_posix(path: Path, root: Path) -> str:
+    """`path` relative to `root` with / separators; the absolute path when it lies outside."""
     try:
         return path.resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
