@@ -160,9 +160,12 @@ def test_a_failed_push_keeps_the_run_and_cascade_push_retries(dvc_project: Proje
     broken.write_text("x")
     subprocess.run([*DVC, "remote", "modify", "--local", "cascade-local", "url", str(broken)],
                    cwd=project.root, check=True)  # fmt: skip
-    run_id, manifest = _run(project, "ckpt.py")
-    result_warning = project.client().get_run(run_id).info.status
-    assert result_warning == "FINISHED"
+    result = project.cascade("run", "ckpt.py")
+    assert result.returncode == 0, result.stderr
+    run = project.only_run()
+    run_id, manifest = run.info.run_id, project.manifest(run.info.run_id)
+    assert run.info.status == "FINISHED"
+    assert "push to the DVC remote failed" in result.stderr and f"cascade push {run_id[:8]}" in result.stderr
     kept = [c for c in manifest["checkpoints"] if c["status"] == "kept"]
     assert kept and all(c["pushed"] is False for c in kept)
     assert all(_object(project.root / ".dvc" / "cache", c["md5"]).is_file() for c in kept)  # safe locally
