@@ -170,6 +170,10 @@ def init(ctx: click.Context) -> None:
     metavar="N",
     help="Fingerprint every Nth optimizer step (default: cascade.yaml, else 1); 0: no trace.",
 )
+@click.option("--docker", is_flag=True, help="Run inside the project's image (built or reused first).")
+@click.option("--gpus", metavar="all|none|N", help="With --docker: GPUs to give it (default: all there are).")
+@click.option("--shm-size", metavar="SIZE", help="With --docker: shared memory, e.g. 8g (default: 1g).")
+@click.option("--rebuild", "no_cache", is_flag=True, help="With --docker: build even if already built.")
 @click.pass_context
 def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options: Any) -> None:
     """Run SCRIPT with ARGS and record everything about it.
@@ -180,11 +184,15 @@ def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options
     \b
     cascade run train.py --epochs 3
     cascade run --set optimizer.lr=1e-3 --seed 7 train.py
+    cascade run --docker --gpus all train.py     in the project's image (templates/Dockerfile.j2)
     """
 
     def body() -> int:
         from cascade_repro import api, render
+        from cascade_repro.errors import UsageError
 
+        if not options["docker"] and any(options[k] for k in ("gpus", "shm_size", "no_cache")):
+            raise UsageError("--gpus, --shm-size and --rebuild go with --docker", hint="add --docker")
         git_tag = not options.pop("no_git_tag")
         request = api.RunRequest(script=script, args=script_args, git_tag=git_tag, **options)
         result = api.run(request, notify=render.notice)
@@ -192,6 +200,34 @@ def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options
         return result.exit_code
 
     _guard(body, ctx, fast_exit=True)
+
+
+@main.group(name="image")
+def image() -> None:
+    """The project's Docker image (templates/Dockerfile.j2; see `docker:` in cascade.yaml)."""
+
+
+@image.command(name="build")
+@click.option("--no-cache", is_flag=True, help="Build even if an image with the same inputs exists.")
+@click.option("--json", "as_json", is_flag=True, help="The image's tag, ID and inputs as JSON.")
+@click.pass_context
+def image_build(ctx: click.Context, no_cache: bool, as_json: bool) -> None:
+    """Build and tag the image for the working tree (cascade/<project>:<commit12>[-<content>]).
+
+    Reused, not rebuilt, when an image with the same inputs (rendered Dockerfile, requirements,
+    project files, cascade, base image) exists. The build log goes to .cascade/builds/.
+    """
+
+    def body() -> None:
+        from cascade_repro import api, render
+
+        prepared = api.build_image(no_cache=no_cache, notify=render.notice)
+        if as_json:
+            render.emit_json("image build", prepared.record())
+        else:
+            render.image_result(prepared)
+
+    _guard(body, ctx)
 
 
 @main.command(name="ls")
@@ -312,15 +348,18 @@ def tag_command(ctx: click.Context, run_ref: str, version: str, force: bool, no_
 )
 @click.option("--atol", default=1e-8, show_default=True, help="Absolute loss tolerance.")
 @click.option("--json", "as_json", is_flag=True, help="Plan, run and verdict as JSON on stdout.")
+@click.option("--docker", is_flag=True, help="Re-run in the recorded image (rebuilt if gone).")
+@click.option("--gpus", metavar="all|none|N", help="With --docker: GPUs to give it (default: all there are).")
 @click.pass_context
 def restore(ctx: click.Context, ref: str, no_run: bool, steps: int | None, workdir: Path | None, rtol: float,
-            atol: float, as_json: bool) -> None:  # fmt: skip
+            atol: float, as_json: bool, docker: bool, gpus: str | None) -> None:  # fmt: skip
     """Rebuild a recorded run (code, dirty state) in an isolated git worktree, re-run it, verify it.
 
     \b
     cascade restore v1.2.3               rebuild, re-run, verdict
     cascade restore v1.2.3 --steps 50    re-run a prefix and verify it
     cascade restore v1.2.3 --no-run      just materialize the worktree
+    cascade restore v1.2.3 --docker      in the recorded image (0 builds when it is here)
 
     Exit 0: reproduced (bitwise, or within tolerance where this machine differs in class A);
     3: not reproduced; 1: error. Your checkout is never touched.
@@ -333,6 +372,7 @@ def restore(ctx: click.Context, ref: str, no_run: bool, steps: int | None, workd
             result = api.restore(
                 ref, workdir=workdir, steps=steps, execute=not no_run, rtol=rtol, atol=atol,
                 notify=render.notice, show_plan=(lambda plan: None) if as_json else render.restore_plan,
+                docker=docker, gpus=gpus,
             )  # fmt: skip
         if as_json:
             render.emit_json("restore", render.restore_dict(result))

@@ -9,7 +9,8 @@
     ├── DirtyTreeRefused         exit 1  (--require-clean on a dirty tree)
     ├── VersionTaken             exit 1  (a version held by another run; --force moves it)
     ├── RestoreRefused           exit 1  (missing commit, tampered or unsafe record, modified worktree)
-    └── DataError                exit 1  (DVC cache/remote: missing, unreachable or corrupt objects)
+    ├── DataError                exit 1  (DVC cache/remote: missing, unreachable or corrupt objects)
+    └── DockerError              exit 1  (no engine, base image unavailable, build failed, no GPUs)
 
 `cli` is the only place that turns these into exit codes; library code only raises.
 """
@@ -65,3 +66,7 @@ class RestoreRefused(CascadeError):
 
 class DataError(CascadeError):
     """DVC: an object missing from cache and remote, a corrupt object, an unreachable remote."""
+
+
+class DockerError(CascadeError):
+    """The Docker engine, an image build or a container failed; the message says which and the fix."""

@@ -18,6 +18,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from cascade_repro.capture.snapshot import capture_snapshot
 from cascade_repro.child import protocol
@@ -27,7 +28,7 @@ from cascade_repro.run_plan import Notify, RunPlan, RunResult
 from cascade_repro.settings import Settings
 from cascade_repro.store.checkpoint_keeper import CheckpointKeeper
 from cascade_repro.store.dvc_store import Cache
-from cascade_repro.supervisor import Child
+from cascade_repro.supervisor import Child, RunningChild
 
 log = logging.getLogger(__name__)
 
@@ -41,20 +42,18 @@ def record_run(plan: RunPlan, notify: Notify) -> RunResult:
     protocol.write_json_atomic(run_dir / protocol.PARAMS_FILE, plan.params.values)
     env = child_environment(plan, run_dir)
 
-    child = Child(
-        [sys.executable, "-m", "cascade_repro.child.bootstrap", str(plan.script), *plan.args],
-        env,
-        plan.cwd,
-        run_dir / protocol.OUTPUT_LOG,
-    )
+    child = _start_child(plan, env, run_dir)
     _yield_cpu_to_the_child()
     log.debug("child pid %d: %s %s (cwd %s)", child.pid, plan.script_rel, " ".join(plan.args), plan.cwd)
     log.debug("child environment adds %s", {k: env[k] for k in sorted(set(env) - set(plan.environ))})
     settings = plan.settings
     capture = Worker(
         "cascade-capture",
-        lambda: capture_snapshot(
-            settings.root, plan.exclude, settings.untracked_max_bytes, env, settings.env_allow_prefixes
+        lambda: _in_image(
+            plan,
+            capture_snapshot(
+                settings.root, plan.exclude, settings.untracked_max_bytes, env, settings.env_allow_prefixes
+            ),
         ),  # fmt: skip
     )
     capture.start()
@@ -82,6 +81,61 @@ def record_run(plan: RunPlan, notify: Notify) -> RunResult:
         return recording.finish(ended)
     finally:
         child.restore_signals()
+
+
+def _start_child(plan: RunPlan, env: dict[str, str], run_dir: Path) -> RunningChild:
+    bootstrap = ["-m", "cascade_repro.child.bootstrap", str(plan.script), *plan.args]
+    if plan.container is None:
+        return Child([sys.executable, *bootstrap], env, plan.cwd, run_dir / protocol.OUTPUT_LOG)
+    from cascade_repro.images import engine
+    from cascade_repro.images.container import (
+        ContainerChild,
+        ContainerSpec,
+        container_environment,
+        mount_points,
+    )
+
+    image = plan.container.prepared.image
+    env = {**env, "CASCADE_IMAGE": image.tag, "CASCADE_IMAGE_ID": image.image_id}
+    spec = ContainerSpec(
+        image=image.image_id,
+        command=["python", *bootstrap],
+        environment=container_environment(env),
+        working_dir=str(plan.cwd),
+        mounts=mount_points([plan.settings.root, run_dir, *_store_paths(plan.settings.tracking_uri)]),
+        gpus=plan.container.gpus,
+        shm_size=plan.container.shm_size,
+        network=plan.container.network,
+        labels={"cascade.run_dir": str(run_dir)},
+    )
+    return ContainerChild(engine.connect(), spec, run_dir / protocol.OUTPUT_LOG)
+
+
+def _in_image(plan: RunPlan, captured: dict[str, Any]) -> dict[str, Any]:
+    """A run in a container records the image's Python and packages, not this machine's."""
+    if plan.container is None:
+        return captured
+    from cascade_repro.images import engine
+
+    image = plan.container.prepared.image
+    captured["python"] = engine.probe_python(engine.connect(), image.image_id, image_cache_dir())
+    captured["system"]["container"] = {**captured["system"]["container"], **plan.container.record()}
+    return captured
+
+
+def image_cache_dir() -> Path:
+    """Per-image facts (Python, packages) read once per image ID."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "cascade" / "images"
+
+
+def _store_paths(uri: str) -> list[Path]:
+    """A local MLflow store must be reachable from inside the container at the same path."""
+    if uri.startswith("sqlite:///"):
+        return [Path(uri[len("sqlite:///") :]).parent]
+    if uri.startswith("file://"):
+        return [Path(uri[len("file://") :])]
+    return []
 
 
 def _yield_cpu_to_the_child() -> None:

@@ -30,7 +30,7 @@ from cascade_repro.run_plan import Notify, RunPlan, RunResult
 from cascade_repro.store import mlflow_store
 from cascade_repro.store.checkpoint_keeper import CheckpointKeeper, CheckpointsRecorded, finish_checkpoints
 from cascade_repro.store.metrics_writer import MetricsWriter
-from cascade_repro.supervisor import Child, ChildExit
+from cascade_repro.supervisor import ChildExit, RunningChild
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class Worker(threading.Thread):
 class Recording:
     """The store side of one run: opened in a thread while the child runs, finished after it."""
 
-    def __init__(self, plan: RunPlan, run_dir: Path, start_ms: int, child: Child, capture: Worker,
+    def __init__(self, plan: RunPlan, run_dir: Path, start_ms: int, child: RunningChild, capture: Worker,
                  notify: Notify, keeper: CheckpointKeeper) -> None:  # fmt: skip
         self.plan = plan
         self.run_dir = run_dir
@@ -113,6 +113,11 @@ class Recording:
             {"cascade.dirty": str(git.dirty).lower(), "mlflow.source.git.repoURL": git.remotes.get("origin")},
         )
         self._log_dirty_state(git)
+        if plan.container is not None:  # what the image was built from, to rebuild it on restore
+            for name, text in (("Dockerfile", plan.container.prepared.dockerfile),
+                               ("requirements.txt", plan.container.prepared.requirements)):  # fmt: skip
+                (self.run_dir / name).write_text(text, encoding="utf-8")
+                mlflow_store.log_file(self.mlflow, run_id, self.run_dir / name, "cascade")
         early = self._manifest(captured, facts={})  # kept if the parent dies before finish()
         mlflow_store.log_json(self.mlflow, run_id, early.to_dict(), ARTIFACT_PATH)
 
@@ -204,6 +209,8 @@ class Recording:
             "cascade.gpu": ", ".join(g["name"] for g in gpus) if isinstance(gpus, list) and gpus else "none",
             "cascade.python": manifest.python.get("version"),
             "cascade.status": manifest.outcome["status"] if manifest.outcome else None,
+            "cascade.image": manifest.container.get("image"),
+            "cascade.image_id": manifest.container.get("image_id"),
         }
 
     def _log_dirty_state(self, git: GitState) -> None:

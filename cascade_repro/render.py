@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from cascade_repro.check import CheckReport
     from cascade_repro.determinism.verdict import Verdict
     from cascade_repro.diff import Diff
+    from cascade_repro.images.prepare import PreparedImage
     from cascade_repro.project import InitResult
     from cascade_repro.restore import RestorePlan
     from cascade_repro.run_plan import RunResult
@@ -235,6 +236,14 @@ def byte_progress() -> Iterator[Callable[[str, int | None], Callable[[int], None
         yield factory
 
 
+def image_result(prepared: PreparedImage) -> None:
+    for warning in prepared.warnings:
+        notice(f"warning: {warning}")
+    image = prepared.image
+    how = f"built in {image.build_s:.1f} s" if image.built else "already built from the same inputs"
+    print(f"{image.tag}  {image.image_id}  ({how})")
+
+
 def checkout_result(result: CheckoutResult) -> None:
     for item in result.items:
         notice(f"{item.path} → {item.written_to} (md5 {item.md5[:12]} verified, from the {item.source})")
@@ -357,6 +366,10 @@ def restore_dict(result: RestoreResult) -> dict[str, Any]:
         if run is None
         else {"run_id": run.run_id, "status": run.status, "exit_code": run.exit_code},
         "verdict": None if result.verdict is None else result.verdict.to_dict(),
+        "image": None if result.image is None else {
+            **result.image.record(), "source": "recorded" if result.image.reused_by_id else "rebuilt",
+            "drift": [c.to_dict() for c in result.drift],
+        },
     }
 
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from cascade_repro.manifest import Manifest
 from cascade_repro.params import ResolvedParams
 from cascade_repro.settings import Settings
+
+if TYPE_CHECKING:
+    from cascade_repro.images.prepare import PreparedImage
 
 Notify = Callable[[str], None]
 
@@ -30,6 +33,25 @@ class RunPlan:
     exclude: tuple[str, ...]  # cascade's own files, never recorded as user state
     invocation: tuple[str, ...] = field(default_factory=tuple)
     extra_tags: Mapping[str, str] = field(default_factory=dict)  # e.g. cascade.restored_from
+    container: ContainerPlan | None = None  # `--docker`: the child runs in this image
+
+
+@dataclass(frozen=True)
+class ContainerPlan:
+    """`cascade run --docker`: the image (built or reused before the run) and how to start it."""
+
+    prepared: PreparedImage
+    gpus: str | int | None  # "all", a count, or None
+    shm_size: str
+    network: str
+
+    def record(self) -> dict[str, object]:
+        return {
+            **self.prepared.record(),
+            "gpus": self.gpus,
+            "shm_size": self.shm_size,
+            "network": self.network,
+        }
 
 
 @dataclass(frozen=True)

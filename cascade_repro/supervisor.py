@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import IO, Mapping, Sequence
+from typing import IO, Mapping, Protocol, Sequence
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -20,6 +20,19 @@ class ChildExit:
     exit_code: int  # shell convention: 128 + N when killed by signal N
     signal_received: int | None  # a signal the parent got (Ctrl-C, SIGTERM) while the child ran
     killed_by_signal: int | None  # the signal that ended the child, if any
+
+
+class RunningChild(Protocol):
+    """What the recorder needs of the training process, local (Child) or in a container."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def wait(self) -> ChildExit: ...
+
+    def restore_signals(self) -> None: ...
+
+    def terminate(self, timeout_s: float = 10.0) -> None: ...
 
 
 class Child:
@@ -67,7 +80,7 @@ class Child:
             if in_main_thread:
                 for sig in FORWARDED:
                     # While the record is finished, signals only warn: nothing may be cut short.
-                    signal.signal(sig, _finishing)
+                    signal.signal(sig, finishing)
         for pump in self._pumps:
             pump.join(timeout=10)
         with self._log_lock:
@@ -123,5 +136,5 @@ class Child:
         source.close()
 
 
-def _finishing(signum: int, frame: FrameType | None) -> None:
+def finishing(signum: int, frame: FrameType | None) -> None:
     sys.stderr.write("cascade: finishing the run record, one moment...\n")

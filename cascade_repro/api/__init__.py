@@ -5,6 +5,7 @@
     restoring.py  restore
     data.py       checkout, checkpoint_path (load_checkpoint), push
     compare.py    diff, check
+    images.py     build_image (`cascade image build`)
 
 Only what `cascade run` needs is imported with the package (its start is a measured target); the
 rest loads on first use.
@@ -23,12 +24,13 @@ _LAZY = {
     "CheckoutResult": "data", "PushSummary": "data", "checkout": "data", "checkpoint_path": "data",
     "push": "data",
     "RestoreResult": "restoring", "restore": "restoring",
+    "build_image": "images",
 }  # fmt: skip
 
 __all__ = [
     "CheckoutResult", "PushSummary", "RestoreResult", "RunRecord", "RunRequest", "RunSummary",
-    "TraceSummary", "check", "checkout", "checkpoint_path", "diff", "init", "list_runs", "push",
-    "restore", "run", "show_run", "tag", "ui", "verify",
+    "TraceSummary", "build_image", "check", "checkout", "checkpoint_path", "diff", "init", "list_runs",
+    "push", "restore", "run", "show_run", "tag", "ui", "verify",
 ]  # fmt: skip
 
 

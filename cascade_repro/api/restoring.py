@@ -21,6 +21,7 @@ from cascade_repro.store.dvc_store import Cache
 
 if TYPE_CHECKING:
     from cascade_repro.determinism.verdict import Verdict
+    from cascade_repro.images.prepare import PackageChange, PreparedImage
     from cascade_repro.restore import RestorePlan, Worktree
 
 
@@ -30,6 +31,8 @@ class RestoreResult:
     worktree: Worktree
     run: RunResult | None  # None with --no-run
     verdict: Verdict | None
+    image: PreparedImage | None = None  # --docker: the recorded image, or the one rebuilt
+    drift: tuple[PackageChange, ...] = ()  # --docker, rebuilt: packages that differ from the record
 
     @property
     def reproduced(self) -> bool:
@@ -46,6 +49,8 @@ def restore(
     atol: float = 1e-8,
     notify: Notify = lambda message: None,
     show_plan: Callable[[RestorePlan], None] = lambda plan: None,
+    docker: bool = False,
+    gpus: str | None = None,
 ) -> RestoreResult:
     """Rebuild a recorded run in an isolated worktree, re-run it, and judge the new trace against it."""
     from cascade_repro import checkout as checking
@@ -91,6 +96,15 @@ def restore(
         notify(f"restored {len(fetched)} DVC object(s) into the worktree, md5-verified")
     if not execute:
         return RestoreResult(plan, tree, None, None)
+    image, drift = (
+        (None, []) if not docker else _restore_image(client, manifest, plan, tree.path, settings, notify)
+    )
+    image_tags = {}
+    if image is not None:
+        image_tags = {
+            "cascade.image_source": "recorded" if image.reused_by_id else "rebuilt",
+            "cascade.image_drift": ", ".join(str(c) for c in drift)[:5000] or "none",
+        }
     request = RunRequest(
         script=str(tree.path / plan.script),
         args=plan.argv,
@@ -104,7 +118,11 @@ def restore(
         extra_tags={
             "cascade.restored_from": run_id,
             **({"cascade.restored_version": version} if version else {}),
+            **image_tags,
         },
+        docker=docker,
+        gpus=gpus,
+        image=image,
     )
     notify(f"re-running {' '.join((plan.script, *plan.argv))} in {tree.path}")
     result = run(request, notify)
@@ -113,7 +131,82 @@ def restore(
         client, manifest, result.manifest.to_dict(), rtol, atol, record_on=result.run_id, against=run_id,
         steps=steps,
     )  # fmt: skip
-    return RestoreResult(plan, tree, result, verdict)
+    return RestoreResult(plan, tree, result, verdict, image, tuple(drift))
+
+
+def _restore_image(
+    client: Any,
+    manifest: Mapping[str, Any],
+    plan: RestorePlan,
+    tree: Path,
+    settings: Settings,
+    notify: Notify,
+) -> tuple[PreparedImage, list[PackageChange]]:
+    """The recorded image when this engine has it (0 builds); else one rebuilt from the recorded
+    Dockerfile and requirements over the restored code, with its package drift reported before the run."""
+    from cascade_repro.images import context, engine, prepare
+    from cascade_repro.recorder import image_cache_dir
+
+    container = manifest.get("container") or {}
+    docker = engine.connect()
+    dockerfile = requirements = None
+    if container.get("runtime") == "docker":
+        dockerfile = _artifact_text(
+            client, plan.run_id, str(container.get("dockerfile_artifact") or "cascade/Dockerfile")
+        )
+        requirements = _artifact_text(
+            client, plan.run_id, str(container.get("requirements_artifact") or "cascade/requirements.txt")
+        )
+        found = prepare.recorded_image(docker, container, dockerfile or "", requirements or "")
+        if found is not None:
+            notify(f"image: the recorded {found.image.tag} ({found.image.image_id[7:19]}) is here: no build")
+            return found, []
+        notify(
+            f"image: the recorded {container.get('image')} ({str(container.get('image_id'))[7:19]}) is "
+            "not on this engine: rebuilding it from the recorded Dockerfile"
+        )
+    else:
+        notify(
+            "image: the run was not recorded in Docker: building the project's image for the restored code"
+        )
+    recorded_packages = (manifest.get("python") or {}).get("packages") or {}
+    reqs = context.Requirements(requirements, "recorded") if requirements is not None else None
+    prepared = prepare.prepare_image(
+        docker,
+        tree,
+        context.docker_settings(settings.docker, settings.root),
+        plan.experiment,
+        plan.commit,
+        plan.dirty,
+        recorded_packages,
+        settings.root / ".cascade" / "builds",
+        notify,
+        dockerfile=dockerfile,
+        requirements=reqs,
+        base_image=container.get("base_image"),
+    )
+    now = engine.probe_python(docker, prepared.image.image_id, image_cache_dir())
+    drift = prepare.package_drift(recorded_packages, now.get("packages") or {})
+    if drift:
+        notify(
+            f"image drift: {len(drift)} package(s) differ from the record: "
+            + ", ".join(str(c) for c in drift[:8])
+            + (" ..." if len(drift) > 8 else "")
+        )
+    else:
+        notify("image drift: none (the rebuilt image has the recorded packages)")
+    return prepared, drift
+
+
+def _artifact_text(client: Any, run_id: str, path: str) -> str | None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="cascade-artifact-") as into:
+        try:
+            local = client.download_artifacts(run_id, path, into)
+        except Exception:
+            return None
+        return Path(local).read_text(encoding="utf-8")
 
 
 def _restore_objects(plan: RestorePlan, manifest: Mapping[str, Any], execute: bool) -> list[tuple[str, str]]:

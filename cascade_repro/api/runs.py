@@ -15,11 +15,12 @@ from cascade_repro.errors import DirtyTreeRefused, UsageError
 from cascade_repro.params import ResolvedParams, find_params_file, resolve_params
 from cascade_repro.project import InitResult, find_repo_root, init_project
 from cascade_repro.recorder import own_paths, record_run
-from cascade_repro.run_plan import Notify, RunPlan, RunResult
+from cascade_repro.run_plan import ContainerPlan, Notify, RunPlan, RunResult
 from cascade_repro.settings import Settings, load_settings
 from cascade_repro.store import mlflow_store
 
 if TYPE_CHECKING:
+    from cascade_repro.images.prepare import PreparedImage
     from cascade_repro.store.ui_server import UiServer
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,11 @@ class RunRequest:
     restored_params: ResolvedParams | None = None  # `cascade restore`: the recorded params, as they were
     log_checkpoints: bool = False
     extra_tags: Mapping[str, str] | None = None
+    docker: bool = False  # `--docker`: build or reuse the project's image and run the script in it
+    gpus: str | None = None  # all | none | auto | N (default: docker.gpus in cascade.yaml, else auto)
+    shm_size: str | None = None
+    image: PreparedImage | None = None  # restore: the image chosen (recorded or rebuilt) before the run
+    no_cache: bool = False  # rebuild the image even when one with the same inputs exists
 
 
 def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult:
@@ -105,6 +111,7 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
     mlflow_store.probe_store(settings.tracking_uri)
     if request.version is not None:
         _check_version_free(settings, root, request)
+    container = _container_plan(request, settings, commit, exclude, notify) if request.docker else None
     plan = RunPlan(
         settings=settings,
         script=script,
@@ -119,6 +126,7 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
         exclude=exclude,
         invocation=("cascade", "run", *_invocation_options(request), request.script, *request.args),
         extra_tags=dict(request.extra_tags or {}),
+        container=container,
     )
     result = record_run(plan, notify)
     if request.version is None:
@@ -130,6 +138,32 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
     tagged = versions.tag_run(client, root, client.get_run(result.run_id), request.version,
                               force=request.force_version, git_tag=request.git_tag)  # fmt: skip
     return replace(result, version=tagged.version)
+
+
+def _container_plan(request: RunRequest, settings: Settings, commit: str, exclude: tuple[str, ...],
+                    notify: Notify) -> ContainerPlan:  # fmt: skip
+    """`--docker`: the image (reused when its inputs are unchanged, else built) and the GPUs to give it."""
+    from cascade_repro.capture.packages import capture_packages
+    from cascade_repro.capture.system import capture_gpus
+    from cascade_repro.images import context, engine, prepare
+
+    docker = context.docker_settings(settings.docker, settings.root)
+    host_gpus = capture_gpus()
+    host_count = len(host_gpus) if isinstance(host_gpus, list) else 0
+    gpus = prepare.choose_gpus((request.gpus or docker.gpus).lower(), host_count)
+    client = engine.connect()
+    prepared = request.image or prepare.prepare_image(
+        client, settings.root, docker, settings.experiment, commit, bool(is_dirty(settings.root, exclude)),
+        capture_packages(), settings.root / ".cascade" / "builds", notify, no_cache=request.no_cache,
+    )  # fmt: skip
+    for warning in prepared.warnings:
+        notify(f"warning: {warning}")
+    image = prepared.image
+    how = f"built in {image.build_s:.0f} s" if image.built else "reused (same inputs)"
+    if prepared.reused_by_id:
+        how = "the recorded image, present here"
+    notify(f"image {image.tag} ({image.image_id[7:19]}): {how}")
+    return ContainerPlan(prepared, gpus, request.shm_size or docker.shm_size, docker.network)
 
 
 def _check_version_free(settings: Settings, root: Path, request: RunRequest) -> None:
@@ -172,7 +206,11 @@ def _invocation_options(request: RunRequest) -> list[str]:
         ("--deterministic", request.determinism),
         ("--name", request.run_name),
         ("--tag", request.version),
+        ("--gpus", request.gpus),
+        ("--shm-size", request.shm_size),
     )
+    if request.docker:
+        options.append("--docker")
     for flag, value in single:
         if value is not None:
             options += [flag, value]

@@ -38,7 +38,7 @@ THREAD_VARS = (
 
 @dataclass(frozen=True)
 class Difference:
-    kind: str  # params, seed, code, determinism, threads, environment, command, torch, gpu, cpu
+    kind: str  # params seed code determinism threads environment command packages image torch gpu cpu
     klass: str  # "A" or "B"
     summary: str
 
@@ -104,6 +104,17 @@ def manifest_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Dif
         out.append(
             Difference("environment", "B", f"the script read environment variables that differ: {listed}")
         )
+    changed, only_a, only_b = _package_changes(a.get("python") or {}, b.get("python") or {})
+    if changed or only_a or only_b:
+        parts = [_listed(changed, 6)] if changed else []
+        for which, names in (("first", only_a), ("second", only_b)):
+            if names:
+                parts.append(f"{len(names)} only in the {which} ({_listed(names, 4)})")
+        out.append(Difference("packages", "B", "packages differ: " + "; ".join(parts)))
+    ia, ib = _image(a), _image(b)
+    if ia != ib:
+        none = "none (not in Docker)"
+        out.append(Difference("image", "B", f"image {ia or none} → {ib or none}"))
     torch_changed = [k for k in CLASS_A_TORCH if ta.get(k) != tb.get(k) and (ta.get(k) or tb.get(k))]
     if torch_changed:
         listed = ", ".join(f"{k} {ta.get(k)} → {tb.get(k)}" for k in torch_changed)
@@ -133,12 +144,22 @@ def likely_causes(
         "determinism": f"rerun with --deterministic {_mode(a)} and the same flags",
         "threads": "pin the thread count (OMP_NUM_THREADS / torch.set_num_threads) to the recorded value",
         "environment": "export the recorded values of those variables",
+        "packages": "install the recorded versions (cascade restore --docker reuses the recorded image)",
+        "image": "run in the recorded image: cascade restore --docker",
     }
     for difference in differences:
         if difference.klass == "B":
             causes.append(Cause(difference.summary, "the two run records differ", fixes[difference.kind]))
     facets = comparison.facets()
-    if step is not None and facets and facets[0] == "rng" and not kinds & {"seed", "code", "params"}:
+    missing = _installed_in_one(a, b, comparison.differences[0].names) if step is not None and facets else []
+    if step is not None and facets and facets[0] == "rng" and missing:
+        causes.insert(0, Cause(
+            f"{', '.join(missing)} is installed in only one of the two environments",
+            f"the RNG state of {', '.join(missing)} exists in one trace only: cascade seeds and fingerprints "
+            "a generator only where its library is installed",
+            "install the same packages in both (a lock file for the image, or cascade restore --docker)",
+        ))  # fmt: skip
+    elif step is not None and facets and facets[0] == "rng" and not kinds & {"seed", "code", "params"}:
         streams = ", ".join(comparison.differences[0].names)
         causes.append(
             Cause(
@@ -205,6 +226,39 @@ def likely_causes(
                 )
             )
     return causes
+
+
+def _package_changes(pa: Mapping[str, Any], pb: Mapping[str, Any]) -> tuple[list[str], list[str], list[str]]:
+    """Versions that changed (`name a → b`), and names installed only in the first / only in the second.
+
+    torch is class A (see the torch section) and cascade itself is not a cause.
+    """
+    a, b = pa.get("packages") or {}, pb.get("packages") or {}
+    if not a or not b:
+        return [], [], []  # a record without a package list cannot say what changed
+    ignored = {"cascade-repro", "torch", "pip", "setuptools", "wheel"}
+    both = sorted((set(a) & set(b)) - ignored)
+    changed = [f"{n} {a[n].get('version')} → {b[n].get('version')}" for n in both
+               if a[n].get("version") != b[n].get("version")]  # fmt: skip
+    return changed, sorted(set(a) - set(b) - ignored), sorted(set(b) - set(a) - ignored)
+
+
+def _listed(items: list[str], limit: int) -> str:
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _installed_in_one(a: Mapping[str, Any], b: Mapping[str, Any], streams: Any) -> list[str]:
+    """RNG streams named after a package (numpy) that only one of the two environments has."""
+    pa = (a.get("python") or {}).get("packages") or {}
+    pb = (b.get("python") or {}).get("packages") or {}
+    if not pa or not pb:
+        return []
+    return [s for s in streams if s not in ("torch", "python", "cuda") and (s in pa) != (s in pb)]
+
+
+def _image(manifest: Mapping[str, Any]) -> str | None:
+    container = manifest.get("container") or {}
+    return str(container.get("image_id") or container.get("image") or "") or None
 
 
 def _shown(value: str | None) -> str:
