@@ -366,8 +366,11 @@ def restore_dict(result: RestoreResult) -> dict[str, Any]:
         if run is None
         else {"run_id": run.run_id, "status": run.status, "exit_code": run.exit_code},
         "verdict": None if result.verdict is None else result.verdict.to_dict(),
-        "image": None if result.image is None else {
-            **result.image.record(), "source": "recorded" if result.image.reused_by_id else "rebuilt",
+        "image": None
+        if result.image is None
+        else {
+            **result.image.record(),
+            "source": "recorded" if result.image.reused_by_id else "rebuilt",
             "drift": [c.to_dict() for c in result.drift],
         },
     }

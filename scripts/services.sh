@@ -1,19 +1,47 @@
 #!/usr/bin/env bash
 # Services the test suite needs beyond git, sqlite MLflow stores, DVC and torch (all in .venv):
-# headless Chromium + chromedriver for the `cascade ui` browser test. Installed from Debian's
-# packages when missing and this runs as root (CI); elsewhere the browser test skips and says why.
+#   - headless Chromium + chromedriver for the `cascade ui` browser test;
+#   - a Docker engine (Debian's docker.io, dockerd started here) and the local base image the Docker
+#     suite builds on (scripts/docker_base.sh: no image registry is reachable).
+# Installed from Debian's packages when missing and this runs as root (CI); elsewhere the suites
+# that need them skip and say why.
 set -uo pipefail
-if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then
-  exit 0
-fi
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "services: installing chromium and chromium-driver (Debian packages) for the UI test"
-  export DEBIAN_FRONTEND=noninteractive
-  if ! apt-get install -y -q chromium chromium-driver >/tmp/cascade-apt.log 2>&1; then
-    apt-get update -q >/tmp/cascade-apt-update.log 2>&1
-    apt-get install -y -q chromium chromium-driver >/tmp/cascade-apt.log 2>&1 \
-      || { echo "services: chromium could not be installed (see /tmp/cascade-apt.log)"; exit 0; }
+export DEBIAN_FRONTEND=noninteractive
+root_with_apt() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }
+apt_install() {  # apt_install LOG PACKAGE...
+  local log="$1"; shift
+  apt-get install -y -q "$@" >"$log" 2>&1 && return 0
+  apt-get update -q >/tmp/cascade-apt-update.log 2>&1
+  apt-get install -y -q "$@" >"$log" 2>&1
+}
+
+# --- Chromium ---------------------------------------------------------------------------------
+if ! { command -v chromium >/dev/null && command -v chromedriver >/dev/null; }; then
+  if root_with_apt; then
+    echo "services: installing chromium and chromium-driver (Debian packages) for the UI test"
+    apt_install /tmp/cascade-apt.log chromium chromium-driver \
+      || echo "services: chromium could not be installed (see /tmp/cascade-apt.log)"
+  else
+    echo "services: no chromium; the browser test will skip (install chromium and chromium-driver)"
   fi
-else
-  echo "services: no chromium; the browser test will skip (install chromium and chromium-driver)"
 fi
+
+# --- Docker engine ----------------------------------------------------------------------------
+if ! docker info >/dev/null 2>&1; then
+  if ! command -v dockerd >/dev/null && root_with_apt; then
+    echo "services: installing docker.io and debootstrap (Debian packages) for the Docker suite"
+    apt_install /tmp/cascade-apt-docker.log docker.io debootstrap \
+      || echo "services: docker.io could not be installed (see /tmp/cascade-apt-docker.log)"
+  fi
+  if command -v dockerd >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "services: starting dockerd (log: /tmp/cascade-dockerd.log)"
+    nohup dockerd >/tmp/cascade-dockerd.log 2>&1 &
+    for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+  fi
+fi
+if docker info >/dev/null 2>&1; then
+  bash "$(dirname "$0")/docker_base.sh" || echo "services: no base image; the Docker suite will say why"
+else
+  echo "services: no Docker engine; the Docker suite will skip (see /tmp/cascade-dockerd.log)"
+fi
+exit 0
