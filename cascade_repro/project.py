@@ -56,7 +56,7 @@ def init_project(root: Path, checkpoints_dir: str = "checkpoints") -> InitResult
     """Idempotent: writes only what is missing, never overwrites a user's file."""
     created: list[str] = []
     kept: list[str] = []
-    for name in ("cascade.yaml", "hyperparameters.yaml"):
+    for name in ("cascade.yaml", "hyperparameters.yaml", "Dockerfile.j2"):
         target = root / name
         if target.exists():
             kept.append(name)

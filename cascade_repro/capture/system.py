@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -79,17 +80,45 @@ def capture_gpus() -> list[dict[str, Any]] | str:
 
 
 def capture_container(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Whether this process runs in a container, and which image: what `CASCADE_IMAGE` (and
+    `CASCADE_IMAGE_ID`) say, for containers started elsewhere (Kubernetes, a shell), plus the
+    container's ID where the runtime exposes it."""
     markers = [p for p in ("/.dockerenv", "/run/.containerenv") if os.path.exists(p)]
     try:
         cgroup = Path("/proc/1/cgroup").read_text(encoding="utf-8", errors="replace")
     except OSError:
         cgroup = ""
     runtimes = [r for r in ("docker", "kubepods", "containerd", "libpod", "lxc") if r in cgroup]
-    return {
-        "in_container": bool(markers or runtimes or environ.get("CASCADE_IMAGE")),
+    image = environ.get("CASCADE_IMAGE") or None
+    found: dict[str, Any] = {
+        "in_container": bool(markers or runtimes or image),
         "evidence": markers + runtimes,
-        "image": environ.get("CASCADE_IMAGE"),
+        "image": image,
     }
+    if environ.get("CASCADE_IMAGE_ID"):
+        found["image_id"] = environ["CASCADE_IMAGE_ID"]
+    if image and "@sha256:" in image:
+        found["repo_digest"] = image
+    container_id = _container_id(cgroup) if found["in_container"] else None
+    if container_id:
+        found["container_id"] = container_id
+    return found
+
+
+_CONTAINER_ID = re.compile(r"(?:docker[-/]|containers/|cri-containerd-|libpod-)([0-9a-f]{64})")
+
+
+def _container_id(cgroup: str) -> str | None:
+    """The 64-hex container ID from cgroup v1 paths, or from the mounts of /etc/hostname (cgroup v2)."""
+    try:
+        mounts = Path("/proc/self/mountinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        mounts = ""
+    for text in (cgroup, mounts):
+        match = _CONTAINER_ID.search(text)
+        if match:
+            return match.group(1)
+    return None
 
 
 def _memory_mb() -> int | None:
