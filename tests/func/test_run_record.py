@@ -184,7 +184,8 @@ def test_untracked_file_over_the_limit_is_named_not_kept(project: Project) -> No
 def test_image_of_a_container_started_elsewhere_is_recorded(project: Project) -> None:
     """Kubernetes or a shell started the container: CASCADE_IMAGE names its image for the record."""
     image = "registry.example.com/team/train@sha256:" + "b" * 64
-    run_id = project.record("train.py", env={"CASCADE_IMAGE": image, "CASCADE_IMAGE_ID": "sha256:" + "c" * 64})
+    image_id = "sha256:" + "c" * 64
+    run_id = project.record("train.py", env={"CASCADE_IMAGE": image, "CASCADE_IMAGE_ID": image_id})
     container = project.manifest(run_id)["container"]
     assert container["in_container"] is True
     assert container["image"] == image and container["repo_digest"] == image

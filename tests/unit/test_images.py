@@ -98,12 +98,12 @@ def test_mounts_and_environment_of_the_container(tmp_path: Path) -> None:
     assert mount_points([root, root / ".cascade" / "runs" / "x", tmp_path / "store"]) == [
         str(root.resolve()), str((tmp_path / "store").resolve()),
     ]  # fmt: skip
-    env = container_environment({"PATH": "/host/bin", "VIRTUAL_ENV": "/host/.venv", "SSH_AUTH_SOCK": "s",
-                                 "OMP_NUM_THREADS": "2", "MY_SETTING": "x", "CASCADE_RUN_DIR": "/r"})  # fmt: skip
+    host = {"PATH": "/host/bin", "VIRTUAL_ENV": "/host/.venv", "SSH_AUTH_SOCK": "s"}
+    env = container_environment({**host, "OMP_NUM_THREADS": "2", "MY_SETTING": "x", "CASCADE_RUN_DIR": "/r"})
     assert env == {"OMP_NUM_THREADS": "2", "MY_SETTING": "x", "CASCADE_RUN_DIR": "/r", "HOME": "/tmp"}
 
 
 def test_package_drift_names_each_changed_version() -> None:
-    drift = package_drift({"numpy": {"version": "1"}, "gone": {"version": "2"}, "cascade-repro": {"version": "0"}},
-                          {"numpy": {"version": "1.1"}, "new": {"version": "3"}})  # fmt: skip
+    recorded = {"numpy": {"version": "1"}, "gone": {"version": "2"}, "cascade-repro": {"version": "0"}}
+    drift = package_drift(recorded, {"numpy": {"version": "1.1"}, "new": {"version": "3"}})
     assert [str(c) for c in drift] == ["gone 2 → (absent)", "new (absent) → 3", "numpy 1 → 1.1"]
