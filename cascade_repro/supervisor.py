@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,7 +11,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import IO, Mapping, Protocol, Sequence
+from typing import IO, Callable, Iterator, Mapping, Protocol, Sequence
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -64,23 +65,13 @@ class Child:
         A terminal's Ctrl-C reaches both processes; the child's bootstrap ignores a repeat within a
         second, so forwarding is always safe. The third signal kills the child outright.
         """
-        in_main_thread = threading.current_thread() is threading.main_thread()
-        if in_main_thread:
-            self._previous_handlers = {sig: signal.getsignal(sig) for sig in FORWARDED}
-            for sig in FORWARDED:
-                signal.signal(sig, self._forward)
-        try:
+        with forwarding_signals(self._forward) as self._previous_handlers:
             while True:
                 try:
                     code = self.process.wait(timeout=0.2)
                     break
                 except subprocess.TimeoutExpired:
                     continue
-        finally:
-            if in_main_thread:
-                for sig in FORWARDED:
-                    # While the record is finished, signals only warn: nothing may be cut short.
-                    signal.signal(sig, finishing)
         for pump in self._pumps:
             pump.join(timeout=10)
         with self._log_lock:
@@ -134,6 +125,24 @@ class Child:
                 except (OSError, ValueError):
                     target = None  # the terminal went away; the log still gets everything
         source.close()
+
+
+@contextlib.contextmanager
+def forwarding_signals(handler: Callable[[int, FrameType | None], None]) -> Iterator[dict[int, object]]:
+    """While the child runs, Ctrl-C/SIGTERM/SIGHUP go to `handler`; once it ended they only warn
+    (nothing may cut the record short). Yields the handlers they replaced, for `restore_signals`."""
+    previous: dict[int, object] = {}
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    if in_main_thread:
+        previous.update({sig: signal.getsignal(sig) for sig in FORWARDED})
+        for sig in FORWARDED:
+            signal.signal(sig, handler)
+    try:
+        yield previous
+    finally:
+        if in_main_thread:
+            for sig in FORWARDED:
+                signal.signal(sig, finishing)
 
 
 def finishing(signum: int, frame: FrameType | None) -> None:

@@ -20,7 +20,7 @@ from types import FrameType
 from typing import Any, Iterable, Mapping, Sequence
 
 from cascade_repro.errors import DockerError
-from cascade_repro.supervisor import FORWARDED, ChildExit, finishing
+from cascade_repro.supervisor import ChildExit, forwarding_signals
 
 log = logging.getLogger(__name__)
 
@@ -143,18 +143,9 @@ class ContainerChild:
 
     def wait(self) -> ChildExit:
         """Wait for the container, forwarding Ctrl-C/SIGTERM/SIGHUP; the third signal kills it."""
-        in_main_thread = threading.current_thread() is threading.main_thread()
-        if in_main_thread:
-            self._previous_handlers = {sig: signal.getsignal(sig) for sig in FORWARDED}
-            for sig in FORWARDED:
-                signal.signal(sig, self._forward)
-        try:
+        with forwarding_signals(self._forward) as self._previous_handlers:
             while self._waiter.is_alive():
                 self._waiter.join(timeout=0.2)
-        finally:
-            if in_main_thread:
-                for sig in FORWARDED:
-                    signal.signal(sig, finishing)
         self._pump_thread.join(timeout=10)
         self._log.close()
         self.remove()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from cascade_repro.capture.git import sha256_of
 from cascade_repro.errors import ConfigError, DockerError
 
 DEFAULT_TEMPLATE = "Dockerfile.j2"
@@ -252,7 +253,7 @@ def assemble(
         elif path.is_symlink():
             line = f"{rel} -> {os.readlink(path)}\n".encode()
         else:
-            line = f"{rel} {os.stat(path).st_mode & 0o111:o} {_sha256(path)}\n".encode()
+            line = f"{rel} {os.stat(path).st_mode & 0o111:o} {sha256_of(path)}\n".encode()
         digest.update(line)
         if rel.startswith("project/"):
             project_digest.update(line)
@@ -302,11 +303,3 @@ def _link_tree(source: Path, target: Path) -> None:
             os.link(path, dest)
         except OSError:
             shutil.copy2(path, dest)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
