@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,11 +13,11 @@ from cascade_repro.api.compare import machine_record
 from cascade_repro.api.records import context, dvc_cache, judge_and_record, manifest_data
 from cascade_repro.api.runs import RunRequest, run
 from cascade_repro.errors import RestoreRefused, UsageError
-from cascade_repro.manifest import data_objects
+from cascade_repro.manifest import ARTIFACT_PATH, check_schema, data_objects
 from cascade_repro.params import ResolvedParams
 from cascade_repro.run_plan import Notify, RunResult
 from cascade_repro.settings import Settings
-from cascade_repro.store import mlflow_store
+from cascade_repro.store import local_record, mlflow_store
 from cascade_repro.store.dvc_store import Cache
 
 if TYPE_CHECKING:
@@ -59,11 +60,20 @@ def restore(
     settings = context(cwd)
     root = settings.root
     mlflow_store.probe_store(settings.tracking_uri)
-    client = mlflow_store.client(settings.tracking_uri)
-    found = mlflow_store.resolve_run(client, ref, settings.experiment)
-    run_id = found.info.run_id
-    manifest = manifest_data(client, run_id)
-    version = found.data.tags.get(versions.VERSION_TAG)
+    # The embedded store is read without MLflow, whose import would delay the script by ~1.5 s;
+    # the recorder imports it anyway while the script starts.
+    local = local_record.find(settings.tracking_uri, ref)
+    artifacts: Any  # where the patch, untracked files and Dockerfile come from
+    if local is not None:
+        run_id, version, artifacts = local.run_id, local.version, local
+        manifest = json.loads((local.artifact_dir / ARTIFACT_PATH).read_text(encoding="utf-8"))
+        check_schema(manifest, run_id)
+    else:
+        artifacts = mlflow_store.client(settings.tracking_uri)
+        found = mlflow_store.resolve_run(artifacts, ref, settings.experiment)
+        run_id = found.info.run_id
+        manifest = manifest_data(artifacts, run_id)
+        version = found.data.tags.get(versions.VERSION_TAG)
     if steps is not None and steps < 1:
         raise UsageError("--steps must be a positive number of optimizer steps")
     if steps is not None and not (manifest.get("trace") or {}).get("steps"):
@@ -84,7 +94,7 @@ def restore(
         fetched = (
             [checking.fetch(cache, path, md5, settings.dvc_remote) for path, md5 in wanted] if cache else []
         )
-        tree = restoring.materialize(plan, root, client, notify)
+        tree = restoring.materialize(plan, root, artifacts, notify)
         if cache is not None and Cache.exists_for(tree.path) and not tree.reused:
             cache.share_with(tree.path)  # the re-run's checkpoints go to this cache and remote
         for item in fetched:  # verified before the worktree was made; copied in now
@@ -97,7 +107,7 @@ def restore(
     if not execute:
         return RestoreResult(plan, tree, None, None)
     image, drift = (
-        (None, []) if not docker else _restore_image(client, manifest, plan, tree.path, settings, notify)
+        (None, []) if not docker else _restore_image(artifacts, manifest, plan, tree.path, settings, notify)
     )
     image_tags = {}
     if image is not None:
@@ -127,6 +137,7 @@ def restore(
     notify(f"re-running {' '.join((plan.script, *plan.argv))} in {tree.path}")
     result = run(request, notify)
     restoring.write_marker(tree.path, plan)  # the re-run's own outputs belong to the state reuse expects
+    client = mlflow_store.client(settings.tracking_uri)  # imported by the run's recorder already
     verdict = judge_and_record(
         client, manifest, result.manifest.to_dict(), rtol, atol, record_on=result.run_id, against=run_id,
         steps=steps,
