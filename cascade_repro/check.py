@@ -72,11 +72,15 @@ def _not_runnable(record: Mapping[str, Any], here: Mapping[str, Any]) -> list[Fi
         summary = f"the run used {len(gpus_r)} GPU(s) ({names}); none is visible here"
         fix = "run on a machine with that GPU (check CUDA_VISIBLE_DEVICES and the driver)"
         out.append(Finding("not_runnable", summary, fix))
+    container = record.get("container") or {}
+    # A run recorded in Docker brings its Python and packages along in its image.
+    in_image = f"; or rerun it in its image {container.get('image')}: `cascade restore --docker`"
+    in_image = in_image if container.get("runtime") == "docker" else ""
     py_r = str((record.get("python") or {}).get("version") or "")
     py_h = str((here.get("python") or {}).get("version") or "")
     if py_r and py_h and py_r.split(".")[:2] != py_h.split(".")[:2]:
         out.append(Finding("not_runnable", f"the run used Python {py_r}; this is Python {py_h}",
-                           f"use a Python {'.'.join(py_r.split('.')[:2])} interpreter"))  # fmt: skip
+                           f"use Python {'.'.join(py_r.split('.')[:2])}{in_image}"))  # fmt: skip
     packages_r = (record.get("python") or {}).get("packages") or {}
     packages_h = (here.get("python") or {}).get("packages") or {}
     if packages_h:
@@ -86,7 +90,7 @@ def _not_runnable(record: Mapping[str, Any], here: Mapping[str, Any]) -> list[Fi
             summary = f"{len(missing)} package(s) of the run are not installed here: " + ", ".join(
                 missing[:8]
             )
-            out.append(Finding("not_runnable", summary, f"pip install {pins}"))
+            out.append(Finding("not_runnable", summary, f"pip install {pins}{in_image}"))
     return out
 
 

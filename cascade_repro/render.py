@@ -136,7 +136,7 @@ def run_record(record: RunRecord) -> None:
         ("cpu", f"{m.hardware.get('cpu', {}).get('model')} · {m.hardware.get('cpu', {}).get('count')} cores"),
         ("gpus", _gpus(m.torch.get("gpus") or m.hardware.get("gpus"))),
         ("os", f"{m.hardware.get('os', {}).get('system')} {m.hardware.get('os', {}).get('release')}"),
-        ("container", "yes" if m.container.get("in_container") else "no"),
+        ("container", _container(m.container)),
         ("env vars", f"{len(m.environment)} recorded"),
         ("artifacts", record.artifact_uri),
     ]
@@ -422,6 +422,15 @@ def _torch(torch: dict[str, Any]) -> str:
         if torch.get(key) is not None:
             parts.append(f"{key} {torch[key]}")
     return " · ".join(parts)
+
+
+def _container(container: dict[str, Any]) -> str:
+    if not container.get("in_container"):
+        return "no"
+    image = container.get("image") or "image not known (set CASCADE_IMAGE)"
+    image_id = str(container.get("image_id") or "")
+    how = " · run by cascade --docker" if container.get("runtime") == "docker" else ""
+    return f"{image}" + (f" ({image_id[7:19]})" if image_id.startswith("sha256:") else "") + how
 
 
 def _gpus(gpus: Any) -> str:
