@@ -170,7 +170,7 @@ def init(ctx: click.Context) -> None:
     metavar="N",
     help="Fingerprint every Nth optimizer step (default: cascade.yaml, else 1); 0: no trace.",
 )
-@click.option("--docker", is_flag=True, help="Run inside the project's image (built or reused first).")
+@click.option("--docker/--no-docker", default=None, help="In the project's image (default: docker.enabled).")
 @click.option("--gpus", metavar="all|none|N", help="With --docker: GPUs to give it (default: all there are).")
 @click.option("--shm-size", metavar="SIZE", help="With --docker: shared memory, e.g. 8g (default: 1g).")
 @click.option("--rebuild", "no_cache", is_flag=True, help="With --docker: build even if already built.")
@@ -189,10 +189,7 @@ def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options
 
     def body() -> int:
         from cascade_repro import api, render
-        from cascade_repro.errors import UsageError
 
-        if not options["docker"] and any(options[k] for k in ("gpus", "shm_size", "no_cache")):
-            raise UsageError("--gpus, --shm-size and --rebuild go with --docker", hint="add --docker")
         git_tag = not options.pop("no_git_tag")
         request = api.RunRequest(script=script, args=script_args, git_tag=git_tag, **options)
         result = api.run(request, notify=render.notice)

@@ -53,7 +53,7 @@ class RunRequest:
     restored_params: ResolvedParams | None = None  # `cascade restore`: the recorded params, as they were
     log_checkpoints: bool = False
     extra_tags: Mapping[str, str] | None = None
-    docker: bool = False  # `--docker`: build or reuse the project's image and run the script in it
+    docker: bool | None = None  # `--docker`: in the project's image (None: docker.enabled in cascade.yaml)
     gpus: str | None = None  # all | none | auto | N (default: docker.gpus in cascade.yaml, else auto)
     shm_size: str | None = None
     image: PreparedImage | None = None  # restore: the image chosen (recorded or rebuilt) before the run
@@ -111,7 +111,10 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
     mlflow_store.probe_store(settings.tracking_uri)
     if request.version is not None:
         _check_version_free(settings, root, request)
-    container = _container_plan(request, settings, commit, exclude, notify) if request.docker else None
+    in_docker = bool(settings.docker.get("enabled")) if request.docker is None else request.docker
+    if not in_docker and (request.gpus or request.shm_size or request.no_cache):
+        raise UsageError("--gpus, --shm-size and --rebuild go with --docker", hint="add --docker")
+    container = _container_plan(request, settings, commit, exclude, notify) if in_docker else None
     plan = RunPlan(
         settings=settings,
         script=script,
