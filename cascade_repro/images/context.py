@@ -156,14 +156,35 @@ def requirements_from_packages(packages: Mapping[str, Mapping[str, Any]]) -> Req
 
 @dataclass(frozen=True)
 class BuildContext:
-    directory: Path
+    """What an image is built from: hashed from the sources, written out only when a build is needed."""
+
     dockerfile: str  # rendered
     dockerfile_sha256: str
     requirements: Requirements
+    sources: tuple[tuple[str, Path], ...]  # (path in the context, file or symlink on this machine)
     inputs_sha256: str
     tag: str
     base_image: str
     base_image_id: str | None
+
+    def write(self, directory: Path) -> None:
+        """The build context in `directory` (empty): wheels hardlinked, everything else copied."""
+        (directory / "Dockerfile").write_text(self.dockerfile, encoding="utf-8")
+        (directory / "requirements.txt").write_text(self.requirements.text, encoding="utf-8")
+        (directory / "project").mkdir()
+        for rel, source in self.sources:
+            target = directory / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if source.is_symlink():
+                os.symlink(os.readlink(source), target)
+                continue
+            if rel.startswith("wheelhouse/"):
+                try:
+                    os.link(source, target)
+                    continue
+                except OSError:
+                    pass
+            shutil.copy2(source, target)
 
 
 def render_dockerfile(template: str, settings: DockerSettings, base_image: str) -> str:
@@ -208,9 +229,8 @@ def template_text(root: Path, settings: DockerSettings) -> str:
     return template_path(DEFAULT_TEMPLATE).read_text(encoding="utf-8")
 
 
-def assemble(
+def collect(
     root: Path,
-    directory: Path,
     settings: DockerSettings,
     dockerfile: str,
     requirements: Requirements,
@@ -220,34 +240,27 @@ def assemble(
     base_image: str,
     base_image_id: str | None,
 ) -> BuildContext:
-    """Write the build context into `directory` (empty) and hash it."""
-    (directory / "Dockerfile").write_text(dockerfile, encoding="utf-8")
-    (directory / "requirements.txt").write_text(requirements.text, encoding="utf-8")
+    """The build context's sources and their hash (rendered Dockerfile, requirements, cascade's package,
+    the project's files as git sees them, the wheelhouse by name and size, the CA bundle, the base ID)."""
     package = Path(__file__).resolve().parent.parent
-    shutil.copytree(
-        package,
-        directory / "cascade" / "cascade_repro",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "templates"),
-    )
-    files = project_files(root)
-    for rel in files:
-        target = directory / "project" / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        source = root / rel
-        if source.is_symlink():
-            os.symlink(os.readlink(source), target)
-        else:
-            shutil.copy2(source, target)
-    (directory / "project").mkdir(exist_ok=True)
+    sources = [
+        (f"cascade/cascade_repro/{path.relative_to(package).as_posix()}", path)
+        for path in sorted(package.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+        and "templates" not in path.relative_to(package).parts
+    ]  # fmt: skip
+    sources += [(f"project/{rel}", root / rel) for rel in project_files(root)]
     if settings.wheelhouse is not None:
-        _link_tree(settings.wheelhouse, directory / "wheelhouse")
+        wheels = sorted(p for p in settings.wheelhouse.rglob("*") if p.is_file())
+        sources += [(f"wheelhouse/{p.relative_to(settings.wheelhouse).as_posix()}", p) for p in wheels]
     if settings.ca_bundle is not None:
-        shutil.copyfile(settings.ca_bundle, directory / "ca.pem")
+        sources.append(("ca.pem", settings.ca_bundle))
     digest = hashlib.sha256()
     digest.update(f"base {base_image} {base_image_id}\n".encode())
+    for name, text in (("Dockerfile", dockerfile), ("requirements.txt", requirements.text)):
+        digest.update(f"{name} {hashlib.sha256(text.encode()).hexdigest()}\n".encode())
     project_digest = hashlib.sha256()
-    for path in sorted(p for p in directory.rglob("*") if p.is_file() or p.is_symlink()):
-        rel = path.relative_to(directory).as_posix()
+    for rel, path in sorted(sources):
         if rel.startswith("wheelhouse/"):  # wheels are named by version: name and size suffice
             line = f"{rel} {path.stat().st_size}\n".encode()
         elif path.is_symlink():
@@ -257,15 +270,14 @@ def assemble(
         digest.update(line)
         if rel.startswith("project/"):
             project_digest.update(line)
-    name = image_repository(project)
     suffix = f"-{project_digest.hexdigest()[:8]}" if dirty else ""
     return BuildContext(
-        directory=directory,
         dockerfile=dockerfile,
         dockerfile_sha256=hashlib.sha256(dockerfile.encode()).hexdigest(),
         requirements=requirements,
+        sources=tuple(sources),
         inputs_sha256=digest.hexdigest(),
-        tag=f"{name}:{commit[:12]}{suffix}",
+        tag=f"{image_repository(project)}:{commit[:12]}{suffix}",
         base_image=base_image,
         base_image_id=base_image_id,
     )
@@ -289,17 +301,3 @@ def project_files(root: Path) -> list[str]:
         raise DockerError(f"cannot list the project's files: {out.stderr.decode(errors='replace').strip()}")
     names = sorted({n for n in out.stdout.decode("utf-8", "surrogateescape").split("\0") if n})
     return [n for n in names if (root / n).is_file() or (root / n).is_symlink()]
-
-
-def _link_tree(source: Path, target: Path) -> None:
-    """Hardlink a wheelhouse into the context (copy across filesystems): wheels can be large."""
-    for path in sorted(source.rglob("*")):
-        dest = target / path.relative_to(source)
-        if path.is_dir():
-            dest.mkdir(parents=True, exist_ok=True)
-            continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(path, dest)
-        except OSError:
-            shutil.copy2(path, dest)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,10 +117,14 @@ def build_or_reuse(
         "cascade.base_image": context.base_image,
     }
     progress(f"building {context.tag}")
-    with open(log_path, "w", encoding="utf-8") as build_log:
+    with (
+        open(log_path, "w", encoding="utf-8") as build_log,
+        tempfile.TemporaryDirectory(prefix="cascade-build-") as directory,
+    ):
         try:
+            context.write(Path(directory))
             stream = client.api.build(
-                path=str(context.directory),
+                path=directory,
                 tag=context.tag,
                 labels=labels,
                 rm=True,

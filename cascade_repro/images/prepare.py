@@ -1,4 +1,4 @@
-"""Get the image a run executes in: render, assemble, hash, then reuse or build; and pick its GPUs.
+"""Get the image a run executes in: render, hash the inputs, reuse or build; and pick its GPUs.
 
 prepare_image(...)   → PreparedImage (the image and everything the record says about it)
 recorded_image(...)  → the image a record names, when the engine still has it (restore: 0 builds)
@@ -7,8 +7,6 @@ package_drift(...)   → what a rebuilt image installs differently from the reco
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -92,13 +90,9 @@ def prepare_image(
             + (f", except {', '.join(reqs.left_out[:5])}" if reqs.left_out else "")
             + "; keep a lock file (or set docker.requirements) for an image you control"
         )
-    directory = Path(tempfile.mkdtemp(prefix="cascade-build-"))
-    try:
-        built = ctx.assemble(root, directory, settings, rendered, reqs, project, commit, dirty, base, base_id)
-        log_path = log_dir / f"{built.tag.replace('/', '_').replace(':', '_')}.log"
-        image = engine.build_or_reuse(client, built, settings.network, log_path, progress, no_cache=no_cache)
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    built = ctx.collect(root, settings, rendered, reqs, project, commit, dirty, base, base_id)
+    log_path = log_dir / f"{built.tag.replace('/', '_').replace(':', '_')}.log"
+    image = engine.build_or_reuse(client, built, settings.network, log_path, progress, no_cache=no_cache)
     return PreparedImage(
         image,
         rendered,
