@@ -42,7 +42,11 @@ def record_run(plan: RunPlan, notify: Notify) -> RunResult:
     protocol.write_json_atomic(run_dir / protocol.PARAMS_FILE, plan.params.values)
     env = child_environment(plan, run_dir)
 
-    child = _start_child(plan, env, run_dir)
+    try:
+        child = _start_child(plan, env, run_dir)
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)  # nothing ran, nothing recorded: leave nothing behind
+        raise
     _yield_cpu_to_the_child()
     log.debug("child pid %d: %s %s (cwd %s)", child.pid, plan.script_rel, " ".join(plan.args), plan.cwd)
     log.debug("child environment adds %s", {k: env[k] for k in sorted(set(env) - set(plan.environ))})
