@@ -4,8 +4,8 @@ time from the command to the script's first line, beside what a bare container s
 
 Needs a Docker engine (`make test` as root starts one) and the local base image
 (scripts/docker_base.sh); torch comes from the CPU wheel on disk through a wheelhouse, as in the tests.
-restore also reads the record from MLflow (~1.5 s importing it), checks the worktree and prints the
-plan before the container starts; that is most of the difference.
+restore also reads the record (a local sqlite store without importing MLflow), materializes the
+worktree and prints the plan before the container starts.
 """
 
 from __future__ import annotations

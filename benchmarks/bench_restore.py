@@ -2,8 +2,8 @@
 are local, beside doing the same by hand: `git worktree add` + `git apply` of the patch + copying the
 untracked file + `dvc checkout`, then `python script`.
 
-No numeric target in the issue: reported. restore also reads the record from MLflow (importing it
-costs ~1.5 s here), checks sha256s, and prints a plan before it starts the script.
+No numeric target in the issue: reported. restore also reads the record (from a local sqlite store
+without importing MLflow), checks sha256s, and prints a plan before it starts the script.
 """
 
 from __future__ import annotations
