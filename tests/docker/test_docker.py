@@ -213,3 +213,15 @@ def test_clear_errors_record_nothing(docker_project: Project, tmp_path: Path, ba
     assert "no-such-package-anywhere" in log.read_text()
     assert broken.runs() == []
     assert CA_BUNDLE.exists()
+
+
+def test_docker_enabled_in_cascade_yaml_makes_it_the_default(docker_project: Project) -> None:
+    project = docker_project
+    settings = (project.root / "cascade.yaml").read_text().replace("docker:\n", "docker:\n  enabled: true\n")
+    project.write("cascade.yaml", settings)
+    project.commit("docker by default")
+    inside = project.record("train.py")
+    outside = project.record("--no-docker", "train.py")
+    assert project.manifest(inside)["container"]["runtime"] == "docker"
+    assert project.manifest(outside)["container"].get("runtime") is None
+    assert project.manifest(outside)["python"]["executable"] != "/opt/venv/bin/python"
