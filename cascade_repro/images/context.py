@@ -29,6 +29,8 @@ INPUTS_LABEL = "cascade.inputs"
 # child half needs only the standard library and torch), and the venv brings its own pip.
 NOT_INSTALLED = {"cascade-repro", "pip", "setuptools", "wheel"}
 GPU_CHOICES = ("auto", "all", "none")
+# Builds with a local version label (2.5.1+cu124) are on PyTorch's own index, not on PyPI.
+PYTORCH_INDEX_PACKAGES = {"torch", "torchvision", "torchaudio", "torchtext", "torchdata"}
 KNOWN = {
     "enabled",
     "base_image",
@@ -142,16 +144,23 @@ def project_requirements(
 
 
 def requirements_from_packages(packages: Mapping[str, Mapping[str, Any]]) -> Requirements:
-    lines, left_out = [], []
+    lines, left_out, indexes = [], [], set()
     for name, info in sorted(packages.items()):
         if name in NOT_INSTALLED:
             continue
         if info.get("origin"):  # editable, VCS, local archive or bare egg-info: no index has it
             left_out.append(f"{name} ({info['origin']})")
             continue
-        lines.append(f"{name}=={info.get('version')}")
+        version = str(info.get("version"))
+        lines.append(f"{name}=={version}")
+        local = version.partition("+")[2]
+        if name in PYTORCH_INDEX_PACKAGES and (local == "cpu" or re.fullmatch(r"cu\d+|rocm[\d.]+", local)):
+            indexes.add(
+                f"--extra-index-url https://download.pytorch.org/whl/{local}"
+            )  # +cpu, +cu121 live there
     header = "# cascade: the packages of the recording environment (no lock file in the project)\n"
-    return Requirements(header + "\n".join(lines) + "\n", "captured packages", tuple(left_out))
+    options = "".join(f"{line}\n" for line in sorted(indexes))
+    return Requirements(header + options + "\n".join(lines) + "\n", "captured packages", tuple(left_out))
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ def test_captured_packages_become_pins_without_what_no_index_has() -> None:
     }
     reqs = context.requirements_from_packages(packages)
     assert [line for line in reqs.text.splitlines() if not line.startswith("#")] == [
-        "numpy==2.1.0", "torch==2.13.0+cpu",
+        "--extra-index-url https://download.pytorch.org/whl/cpu", "numpy==2.1.0", "torch==2.13.0+cpu",
     ]  # fmt: skip
     assert reqs.left_out == ("mylib (editable)",) and reqs.source == "captured packages"
 
