@@ -225,3 +225,14 @@ def test_docker_enabled_in_cascade_yaml_makes_it_the_default(docker_project: Pro
     assert project.manifest(inside)["container"]["runtime"] == "docker"
     assert project.manifest(outside)["container"].get("runtime") is None
     assert project.manifest(outside)["python"]["executable"] != "/opt/venv/bin/python"
+    # A run recorded on the host, restored in the project's image: built (or reused), drift reported.
+    project.cascade("tag", outside, "host-v1", check=True)
+    restored = project.cascade("restore", "host-v1", "--docker", "--json")
+    assert restored.returncode == 0, restored.stderr
+    data = _json(restored)
+    assert "the run was not recorded in Docker" in restored.stderr
+    assert data["image"]["source"] == "rebuilt" and data["image"]["runtime"] == "docker"
+    drifted = {c["name"]: c for c in data["image"]["drift"]}
+    assert drifted["mlflow"]["now"] is None  # on the host, not in the image: reported before the run
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL"  # same torch, numpy and xxhash inside
+    assert project.manifest(data["run"]["run_id"])["container"]["image_id"] == data["image"]["image_id"]
