@@ -23,7 +23,8 @@ def build_image(
     root = settings.root
     docker = image_context.docker_settings(settings.docker, root)
     client = engine.connect()
-    dirty = bool(is_dirty(root, own_paths(settings)))
+    exclude = own_paths(settings)
+    dirty = bool(is_dirty(root, exclude))
     return prepare.prepare_image(
         client,
         root,
@@ -35,4 +36,5 @@ def build_image(
         root / ".cascade" / "builds",
         notify,
         no_cache=no_cache,
+        exclude=exclude,
     )

@@ -156,7 +156,7 @@ def _restore_image(
     """The recorded image when this engine has it (0 builds); else one rebuilt from the recorded
     Dockerfile and requirements over the restored code, with its package drift reported before the run."""
     from cascade_repro.images import context, engine, prepare
-    from cascade_repro.recorder import image_cache_dir
+    from cascade_repro.recorder import image_cache_dir, own_paths
 
     container = manifest.get("container") or {}
     docker = engine.connect()
@@ -195,6 +195,7 @@ def _restore_image(
         dockerfile=dockerfile,
         requirements=reqs,
         base_image=container.get("base_image"),
+        exclude=own_paths(settings),
     )
     now = engine.probe_python(docker, prepared.image.image_id, image_cache_dir())
     drift = prepare.package_drift(recorded_packages, now.get("packages") or {})

@@ -158,6 +158,7 @@ def _container_plan(request: RunRequest, settings: Settings, commit: str, exclud
     prepared = request.image or prepare.prepare_image(
         client, settings.root, docker, settings.experiment, commit, bool(is_dirty(settings.root, exclude)),
         capture_packages(), settings.root / ".cascade" / "builds", notify, no_cache=request.no_cache,
+        exclude=exclude,
     )  # fmt: skip
     for warning in prepared.warnings:
         notify(f"warning: {warning}")

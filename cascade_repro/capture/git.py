@@ -80,7 +80,7 @@ def is_dirty(root: Path, exclude: tuple[str, ...] = ()) -> list[str]:
     """Paths that differ from HEAD (tracked changes and untracked, non-ignored files)."""
     text = git(root, "status", "--porcelain=v1", "-z", "--untracked-files=all").decode(errors="replace")
     paths = [entry[3:] for entry in text.split("\0") if len(entry) > 3]
-    return [p for p in paths if not _excluded(p, exclude)]
+    return [p for p in paths if not excluded(p, exclude)]
 
 
 def capture_git(root: Path, exclude: tuple[str, ...], max_untracked_bytes: int) -> GitState:
@@ -94,7 +94,7 @@ def capture_git(root: Path, exclude: tuple[str, ...], max_untracked_bytes: int) 
     listed = git(root, "ls-files", "--others", "--exclude-standard", "-z").decode("utf-8", "surrogateescape")
     untracked = tuple(
         _untracked(root, rel, max_untracked_bytes)
-        for rel in sorted(p for p in listed.split("\0") if p and not _excluded(p, exclude))
+        for rel in sorted(p for p in listed.split("\0") if p and not excluded(p, exclude))
     )
     return GitState(
         commit=commit,
@@ -156,5 +156,6 @@ def _untracked(root: Path, rel: str, max_bytes: int) -> UntrackedFile:
     return UntrackedFile(rel, size, digest, stored=True)
 
 
-def _excluded(rel: str, exclude: tuple[str, ...]) -> bool:
+def excluded(rel: str, exclude: tuple[str, ...]) -> bool:
+    """Whether `rel` is one of the `exclude` paths or lies under one (cascade's own files)."""
     return any(rel == e or rel.startswith(e.rstrip("/") + "/") for e in exclude)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from cascade_repro.capture.git import sha256_of
+from cascade_repro.capture.git import excluded, sha256_of
 from cascade_repro.errors import ConfigError, DockerError
 
 DEFAULT_TEMPLATE = "Dockerfile.j2"
@@ -248,6 +248,7 @@ def collect(
     dirty: bool,
     base_image: str,
     base_image_id: str | None,
+    exclude: tuple[str, ...] = (),
 ) -> BuildContext:
     """The build context's sources and their hash (rendered Dockerfile, requirements, cascade's package,
     the project's files as git sees them, the wheelhouse by name and size, the CA bundle, the base ID)."""
@@ -258,7 +259,7 @@ def collect(
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
         and "templates" not in path.relative_to(package).parts
     ]  # fmt: skip
-    sources += [(f"project/{rel}", root / rel) for rel in project_files(root)]
+    sources += [(f"project/{rel}", root / rel) for rel in project_files(root, exclude)]
     if settings.wheelhouse is not None:
         wheels = sorted(p for p in settings.wheelhouse.rglob("*") if p.is_file())
         sources += [(f"wheelhouse/{p.relative_to(settings.wheelhouse).as_posix()}", p) for p in wheels]
@@ -294,12 +295,14 @@ def collect(
 
 def image_repository(project: str) -> str:
     """`cascade/<project>`, the project's name made a valid Docker repository name."""
-    name = re.sub(r"[^a-z0-9._-]+", "-", project.lower()).strip("._-") or "project"
+    name = re.sub(r"[^a-z0-9._-]+", "-", project.lower())
+    name = re.sub(r"[._-]{2,}", "-", name).strip("._-") or "project"  # one separator at a time
     return f"cascade/{name[:100]}"
 
 
-def project_files(root: Path) -> list[str]:
-    """Files git sees in the working tree: tracked (as they are now) and untracked, not ignored."""
+def project_files(root: Path, exclude: tuple[str, ...] = ()) -> list[str]:
+    """Files git sees in the working tree: tracked (as they are now) and untracked, not ignored, minus
+    cascade's own (`exclude`: the store, run scratch; never part of the image even when not ignored)."""
     out = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=root,
@@ -309,4 +312,6 @@ def project_files(root: Path) -> list[str]:
     if out.returncode != 0:
         raise DockerError(f"cannot list the project's files: {out.stderr.decode(errors='replace').strip()}")
     names = sorted({n for n in out.stdout.decode("utf-8", "surrogateescape").split("\0") if n})
-    return [n for n in names if (root / n).is_file() or (root / n).is_symlink()]
+    return [
+        n for n in names if not excluded(n, exclude) and ((root / n).is_file() or (root / n).is_symlink())
+    ]

@@ -66,6 +66,7 @@ def prepare_image(
     requirements: ctx.Requirements | None = None,
     base_image: str | None = None,
     no_cache: bool = False,
+    exclude: tuple[str, ...] = (),
 ) -> PreparedImage:
     """The image for the project at `root` as it is now; reused when one with the same inputs exists.
 
@@ -90,7 +91,7 @@ def prepare_image(
             + (f", except {', '.join(reqs.left_out[:5])}" if reqs.left_out else "")
             + "; keep a lock file (or set docker.requirements) for an image you control"
         )
-    built = ctx.collect(root, settings, rendered, reqs, project, commit, dirty, base, base_id)
+    built = ctx.collect(root, settings, rendered, reqs, project, commit, dirty, base, base_id, exclude)
     log_path = log_dir / f"{built.tag.replace('/', '_').replace(':', '_')}.log"
     image = engine.build_or_reuse(client, built, settings.network, log_path, progress, no_cache=no_cache)
     return PreparedImage(

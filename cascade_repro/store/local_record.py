@@ -10,6 +10,7 @@ MLflow, which also gives the error messages.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sqlite3
 import urllib.parse
@@ -33,7 +34,8 @@ class LocalRun:
         source = (self.artifact_dir / path).resolve()
         if not source.is_relative_to(self.artifact_dir.resolve()) or not source.exists():
             raise FileNotFoundError(f"no artifact {path} in {self.artifact_dir}")
-        target = Path(dst_path) / Path(path).name
+        target = Path(dst_path) / path  # where MLflow puts it: the artifact's own path under dst_path
+        target.parent.mkdir(parents=True, exist_ok=True)
         if source.is_dir():
             shutil.copytree(source, target, dirs_exist_ok=True)
         else:
@@ -49,7 +51,7 @@ def find(tracking_uri: str, ref: str) -> LocalRun | None:
     if not db.is_file():
         return None
     try:
-        with sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=5) as connection:
+        with contextlib.closing(sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=5)) as connection:
             found = _resolve(connection, ref)
     except sqlite3.Error:
         return None  # another schema, a locked file: MLflow knows better
