@@ -116,14 +116,20 @@ def _start_child(plan: RunPlan, env: dict[str, str], run_dir: Path) -> RunningCh
 
 
 def _in_image(plan: RunPlan, captured: dict[str, Any]) -> dict[str, Any]:
-    """A run in a container records the image's Python and packages, not this machine's."""
+    """A run in a container records the image's Python and packages, not this machine's, and the
+    image as its container (not the container cascade itself may run in)."""
     if plan.container is None:
         return captured
     from cascade_repro.images import engine
 
     image = plan.container.prepared.image
-    captured["python"] = engine.probe_python(engine.connect(), image.image_id, image_cache_dir())
-    captured["system"]["container"] = {**captured["system"]["container"], **plan.container.record()}
+    record = plan.container.record()
+    try:
+        captured["python"] = engine.probe_python(engine.connect(), image.image_id, image_cache_dir())
+    except Exception as exc:  # the rest of the record matters more than the package list
+        log.warning("the image's packages are not recorded: %s", exc)
+        captured["python"] = {"unavailable": f"reading the image's packages failed: {exc}"}
+    captured["system"]["container"] = record
     return captured
 
 

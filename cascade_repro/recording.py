@@ -102,6 +102,12 @@ class Recording:
             sample=self._sample_memory,
         ).start()
         self.notify(f"run {run_id} · experiment {self.opened.experiment} · {plan.settings.tracking_uri}")
+        if plan.container is not None:  # what the image was built from, to rebuild it on restore
+            for name, text in (("Dockerfile", plan.container.prepared.dockerfile),
+                               ("requirements.txt", plan.container.prepared.requirements)):  # fmt: skip
+                if text:  # an image reused by ID whose record lacked them has nothing to add
+                    (self.run_dir / name).write_text(text, encoding="utf-8")
+                    mlflow_store.log_file(self.mlflow, run_id, self.run_dir / name, "cascade")
         captured = self.capture.value()
         git: GitState = captured["git"]
         self.warnings += mlflow_store.log_params(
@@ -113,11 +119,6 @@ class Recording:
             {"cascade.dirty": str(git.dirty).lower(), "mlflow.source.git.repoURL": git.remotes.get("origin")},
         )
         self._log_dirty_state(git)
-        if plan.container is not None:  # what the image was built from, to rebuild it on restore
-            for name, text in (("Dockerfile", plan.container.prepared.dockerfile),
-                               ("requirements.txt", plan.container.prepared.requirements)):  # fmt: skip
-                (self.run_dir / name).write_text(text, encoding="utf-8")
-                mlflow_store.log_file(self.mlflow, run_id, self.run_dir / name, "cascade")
         early = self._manifest(captured, facts={})  # kept if the parent dies before finish()
         mlflow_store.log_json(self.mlflow, run_id, early.to_dict(), ARTIFACT_PATH)
 

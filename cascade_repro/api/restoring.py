@@ -172,16 +172,19 @@ def _restore_image(
         if found is not None:
             notify(f"image: the recorded {found.image.tag} ({found.image.image_id[7:19]}) is here: no build")
             return found, []
+        source = (
+            "the recorded Dockerfile" if dockerfile else "the current template (the record has no Dockerfile)"
+        )
         notify(
             f"image: the recorded {container.get('image')} ({str(container.get('image_id'))[7:19]}) is "
-            "not on this engine: rebuilding it from the recorded Dockerfile"
+            f"not on this engine: rebuilding it from {source}"
         )
     else:
         notify(
             "image: the run was not recorded in Docker: building the project's image for the restored code"
         )
     recorded_packages = (manifest.get("python") or {}).get("packages") or {}
-    reqs = context.Requirements(requirements, "recorded") if requirements is not None else None
+    reqs = context.Requirements(requirements, "recorded") if requirements else None
     prepared = prepare.prepare_image(
         docker,
         tree,
@@ -192,11 +195,14 @@ def _restore_image(
         recorded_packages,
         settings.root / ".cascade" / "builds",
         notify,
-        dockerfile=dockerfile,
+        dockerfile=dockerfile or None,
         requirements=reqs,
-        base_image=container.get("base_image"),
+        base_image=container.get("base_image") if dockerfile else None,
         exclude=own_paths(settings),
     )
+    if not recorded_packages:
+        notify("image drift: unknown (the record has no package list to compare with)")
+        return prepared, []
     now = engine.probe_python(docker, prepared.image.image_id, image_cache_dir())
     drift = prepare.package_drift(recorded_packages, now.get("packages") or {})
     if drift:
