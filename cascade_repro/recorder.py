@@ -47,6 +47,35 @@ def record_run(plan: RunPlan, notify: Notify) -> RunResult:
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing ran, nothing recorded: leave nothing behind
         raise
+    try:
+        recording, store = _start_recording(plan, notify, child, env, run_dir, start_ms)
+    except BaseException:
+        child.terminate()  # a failure (or Ctrl-C) before the wait: leave no script or container running
+        child.wait()
+        child.restore_signals()
+        raise
+
+    ended = child.wait()
+    try:
+        store.value()
+    except BaseException as exc:
+        if recording.opened is None or recording.writer is None:
+            shutil.rmtree(run_dir, ignore_errors=True)  # nothing recorded: leave nothing behind
+            child.restore_signals()
+            if isinstance(exc, CascadeError):
+                raise
+            raise StoreError(f"cannot record the run: {exc}", hint="run with -v for the traceback") from exc
+        # The run exists: close it with everything we have rather than leave it RUNNING.
+        recording.warnings.append(f"the record is incomplete: {type(exc).__name__}: {exc}")
+    try:
+        return recording.finish(ended)
+    finally:
+        child.restore_signals()
+
+
+def _start_recording(plan: RunPlan, notify: Notify, child: RunningChild, env: dict[str, str], run_dir: Path,
+                     start_ms: int) -> tuple[Recording, Worker]:  # fmt: skip
+    """Capture, the checkpoint keeper and the store side, started while the child runs."""
     _yield_cpu_to_the_child()
     log.debug("child pid %d: %s %s (cwd %s)", child.pid, plan.script_rel, " ".join(plan.args), plan.cwd)
     log.debug("child environment adds %s", {k: env[k] for k in sorted(set(env) - set(plan.environ))})
@@ -68,23 +97,7 @@ def record_run(plan: RunPlan, notify: Notify) -> RunResult:
     recording = Recording(plan, run_dir, start_ms, child, capture, notify, keeper)
     store = Worker("cascade-store", recording.open)
     store.start()
-
-    ended = child.wait()
-    try:
-        store.value()
-    except BaseException as exc:
-        if recording.opened is None or recording.writer is None:
-            shutil.rmtree(run_dir, ignore_errors=True)  # nothing recorded: leave nothing behind
-            child.restore_signals()
-            if isinstance(exc, CascadeError):
-                raise
-            raise StoreError(f"cannot record the run: {exc}", hint="run with -v for the traceback") from exc
-        # The run exists: close it with everything we have rather than leave it RUNNING.
-        recording.warnings.append(f"the record is incomplete: {type(exc).__name__}: {exc}")
-    try:
-        return recording.finish(ended)
-    finally:
-        child.restore_signals()
+    return recording, store
 
 
 def _start_child(plan: RunPlan, env: dict[str, str], run_dir: Path) -> RunningChild:
@@ -106,7 +119,14 @@ def _start_child(plan: RunPlan, env: dict[str, str], run_dir: Path) -> RunningCh
         command=["python", *bootstrap],
         environment=container_environment(env),
         working_dir=str(plan.cwd),
-        mounts=mount_points([plan.settings.root, run_dir, *_store_paths(plan.settings.tracking_uri)]),
+        mounts=mount_points(
+            [
+                plan.settings.root,
+                run_dir,
+                _checkpoints_dir(plan.settings),
+                *_store_paths(plan.settings.tracking_uri),
+            ]
+        ),  # fmt: skip
         gpus=plan.container.gpus,
         shm_size=plan.container.shm_size,
         network=plan.container.network,
@@ -141,11 +161,22 @@ def image_cache_dir() -> Path:
 
 def _store_paths(uri: str) -> list[Path]:
     """A local MLflow store must be reachable from inside the container at the same path."""
+    import urllib.parse
+
     if uri.startswith("sqlite:///"):
         return [Path(uri[len("sqlite:///") :]).parent]
-    if uri.startswith("file://"):
-        return [Path(uri[len("file://") :])]
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme == "file":
+        return [Path(urllib.parse.unquote(parts.path))]
     return []
+
+
+def _checkpoints_dir(settings: Settings) -> Path:
+    """Where the script's checkpoints go; one outside the repository is made now, so it can be mounted."""
+    path = settings.root / settings.checkpoints_dir
+    if not path.resolve().is_relative_to(settings.root.resolve()):
+        path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _yield_cpu_to_the_child() -> None:

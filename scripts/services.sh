@@ -29,15 +29,20 @@ fi
 # --- Docker engine ----------------------------------------------------------------------------
 if ! docker info >/dev/null 2>&1; then
   if ! command -v dockerd >/dev/null && root_with_apt; then
-    echo "services: installing docker.io and debootstrap (Debian packages) for the Docker suite"
-    apt_install /tmp/cascade-apt-docker.log docker.io debootstrap \
+    echo "services: installing docker.io (Debian package) for the Docker suite"
+    apt_install /tmp/cascade-apt-docker.log docker.io \
       || echo "services: docker.io could not be installed (see /tmp/cascade-apt-docker.log)"
   fi
-  if command -v dockerd >/dev/null && [ "$(id -u)" = 0 ]; then
+  # the package may have started one already
+  if ! docker info >/dev/null 2>&1 && command -v dockerd >/dev/null && [ "$(id -u)" = 0 ]; then
     echo "services: starting dockerd (log: /tmp/cascade-dockerd.log)"
     nohup dockerd >/tmp/cascade-dockerd.log 2>&1 &
-    for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+    for _ in $(seq 1 120); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
   fi
+fi
+if ! command -v debootstrap >/dev/null && root_with_apt; then  # scripts/docker_base.sh needs it
+  apt_install /tmp/cascade-apt-debootstrap.log debootstrap \
+    || echo "services: debootstrap could not be installed (see /tmp/cascade-apt-debootstrap.log)"
 fi
 if docker info >/dev/null 2>&1; then
   bash "$(dirname "$0")/docker_base.sh" || echo "services: no base image; the Docker suite will say why"

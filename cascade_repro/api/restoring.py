@@ -133,6 +133,8 @@ def restore(
         docker=docker,
         gpus=gpus,
         image=image,
+        # the recorded shared memory (DataLoader workers need it); GPUs follow this machine (auto)
+        shm_size=((manifest.get("container") or {}).get("shm_size") or None) if docker else None,
     )
     notify(f"re-running {' '.join((plan.script, *plan.argv))} in {tree.path}")
     result = run(request, notify)

@@ -150,7 +150,10 @@ def _container_plan(request: RunRequest, settings: Settings, commit: str, exclud
     from cascade_repro.capture.system import capture_gpus
     from cascade_repro.images import context, engine, prepare
 
-    docker = context.docker_settings(settings.docker, settings.root)
+    raw = dict(settings.docker)
+    if request.image is not None:  # restore chose the image: the build's paths (maybe relative) are moot
+        raw = {k: v for k, v in raw.items() if k not in ("wheelhouse", "ca_bundle", "offline")}
+    docker = context.docker_settings(raw, settings.root)
     host_gpus = capture_gpus()
     host_count = len(host_gpus) if isinstance(host_gpus, list) else 0
     gpus = prepare.choose_gpus((request.gpus or docker.gpus).lower(), host_count)

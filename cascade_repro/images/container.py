@@ -78,9 +78,12 @@ def container_environment(child_env: Mapping[str, str]) -> dict[str, str]:
 
 
 def mount_points(paths: Iterable[Path]) -> list[str]:
-    """The fewest directories that contain all `paths` (a nested one is covered by its parent)."""
+    """The fewest absolute paths that contain all `paths` (a nested one is covered by its parent).
+
+    Each is mounted at itself, from its real path, so a path the child is told means the same inside.
+    """
     chosen: list[str] = []
-    for path in sorted({str(p.resolve()) for p in paths}):
+    for path in sorted({os.path.abspath(p) for p in paths}):
         if not any(path == c or path.startswith(c.rstrip("/") + "/") for c in chosen):
             chosen.append(path)
     return chosen
@@ -111,18 +114,21 @@ class ContainerChild:
                 device_requests=requests,
                 labels=dict(spec.labels),
                 detach=True,
-                mounts=[docker.types.Mount(p, p, type="bind") for p in spec.mounts],
+                # the real path as the source, the path the child is told as the target
+                mounts=[docker.types.Mount(p, os.path.realpath(p), type="bind") for p in spec.mounts],
             )
             self.container.start()
-        except docker.errors.APIError as exc:
+            self.container.reload()
+            self._init_pid = int(self.container.attrs["State"].get("Pid") or 0)
+            self._stream = client.api.attach(
+                self.container.id, stdout=True, stderr=True, stream=True, logs=True, demux=True
+            )
+        except BaseException as exc:  # nothing may stay running: the run is not recorded
             self._log.close()
             self.remove()
-            raise _start_error(exc, spec) from None
-        self.container.reload()
-        self._init_pid = int(self.container.attrs["State"].get("Pid") or 0)
-        self._stream = client.api.attach(
-            self.container.id, stdout=True, stderr=True, stream=True, logs=True, demux=True
-        )
+            if isinstance(exc, docker.errors.DockerException):  # API refusals, a bad --shm-size, no engine
+                raise _start_error(exc, spec) from None
+            raise
         self._pump_thread = threading.Thread(target=self._pump, daemon=True)
         self._pump_thread.start()
         self._exit: dict[str, Any] = {}

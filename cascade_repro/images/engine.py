@@ -161,8 +161,12 @@ def build_or_reuse(
 
 def probe_python(client: Any, image_ref: str, cache_dir: Path) -> dict[str, Any]:
     """The Python and packages inside an image (one `docker run`, cached by image ID afterwards)."""
-    resolved = image_id(client, image_ref) or image_ref
-    cached = cache_dir / f"{resolved.replace(':', '-')}.json"
+    resolved = image_id(client, image_ref)
+    if resolved is None:
+        raise DockerError(
+            f"the image {image_ref} is not on this engine", hint="build it: cascade image build"
+        )
+    cached = cache_dir / f"{resolved.replace(':', '-').replace('/', '_')}.json"
     try:
         return dict(json.loads(cached.read_text(encoding="utf-8")))
     except (OSError, ValueError):
@@ -173,7 +177,7 @@ def probe_python(client: Any, image_ref: str, cache_dir: Path) -> dict[str, Any]
             ["python", "-c", PROBE],
             remove=True,
             stdout=True,
-            stderr=True,
+            stderr=False,
             network_mode="none",
             entrypoint=[],
         )

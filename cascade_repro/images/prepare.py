@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from cascade_repro.errors import DockerError
+from cascade_repro.errors import DockerError, UsageError
 from cascade_repro.images import context as ctx
 from cascade_repro.images import engine
 from cascade_repro.images.engine import Image, Progress
@@ -160,7 +160,10 @@ def package_drift(
 
 def choose_gpus(wanted: str, host_gpus: int) -> str | int | None:
     """`auto`: every GPU the host has (maybe none); `all`/N on a host without GPUs is an error."""
-    if wanted == "none" or (wanted == "auto" and host_gpus == 0):
+    if wanted not in ("auto", "all", "none") and not (wanted.isdigit() and int(wanted) >= 0):
+        raise UsageError(f"--gpus takes all, none, auto or a number of GPUs, not {wanted!r}",
+                         hint="e.g. --gpus all, or --gpus 1")  # fmt: skip
+    if wanted in ("none", "0") or (wanted == "auto" and host_gpus == 0):
         return None
     if wanted == "auto":
         return "all"

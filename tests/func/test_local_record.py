@@ -38,6 +38,7 @@ def test_local_store_resolves_as_mlflow_does_or_defers(project: Project) -> None
     found = local_record.find(uri, first)
     assert found is not None
     copied = found.download_artifacts(first, "cascade/run.json", str(into))
+    assert Path(copied) == into / "cascade" / "run.json"  # as MLflow: the artifact's path is kept
     assert json.loads(Path(copied).read_text())["run_id"] == first
     with pytest.raises(FileNotFoundError):
         found.download_artifacts(first, "../../mlflow.db", str(into))
