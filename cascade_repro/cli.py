@@ -111,6 +111,8 @@ def main(ctx: click.Context, log_level: str, verbose: bool) -> None:
     cascade diff v1.2.3 current         what differs: stack, code, params, packages, env, data, results
     cascade check v1.2.3                can this machine reproduce it bit for bit?
     cascade ui                          the MLflow UI on the same store, http://127.0.0.1:5000
+    cascade run --docker train.py       in the project's image (Dockerfile.j2), recorded with the run
+    cascade image build                 build (or find) that image for the working tree
     """
     logging.basicConfig(
         level=getattr(logging, log_level.upper()),
