@@ -81,5 +81,5 @@ def test_help_names_every_command() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "cascade_repro.cli", "--help"], capture_output=True, text=True, check=True
     ).stdout
-    for command in ("init", "run", "ls", "show", "verify"):
+    for command in ("init", "run", "ls", "show", "verify", "restore", "image", "diff", "check", "ui"):
         assert f"  {command}" in out
