@@ -25,7 +25,7 @@ from cascade_repro.child import protocol
 from cascade_repro.errors import CascadeError, StoreError
 from cascade_repro.recording import Recording, Worker
 from cascade_repro.run_plan import Notify, RunPlan, RunResult
-from cascade_repro.settings import Settings
+from cascade_repro.settings import Settings, sqlite_path
 from cascade_repro.store.checkpoint_keeper import CheckpointKeeper
 from cascade_repro.store.dvc_store import Cache
 from cascade_repro.supervisor import Child, RunningChild
@@ -163,8 +163,9 @@ def _store_paths(uri: str) -> list[Path]:
     """A local MLflow store must be reachable from inside the container at the same path."""
     import urllib.parse
 
-    if uri.startswith("sqlite:///"):
-        return [Path(uri[len("sqlite:///") :]).parent]
+    db = sqlite_path(uri)
+    if db is not None:
+        return [db.parent]
     parts = urllib.parse.urlsplit(uri)
     if parts.scheme == "file":
         return [Path(urllib.parse.unquote(parts.path))]
@@ -211,9 +212,8 @@ def child_environment(plan: RunPlan, run_dir: Path) -> dict[str, str]:
 def own_paths(settings: Settings) -> tuple[str, ...]:
     """Root-relative paths of cascade's own files: never part of the user's dirty state."""
     paths = [".cascade", "mlruns", "mlartifacts"]
-    uri = settings.tracking_uri
-    if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///") :])
+    db = sqlite_path(settings.tracking_uri)
+    if db is not None:
         try:
             rel = db.relative_to(settings.root).as_posix()
             paths += [rel, f"{rel}-journal", f"{rel}-wal", f"{rel}-shm"]

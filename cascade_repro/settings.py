@@ -114,6 +114,11 @@ def _checkpoint_policy(raw: Any, path: Path) -> dict[str, Any]:
     return policy
 
 
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a `sqlite:///` store URI (absolute after resolve_tracking_uri), else None."""
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+
+
 def resolve_tracking_uri(uri: str, root: Path) -> str:
     """Make relative sqlite/file stores absolute against the repo root, as `mlflow ui` there sees them."""
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):

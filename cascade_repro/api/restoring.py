@@ -12,7 +12,7 @@ from cascade_repro import versions
 from cascade_repro.api.compare import machine_record
 from cascade_repro.api.records import context, dvc_cache, judge_and_record, manifest_data
 from cascade_repro.api.runs import RunRequest, run
-from cascade_repro.errors import RestoreRefused, UsageError
+from cascade_repro.errors import RestoreRefused, StoreError, UsageError
 from cascade_repro.manifest import ARTIFACT_PATH, check_schema, data_objects
 from cascade_repro.params import ResolvedParams
 from cascade_repro.run_plan import Notify, RunResult
@@ -219,14 +219,11 @@ def _restore_image(
 
 
 def _artifact_text(client: Any, run_id: str, path: str) -> str | None:
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="cascade-artifact-") as into:
-        try:
-            local = client.download_artifacts(run_id, path, into)
-        except Exception:
-            return None
-        return Path(local).read_text(encoding="utf-8")
+    """A recorded text artifact, or None when the record has none."""
+    try:
+        return mlflow_store.read_text_artifact(client, run_id, path)
+    except StoreError:
+        return None
 
 
 def _restore_objects(plan: RestorePlan, manifest: Mapping[str, Any], execute: bool) -> list[tuple[str, str]]:

@@ -95,7 +95,6 @@ class ContainerChild:
     def __init__(self, client: Any, spec: ContainerSpec, log_path: Path) -> None:
         import docker
 
-        self._client = client
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in wait()
         requests = None
         if spec.gpus is not None:

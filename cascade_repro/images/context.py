@@ -48,9 +48,9 @@ KNOWN = {
 
 @dataclass(frozen=True)
 class DockerSettings:
-    """The `docker:` section of cascade.yaml, validated."""
+    """The `docker:` section of cascade.yaml, validated (`enabled` is read by `cascade run` itself, so a
+    run without Docker never validates the build's paths)."""
 
-    enabled: bool = False
     base_image: str | None = None  # default: matches this machine's Python and torch (see default_base_image)
     dockerfile: str = DEFAULT_TEMPLATE  # the project's template; cascade's own when the file is absent
     requirements: str | None = None  # default: the first of LOCK_FILES, else the captured packages
@@ -94,7 +94,6 @@ def docker_settings(raw: Mapping[str, Any], root: Path) -> DockerSettings:
             "docker.offline needs docker.wheelhouse: without an index, pip installs from it only"
         )
     return DockerSettings(
-        enabled=bool(raw.get("enabled", False)),
         base_image=str(raw["base_image"]) if raw.get("base_image") else None,
         dockerfile=str(raw.get("dockerfile") or DEFAULT_TEMPLATE),
         requirements=str(raw["requirements"]) if raw.get("requirements") else None,

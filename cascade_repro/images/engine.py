@@ -106,7 +106,7 @@ def build_or_reuse(
     if existing is not None:
         existing.tag(*context.tag.split(":", 1))
         log.debug("reusing %s for inputs %s", existing.id, context.inputs_sha256[:12])
-        return Image(context.tag, str(existing.id), _digest(existing), built=False)
+        return Image(context.tag, str(existing.id), repo_digest(existing), built=False)
     started = time.monotonic()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     built_id: str | None = None
@@ -155,7 +155,11 @@ def build_or_reuse(
         )
     image = client.images.get(built_id)
     return Image(
-        context.tag, str(image.id), _digest(image), built=True, build_s=round(time.monotonic() - started, 2)
+        context.tag,
+        str(image.id),
+        repo_digest(image),
+        built=True,
+        build_s=round(time.monotonic() - started, 2),
     )
 
 
@@ -201,7 +205,7 @@ def engine_version(client: Any) -> str | None:
         return None
 
 
-def _digest(image: Any) -> str | None:
+def repo_digest(image: Any) -> str | None:
     digests = image.attrs.get("RepoDigests") or []
     return str(digests[0]) if digests else None
 

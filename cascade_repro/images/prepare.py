@@ -116,7 +116,7 @@ def recorded_image(
     if not wanted or engine.image_id(client, wanted) != wanted:
         return None
     found = client.images.get(wanted)
-    image = Image(str(container.get("image") or wanted), wanted, engine._digest(found), built=False)
+    image = Image(str(container.get("image") or wanted), wanted, engine.repo_digest(found), built=False)
     return PreparedImage(
         image,
         dockerfile,

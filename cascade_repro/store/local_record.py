@@ -17,6 +17,8 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
+from cascade_repro.settings import sqlite_path
+
 VERSION_TAG = "cascade.version"
 
 
@@ -45,10 +47,8 @@ class LocalRun:
 
 def find(tracking_uri: str, ref: str) -> LocalRun | None:
     """The active run `ref` names (id, unique id prefix, run name or version), or None: ask MLflow."""
-    if not tracking_uri.startswith("sqlite:///"):
-        return None
-    db = Path(tracking_uri[len("sqlite:///") :])
-    if not db.is_file():
+    db = sqlite_path(tracking_uri)
+    if db is None or not db.is_file():
         return None
     try:
         with contextlib.closing(sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=5)) as connection:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from cascade_repro.errors import RunNotFound, StoreError
+from cascade_repro.settings import sqlite_path
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -54,8 +55,7 @@ def probe_store(uri: str, timeout_s: float = 3.0) -> None:
             socket.create_connection((host, port), timeout=timeout_s).close()
         except OSError as exc:
             raise StoreError(f"MLflow database {host}:{port} is unreachable ({exc})", hint=fix) from None
-    elif parts.scheme == "sqlite":
-        path = Path(uri[len("sqlite:///") :])
+    elif (path := sqlite_path(uri)) is not None:
         directory = path.parent
         if not directory.is_dir():
             raise StoreError(f"the directory of the MLflow store {path} does not exist", hint=fix)
