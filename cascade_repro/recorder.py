@@ -85,7 +85,12 @@ def _start_recording(plan: RunPlan, notify: Notify, child: RunningChild, env: di
         lambda: _in_image(
             plan,
             capture_snapshot(
-                settings.root, plan.exclude, settings.untracked_max_bytes, env, settings.env_allow_prefixes
+                settings.root,
+                plan.exclude,
+                settings.untracked_max_bytes,
+                env,
+                settings.env_allow_prefixes,
+                python_here=plan.container is None,
             ),
         ),  # fmt: skip
     )
@@ -132,7 +137,7 @@ def _start_child(plan: RunPlan, env: dict[str, str], run_dir: Path) -> RunningCh
         network=plan.container.network,
         labels={"cascade.run_dir": str(run_dir)},
     )
-    return ContainerChild(engine.connect(), spec, run_dir / protocol.OUTPUT_LOG)
+    return ContainerChild(plan.container.client or engine.connect(), spec, run_dir / protocol.OUTPUT_LOG)
 
 
 def _in_image(plan: RunPlan, captured: dict[str, Any]) -> dict[str, Any]:
@@ -145,7 +150,8 @@ def _in_image(plan: RunPlan, captured: dict[str, Any]) -> dict[str, Any]:
     image = plan.container.prepared.image
     record = plan.container.record()
     try:
-        captured["python"] = engine.probe_python(engine.connect(), image.image_id, image_cache_dir())
+        client = plan.container.client or engine.connect()
+        captured["python"] = engine.probe_python(client, image.image_id, image_cache_dir())
     except Exception as exc:  # the rest of the record matters more than the package list
         log.warning("the image's packages are not recorded: %s", exc)
         captured["python"] = {"unavailable": f"reading the image's packages failed: {exc}"}

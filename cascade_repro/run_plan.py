@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from cascade_repro.manifest import Manifest
 from cascade_repro.params import ResolvedParams
@@ -44,6 +44,7 @@ class ContainerPlan:
     gpus: str | int | None  # "all", a count, or None
     shm_size: str
     network: str
+    client: Any = field(default=None, compare=False, repr=False)  # the Docker SDK client that chose the image
 
     def record(self) -> dict[str, object]:
         return {

@@ -170,7 +170,7 @@ def _container_plan(request: RunRequest, settings: Settings, commit: str, exclud
     if prepared.reused_by_id:
         how = "the recorded image, present here"
     notify(f"image {image.tag} ({image.image_id[7:19]}): {how}")
-    return ContainerPlan(prepared, gpus, request.shm_size or docker.shm_size, docker.network)
+    return ContainerPlan(prepared, gpus, request.shm_size or docker.shm_size, docker.network, client)
 
 
 def _check_version_free(settings: Settings, root: Path, request: RunRequest) -> None:

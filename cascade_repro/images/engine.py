@@ -60,16 +60,22 @@ class Image:
         return dict(vars(self))
 
 
-def image_id(client: Any, ref: str) -> str | None:
-    """The ID of a local image by tag or ID, or None."""
+def local_image(client: Any, ref: str) -> Any | None:
+    """A local image by tag or ID, or None."""
     import docker
 
     try:
-        return str(client.images.get(ref).id)
+        return client.images.get(ref)
     except docker.errors.ImageNotFound:
         return None
     except docker.errors.APIError as exc:
         raise DockerError(f"the Docker engine refused to inspect {ref}: {_reason(exc)}") from None
+
+
+def image_id(client: Any, ref: str) -> str | None:
+    """The ID of a local image by tag or ID, or None."""
+    found = local_image(client, ref)
+    return None if found is None else str(found.id)
 
 
 def find_built(client: Any, inputs_sha256: str) -> Any | None:
@@ -165,7 +171,7 @@ def build_or_reuse(
 
 def probe_python(client: Any, image_ref: str, cache_dir: Path) -> dict[str, Any]:
     """The Python and packages inside an image (one `docker run`, cached by image ID afterwards)."""
-    resolved = image_id(client, image_ref)
+    resolved = image_ref if image_ref.startswith("sha256:") else image_id(client, image_ref)
     if resolved is None:
         raise DockerError(
             f"the image {image_ref} is not on this engine", hint="build it: cascade image build"

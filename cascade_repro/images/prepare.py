@@ -113,9 +113,9 @@ def recorded_image(
 ) -> PreparedImage | None:
     """The image a record names, by ID, when this engine has it."""
     wanted = str(container.get("image_id") or "")
-    if not wanted or engine.image_id(client, wanted) != wanted:
+    found = engine.local_image(client, wanted) if wanted else None
+    if found is None or found.id != wanted:
         return None
-    found = client.images.get(wanted)
     image = Image(str(container.get("image") or wanted), wanted, engine.repo_digest(found), built=False)
     return PreparedImage(
         image,
