@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import CASCADE, Project, git
-from tests.docker.conftest import CA_BUNDLE, write_docker_project
+from tests.docker.conftest import write_docker_project
 
 pytestmark = pytest.mark.slow
 
@@ -212,7 +212,6 @@ def test_clear_errors_record_nothing(docker_project: Project, tmp_path: Path, ba
     log = Path(failed.stderr.split("the full build log is ")[1].split(";")[0].strip())
     assert "no-such-package-anywhere" in log.read_text()
     assert broken.runs() == []
-    assert CA_BUNDLE.exists()
 
 
 def test_docker_enabled_in_cascade_yaml_makes_it_the_default(docker_project: Project) -> None:
