@@ -56,9 +56,6 @@ class Image:
     built: bool  # False: an image with the same inputs was already there
     build_s: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
-
 
 def local_image(client: Any, ref: str) -> Any | None:
     """A local image by tag or ID, or None."""
