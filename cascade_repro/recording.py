@@ -129,6 +129,12 @@ class Recording:
         end_ms = int(time.time() * 1000)
         facts = _read_json(self.run_dir / protocol.FACTS_FILE)
         status = _status(ended)
+        refused = (facts.get("determinism") or {}).get("stopped_by")
+        if refused:
+            self.warnings.append(
+                f"--deterministic strict stopped the script: torch has no deterministic implementation of "
+                f"{refused}. Replace that op, or run with --deterministic warn to record it and go on"
+            )
         resources = self._resources(facts)
         self.writer.add(resources)
         self.writer.stop()

@@ -102,7 +102,7 @@ def main(argv: list[str]) -> None:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupt_once_per_second())
-    _record_uncaught_exceptions(facts)
+    _record_uncaught_exceptions(facts, determinism)
     _record_nondeterministic_ops(facts, determinism)
     reads = env_reads.record_reads()
     atexit.register(_record_at_exit, facts, reads)
@@ -187,28 +187,35 @@ def _record_nondeterministic_ops(facts: Facts, determinism: dict[str, Any]) -> N
     import warnings
 
     original = warnings.showwarning
-    seen: list[str] = []
 
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
              file: Any = None, line: str | None = None) -> None:  # fmt: skip
-        text = str(message)
-        marker = " does not have a deterministic implementation"
-        if marker in text:
-            op = text.split(marker, 1)[0].strip()
-            if op not in seen:
-                seen.append(op)
-                determinism["nondeterministic_ops"] = list(seen)
-                facts.update()
+        op = protocol.nondeterministic_op(str(message))
+        if op is not None:
+            _note_nondeterministic_op(facts, determinism, op)
         original(message, category, filename, lineno, file, line)
 
     warnings.showwarning = show
 
 
-def _record_uncaught_exceptions(facts: Facts) -> None:
+def _note_nondeterministic_op(facts: Facts, determinism: dict[str, Any], op: str, **more: Any) -> None:
+    ops = determinism.setdefault("nondeterministic_ops", [])
+    if op not in ops or more:
+        if op not in ops:
+            ops.append(op)
+        determinism.update(more)
+        facts.update()
+
+
+def _record_uncaught_exceptions(facts: Facts, determinism: dict[str, Any]) -> None:
+    """The exception that ended the script; in mode strict, the op torch refused is named too."""
     original = sys.excepthook
 
     def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         facts.update(exception={"type": kind.__name__, "message": str(value)[:2000]})
+        op = protocol.nondeterministic_op(str(value))
+        if op is not None:
+            _note_nondeterministic_op(facts, determinism, op, stopped_by=op)
         original(kind, value, tb)
 
     sys.excepthook = hook

@@ -28,6 +28,16 @@ CHECKPOINTS_FILE = "checkpoints.jsonl"  # child → parent: one line per checkpo
 OUTPUT_LOG = "output.log"  # parent: the script's stdout and stderr as the terminal saw them
 
 DETERMINISM_MODES = ("off", "warn", "strict")
+# How torch words a nondeterministic op, as a warning (mode warn) or an error (mode strict).
+NONDETERMINISTIC_MARKER = " does not have a deterministic implementation"
+
+
+def nondeterministic_op(message: str) -> str | None:
+    """The op's name in torch's nondeterminism alert ("max_unpooling2d_forward_out does not have a
+    deterministic implementation, but you set ..."), else None."""
+    if NONDETERMINISTIC_MARKER not in message:
+        return None
+    return message.split(NONDETERMINISTIC_MARKER, 1)[0].strip().splitlines()[-1].strip() or None
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
