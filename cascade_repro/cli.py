@@ -286,10 +286,16 @@ def show(ctx: click.Context, run_ref: str, with_trace: bool, with_checkpoints: b
 )
 @click.option("--atol", default=1e-8, show_default=True, help="Absolute loss tolerance.")
 @click.option("--no-record", is_flag=True, help="Do not tag the later run with the verdict.")
+@click.option(
+    "--replay",
+    is_flag=True,
+    help="Where tensors differ, re-run both runs up to that step (as cascade restore --steps does) and "
+    "measure the difference: max |Δ| and how many elements.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable verdict.")
 @click.pass_context
 def verify(ctx: click.Context, run_a: str, run_b: str, rtol: float, atol: float, no_record: bool,
-           as_json: bool) -> None:  # fmt: skip
+           replay: bool, as_json: bool) -> None:  # fmt: skip
     """Compare two runs step by step and say whether they reproduce each other.
 
     Exit 0: BITWISE_IDENTICAL or NUMERICALLY_EQUIVALENT; 3: DIVERGED or INCOMPARABLE; 1: error.
@@ -298,7 +304,8 @@ def verify(ctx: click.Context, run_a: str, run_b: str, rtol: float, atol: float,
     def body() -> int:
         from cascade_repro import api, render
 
-        verdict = api.verify(run_a, run_b, rtol=rtol, atol=atol, record=not no_record)
+        verdict = api.verify(run_a, run_b, rtol=rtol, atol=atol, record=not no_record, replay=replay,
+                             notify=render.notice)  # fmt: skip
         if as_json:
             render.emit_json("verify", verdict.to_dict())
         else:

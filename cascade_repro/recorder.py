@@ -205,7 +205,7 @@ def child_environment(plan: RunPlan, run_dir: Path) -> dict[str, str]:
     env[protocol.ENV_SEED] = str(plan.params.seed)
     env[protocol.ENV_DETERMINISM] = plan.determinism
     env[protocol.ENV_TRACE_INTERVAL] = str(plan.settings.trace_interval)
-    env[protocol.ENV_TRACE_GRADS] = "1" if plan.settings.trace_grads else "0"
+    env[protocol.ENV_TRACE_GRADS] = {True: "1", False: "0", None: "auto"}[plan.settings.trace_grads]
     env[protocol.ENV_CHECKPOINTS_DIR] = str(plan.settings.root / plan.settings.checkpoints_dir)
     env[protocol.ENV_CHECKPOINT_POLICY] = json.dumps(dict(plan.settings.checkpoint_policy))
     env["PYTHONHASHSEED"] = str(plan.params.seed % 4294967296)

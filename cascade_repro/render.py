@@ -183,6 +183,15 @@ def verdict(result: Verdict) -> None:
         for difference in c.differences:
             names = f" {', '.join(difference.names[:6])}" if difference.names else ""
             console.print(f"  step {c.step} · {difference.facet}:{names} ({difference.detail})")
+        for magnitude in result.magnitudes:
+            console.print(f"  step {c.step} · {magnitude.facet} {magnitude.name}: {magnitude.detail}")
+    if result.replay is not None:
+        runs = result.replay.get("runs") or {}
+        if runs:
+            shown = ", ".join(f"{side}: {run[:12]}" for side, run in runs.items())
+            console.print(f"  replayed as runs {shown}")
+        for reason in result.replay.get("not_measured") or []:
+            console.print(f"  not measured: {reason}")
     if result.causes:
         console.print("  Likely causes, most likely first:")
         for index, cause in enumerate(result.causes, 1):
@@ -192,6 +201,8 @@ def verdict(result: Verdict) -> None:
     for record_difference in result.differences:
         if not any(record_difference.summary == cause.summary for cause in result.causes):
             console.print(f"  also differs (class {record_difference.klass}): {record_difference.summary}")
+    for note in c.notes:
+        console.print(f"  note: {note}")
 
 
 def checkpoints(entries: list[dict[str, Any]]) -> None:

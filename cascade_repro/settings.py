@@ -35,7 +35,9 @@ class Settings:
     docker: Mapping[str, Any] = field(default_factory=dict)
     metrics_flush_s: float = 5.0
     trace_interval: int = 1  # record every Nth optimizer step; 0 turns the trace off
-    trace_grads: bool = True  # gradient fingerprints: tell "backward differs" from "a write between steps"
+    # Gradient fingerprints tell "backward differs" from "a write between steps". None ("auto"): where
+    # cheap (on an accelerator; on CPU for models up to 1 MiB of parameters).
+    trace_grads: bool | None = None
     checkpoint_policy: Mapping[str, Any] = field(default_factory=dict)  # monitor, mode, save_top_k, save_last
     log_checkpoints: bool = False  # also log checkpoint files as MLflow artifacts (heavy)
 
@@ -91,7 +93,7 @@ def load_settings(root: Path, environ: Mapping[str, str] | None = None) -> Setti
         docker=dict(raw.get("docker") or {}),
         metrics_flush_s=float(raw.get("metrics_flush_s", 5.0)),
         trace_interval=_int(raw.get("trace_interval", 1), "trace_interval"),
-        trace_grads=bool(raw.get("trace_grads", True)),
+        trace_grads=_trace_grads(raw.get("trace_grads", "auto"), path),
         checkpoint_policy=_checkpoint_policy(raw.get("checkpoints"), path),
         log_checkpoints=bool(raw.get("log_checkpoints", False)),
     )
@@ -133,3 +135,11 @@ def _int(value: Any, name: str) -> int:
         return int(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{name} in cascade.yaml must be an integer, not {value!r}") from None
+
+
+def _trace_grads(value: Any, path: Path) -> bool | None:
+    if value is None or value == "auto":
+        return None
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"{path}: trace_grads must be true, false or auto, not {value!r}")

@@ -17,6 +17,7 @@ from cascade_repro.store.dvc_store import Cache
 
 if TYPE_CHECKING:
     from cascade_repro.determinism.verdict import Verdict
+    from cascade_repro.run_plan import Notify
 
 
 def context(cwd: Path | None) -> Settings:
@@ -91,16 +92,27 @@ def verify(
     rtol: float = 1e-5,
     atol: float = 1e-8,
     record: bool = True,
+    replay: bool = False,
+    notify: Notify = lambda message: None,
 ) -> Verdict:
-    """Compare two recorded runs step by step; record the verdict on the later one."""
+    """Compare two recorded runs step by step; record the verdict on the later one.
+
+    `replay`: where they diverge in tensors, re-run both to that step and measure the difference."""
     settings = context(cwd)
     mlflow_store.probe_store(settings.tracking_uri)
     client = mlflow_store.client(settings.tracking_uri)
     runs = [mlflow_store.resolve_run(client, ref, settings.experiment) for ref in (ref_a, ref_b)]
     earlier, later = sorted(runs, key=lambda r: r.info.start_time or 0)
     manifests = [manifest_data(client, r.info.run_id) for r in runs]
-    return judge_and_record(client, manifests[0], manifests[1], rtol, atol,
-                  record_on=later.info.run_id if record else None, against=earlier.info.run_id)  # fmt: skip
+    verdict = judge_and_record(client, manifests[0], manifests[1], rtol, atol, record_on=None, against="")
+    if replay and not verdict.reproduced:
+        from cascade_repro.api.replay import replay_divergence
+        from cascade_repro.determinism.verdict import with_replay
+
+        verdict = with_replay(verdict, *replay_divergence(verdict, cwd, notify))
+    if record:
+        record_verdict(client, verdict, later.info.run_id, earlier.info.run_id)
+    return verdict
 
 
 def judge_and_record(
@@ -118,11 +130,16 @@ def judge_and_record(
     traces = [_trace(client, str(m["run_id"]), m) for m in (manifest_a, manifest_b)]
     verdict = judge(manifest_a, manifest_b, traces[0], traces[1], rtol=rtol, atol=atol, steps=steps)
     if record_on is not None:
-        mlflow_store.set_tags(
-            client, record_on, {"cascade.verdict": verdict.verdict, "cascade.verified_against": against}
-        )
-        mlflow_store.log_json(client, record_on, verdict.to_dict(), f"cascade/verify/{against}.json")
+        record_verdict(client, verdict, record_on, against)
     return verdict
+
+
+def record_verdict(client: Any, verdict: Verdict, record_on: str, against: str) -> None:
+    """The verdict as a tag and a report artifact on the later run."""
+    mlflow_store.set_tags(
+        client, record_on, {"cascade.verdict": verdict.verdict, "cascade.verified_against": against}
+    )
+    mlflow_store.log_json(client, record_on, verdict.to_dict(), f"cascade/verify/{against}.json")
 
 
 def manifest_data(client: Any, run_id: str) -> dict[str, Any]:

@@ -52,8 +52,12 @@ def restore(
     show_plan: Callable[[RestorePlan], None] = lambda plan: None,
     docker: bool = False,
     gpus: str | None = None,
+    dump: tuple[int, Path] | None = None,
 ) -> RestoreResult:
-    """Rebuild a recorded run in an isolated worktree, re-run it, and judge the new trace against it."""
+    """Rebuild a recorded run in an isolated worktree, re-run it, and judge the new trace against it.
+
+    `dump` (step, directory): the re-run saves that step's tensors there (`cascade verify --replay`).
+    """
     from cascade_repro import checkout as checking
     from cascade_repro import restore as restoring
 
@@ -123,7 +127,7 @@ def restore(
         run_name=f"restore-{label}",
         experiment=plan.experiment,
         trace_interval=plan.trace_interval,
-        environ=_restore_environ(plan, settings),
+        environ=_restore_environ(plan, settings, dump),
         restored_params=_recorded_params(manifest),
         extra_tags={
             "cascade.restored_from": run_id,
@@ -251,7 +255,7 @@ def _recorded_params(manifest: Mapping[str, Any]) -> ResolvedParams:
     )
 
 
-def _restore_environ(plan: RestorePlan, settings: Settings) -> dict[str, str]:
+def _restore_environ(plan: RestorePlan, settings: Settings, dump: tuple[int, Path] | None) -> dict[str, str]:
     """This machine's environment with the record's allow-listed variables, writing to this store."""
     from cascade_repro.child import protocol
 
@@ -266,6 +270,8 @@ def _restore_environ(plan: RestorePlan, settings: Settings) -> dict[str, str]:
     environ["MLFLOW_TRACKING_URI"] = settings.tracking_uri
     if plan.steps is not None:
         environ[protocol.ENV_STOP_AFTER] = str(plan.steps)
+    if dump is not None:
+        environ[protocol.ENV_TRACE_DUMP] = f"{dump[0]}:{dump[1]}"
     if plan.num_threads:
         environ[protocol.ENV_NUM_THREADS] = str(plan.num_threads)
     return environ

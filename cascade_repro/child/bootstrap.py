@@ -81,9 +81,14 @@ def main(argv: list[str]) -> None:
         if interval > 0:
             from cascade_repro.child.trace import StepTracer
 
-            grads = os.environ.get(protocol.ENV_TRACE_GRADS, "1") != "0"
+            grads = {"1": True, "0": False}.get(os.environ.get(protocol.ENV_TRACE_GRADS, "auto"))
             stop = int(os.environ.get(protocol.ENV_STOP_AFTER) or 0) or None
-            tracer = StepTracer(torch, run_dir / protocol.TRACE_FILE, interval, grads=grads, stop_after=stop)
+            tracer = StepTracer(torch, run_dir / protocol.TRACE_FILE, interval, grads=grads, stop_after=stop,
+                                on_header=lambda header: facts.update(trace=header))  # fmt: skip
+            dump = os.environ.get(protocol.ENV_TRACE_DUMP)
+            if dump:
+                step, _, directory = dump.partition(":")
+                tracer.dump_at(int(step), Path(directory))
             tracer.install()
             atexit.register(tracer.close)
             checkpoint_log(run_dir).current_step = lambda: tracer.step - 1 if tracer.step > 0 else None

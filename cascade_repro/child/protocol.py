@@ -12,11 +12,13 @@ ENV_RUN_DIR = "CASCADE_RUN_DIR"
 ENV_SEED = "CASCADE_SEED"
 ENV_DETERMINISM = "CASCADE_DETERMINISM"
 ENV_TRACE_INTERVAL = "CASCADE_TRACE_INTERVAL"  # record every Nth optimizer step; 0: no trace
-ENV_TRACE_GRADS = "CASCADE_TRACE_GRADS"  # "0": no gradient fingerprints
+ENV_TRACE_GRADS = "CASCADE_TRACE_GRADS"  # "1" / "0": gradient fingerprints always / never; else where cheap
 ENV_CHECKPOINTS_DIR = "CASCADE_CHECKPOINTS_DIR"  # absolute: where cascade_repro.checkpoint() writes
 ENV_CHECKPOINT_POLICY = "CASCADE_CHECKPOINT_POLICY"  # JSON: monitor, mode, save_top_k, save_last
 ENV_NUM_THREADS = "CASCADE_NUM_THREADS"  # `cascade restore`: torch.set_num_threads(N) as recorded
 ENV_STOP_AFTER = "CASCADE_STOP_AFTER_STEPS"  # `cascade restore --steps N`: exit 0 once N steps are traced
+ENV_TRACE_DUMP = "CASCADE_TRACE_DUMP"  # `cascade verify --replay`: "STEP:DIR", save step STEP's tensors there
+DUMP_FILE = "tensors.pt"  # in that DIR: {"params_before"|"grads"|"params_after": {name: tensor}}
 
 # Files inside the run directory.
 PARAMS_FILE = "params.json"  # parent → child: resolved hyperparameters

@@ -4,9 +4,16 @@ A step is one `optimizer.step()` of any torch.optim optimizer (global step hooks
 For step k the record holds, in causal order: the RNG fingerprints at the step's start (after step
 k-1 ended), the fingerprint of the last batch a DataLoader yielded, the loss of the last
 `backward()` (exact bits), the gradients and the parameters after the step. "After step k" is read
-when step k+1 begins (or at exit), so a write outside the optimizer (EMA, hook, in-place edit)
+when step k+1 begins, that is at its first `backward()` (while the forward pass has just read the
+weights, so they are still in cache), or at its optimizer step when no backward comes first (an
+optimizer with a closure), or at exit. A write outside the optimizer (EMA, hook, in-place edit)
 between the two steps counts as part of step k. One parameter hash per step serves as both
 "after k" and "before k+1".
+
+Gradients are hashed "where cheap" by default (`grads=None`): always on an accelerator (the
+checksum rides the same copy back), on CPU when the optimizer's parameters hold at most
+GRADS_CHEAP_BYTES. There every gradient hash is one more pass over memory; for a model the size of
+the reference MLP it would cost as much as the parameters' own hash.
 
 Records are streamed to `trace.jsonl` (flushed every half second and at exit), so a crashed run
 keeps its prefix. Scripts without an optimizer get one record per `backward()` (see below).
@@ -15,6 +22,7 @@ keeps its prefix. Scripts without an optimizer get one record per `backward()` (
 from __future__ import annotations
 
 import array
+import ctypes
 import gc
 import hashlib
 import importlib
@@ -27,24 +35,30 @@ import time
 import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
+from cascade_repro.child.protocol import DUMP_FILE
 from cascade_repro.determinism import fingerprint
 
 _LOSS_INT = {2: "int16", 4: "int32", 8: "int64"}
 RNG_EXTRA_EVERY = 16
+GRADS_CHEAP_BYTES = 1 << 20  # CPU: hashing this much costs ~30 µs a step
 FLUSH_EVERY_S = 0.5  # a crash keeps the trace up to here; an exception or Ctrl-C keeps all of it
 
 
 class StepTracer:
-    def __init__(self, torch: ModuleType, path: Path, interval: int = 1, grads: bool = True,
-                 stop_after: int | None = None) -> None:  # fmt: skip
+    def __init__(self, torch: ModuleType, path: Path, interval: int = 1, grads: bool | None = None,
+                 stop_after: int | None = None,
+                 on_header: Callable[[dict[str, Any]], None] | None = None) -> None:  # fmt: skip
         self.torch = torch
         self.interval = max(1, int(interval))
+        self.grads_setting = grads  # None: "where cheap", decided from the first step's parameters
         self.grads = grads
+        self._on_header = on_header  # told when the header changes (the gradient decision)
         self.stop_after = stop_after  # end the script (exit 0) when this step would begin
         self._flushed_at = time.monotonic()
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._unwritten: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self.step = 0
         self._pending: dict[str, Any] | None = None  # step k, waiting for its params-after
@@ -58,6 +72,11 @@ class StepTracer:
         self._mode = "undecided"  # "optimizer" or "manual" once known
         self._manual: list[Any] = []
         self._rng_next = self._rng
+        self._in_step = False  # between an optimizer step's pre- and post-hook
+        self._backward_in_step = False  # the step ran a closure: its loss and gradients come after
+        self._dump_step: int | None = None  # `cascade verify --replay`: save this step's tensors
+        self._dump_dir: Path | None = None
+        self._dumped: dict[str, dict[str, Any]] = {}
 
     # -- hooks ------------------------------------------------------------------------------
     def install(self) -> None:
@@ -74,7 +93,10 @@ class StepTracer:
             loss = tensors if isinstance(tensors, torch.Tensor) else None
             if loss is not None and loss.numel() == 1:
                 tracer._loss = loss.detach()
-            tracer._guarded_manual(tracer._before_backward)
+            if tracer._mode == "optimizer":
+                tracer._guarded_next_step_begins()
+            else:
+                tracer._guarded_manual(tracer._before_backward)
             result = original_backward(tensors, *args, **kwargs)
             tracer._guarded_manual(tracer._after_backward)
             return result
@@ -120,6 +142,45 @@ class StepTracer:
             self._pending = None
             sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
 
+    def _guarded_next_step_begins(self) -> None:
+        if self._in_step:  # a closure's backward(), inside the optimizer step
+            self._backward_in_step = True
+            return
+        if self._closed or self._pending is None:
+            return
+        try:
+            with self._lock:
+                self._finish_pending()
+        except Exception as exc:
+            self._closed = True
+            self._pending = None
+            sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
+
+    def _finish_pending(self) -> None:
+        """Step k's parameters-after, read when step k+1 begins; the record is complete then."""
+        if self._pending is not None:
+            self._pending["params_after"] = self._hash_params(self._pending_params)
+            if self._pending["step"] == self._dump_step:
+                self._save_dump("params_after", self._pending_params)
+            self._write(self._pending)
+            self._pending = None
+
+    def dump_at(self, step: int, directory: Path) -> None:
+        """Save the tensors of `step` (parameters before and after it, gradients) to `directory`, for
+        `cascade verify --replay` to measure how far two runs are apart there."""
+        self._dump_step, self._dump_dir = step, directory
+
+    def _save_dump(self, facet: str, params: list[Any], grads: bool = False) -> None:
+        tensors = {}
+        for index, param in enumerate(params):
+            tensor = param.grad if grads else param
+            if tensor is not None:
+                tensors[self._name(param, index)] = tensor.detach().to("cpu", copy=True)
+        self._dumped[facet] = tensors
+        if facet == "params_after" and self._dump_dir is not None:
+            self._dump_dir.mkdir(parents=True, exist_ok=True)
+            self.torch.save(self._dumped, self._dump_dir / DUMP_FILE)
+
     # Scripts that update weights by hand (no torch.optim) get one record per backward(). The mode
     # is decided at the second backward: an optimizer step before it means "optimizer"; weights
     # that changed since the first backward mean "manual"; unchanged weights (gradient
@@ -147,6 +208,7 @@ class StepTracer:
         params = self._manual_params()
         if not params:
             return
+        self._decide_grads(params)
         record = self._new_record(params)
         if self._mode == "undecided":
             record["params_before"] = self._hash_params(params)
@@ -173,22 +235,31 @@ class StepTracer:
             if not self._named:  # once: a script with no nn.Module must not rescan every step
                 self._names = {id(p): name for name, p in _named_parameters(self.torch)}
                 self._named = True
-            if self._pending is not None:
-                self._pending["params_after"] = self._hash_params(self._pending_params)
-                self._write(self._pending)
-                self._pending = None
+            self._in_step = True
+            self._finish_pending()  # no backward() since the last step (an optimizer with a closure)
             self._stop_if_done()
             if self.step % self.interval != 0:
                 return
             params = [p for group in optimizer.param_groups for p in group["params"]]
+            self._decide_grads(params)
             record = self._new_record(params)
             if self.step == 0:
                 record["params_before"] = self._hash_params(params)
+            if self.step == self._dump_step:
+                self._save_dump("params_before", params)
+                self._save_dump("grads", params, grads=True)
             self._pending = record
             self._pending_params = params
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         with self._lock:
+            self._in_step = False
+            if self._backward_in_step and self._pending is not None:
+                self._pending["loss"] = self._loss_copy()  # the closure's last loss and gradients
+                self._pending["grads"] = self._hash_grads(self._pending_params) if self.grads else None
+                if self._pending["step"] == self._dump_step:
+                    self._save_dump("grads", self._pending_params, grads=True)
+            self._backward_in_step = False
             self.step += 1
             self._rng = self._rng_fingerprint()
             self._loss = None
@@ -199,10 +270,8 @@ class StepTracer:
             if self._file.closed:
                 return
             self._closed = True
-            if self._pending is not None:
-                self._pending["params_after"] = self._hash_params(self._pending_params)
-                self._write(self._pending)
-                self._pending = None
+            self._finish_pending()
+            self._flush()
             self._file.close()
 
     def _stop_if_done(self) -> None:
@@ -214,33 +283,50 @@ class StepTracer:
         if self.stop_after is None or self.step < self.stop_after:
             return
         self._closed = True
+        self._flush()
         self._file.close()
         sys.stderr.write(f"cascade: stopped after {self.step} steps, as asked (--steps)\n")
         raise SystemExit(0)
 
     # -- pieces -----------------------------------------------------------------------------
+    def _decide_grads(self, params: list[Any]) -> None:
+        if self.grads is not None:
+            return
+        on_cpu = [p for p in params if p.device.type == "cpu"]
+        cpu_bytes = sum(p.numel() * p.element_size() for p in on_cpu)
+        self.grads = len(on_cpu) < len(params) or cpu_bytes <= GRADS_CHEAP_BYTES
+        if self._on_header is not None:
+            self._on_header(self.header())
+
     def _new_record(self, params: list[Any]) -> dict[str, Any]:
         """Step k up to its gradients; "params_after" is added when step k+1 begins."""
         return {
             "step": self.step,
             "rng": self._rng,
             "batch": self._batch,
-            "loss": self._loss_record(),
+            "loss": self._loss_copy(),  # a tensor until encoded (`_encode`)
             "grads": self._hash_grads(params) if self.grads else None,
         }
 
     def _write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
-        now = time.monotonic()
-        if now - self._flushed_at >= FLUSH_EVERY_S:  # a flush per step would cost ~50 µs
-            self._file.flush()
-            self._flushed_at = now
+        """Records are written in batches: encoding 30 at once costs less than one at a time between
+        training steps (cold caches). What a crash loses is the same: the last half second."""
+        self._unwritten.append(record)
+        if time.monotonic() - self._flushed_at >= FLUSH_EVERY_S:
+            self._flush()
+
+    def _flush(self) -> None:
+        lines = [self._encode(record) for record in self._unwritten]
+        self._unwritten.clear()
+        self._file.write("".join(lines))
+        self._file.flush()
+        self._flushed_at = time.monotonic()
 
     def _name(self, tensor: Any, index: int) -> str:
         return self._names.get(id(tensor)) or f"param{index}"
 
     def _hash_params(self, params: list[Any]) -> dict[str, str]:
-        hashes = fingerprint.fingerprints(self.torch, params)
+        hashes = fingerprint.fingerprints(self.torch, params, reuse_views=True)  # the same every step
         return {self._name(p, i): h for i, (p, h) in enumerate(zip(params, hashes, strict=True))}
 
     def _hash_grads(self, params: list[Any]) -> dict[str, str]:
@@ -248,15 +334,30 @@ class StepTracer:
         hashes = fingerprint.fingerprints(self.torch, [p.grad for _, p in with_grad])
         return {self._name(p, i): h for (i, p), h in zip(with_grad, hashes, strict=True)}
 
-    def _loss_record(self) -> dict[str, Any] | None:
-        loss = self._loss
+    def _encode(self, record: dict[str, Any]) -> str:
+        """Read from memory when the step happened, turned into fingerprints and bits here, in
+        batches: the loss tensor and the RNG state copies (see `_write`)."""
+        record["loss"] = self._loss_record(record.get("loss"))
+        rng = record.get("rng")
+        if rng and not all(isinstance(v, str) for v in rng.values()):
+            record["rng"] = {name: _rng_hash(state) for name, state in rng.items()}
+        return json.dumps(record, separators=(",", ":")) + "\n"
+
+    def _loss_copy(self) -> Any:
+        """The loss as it is now: a script may reuse its memory (a buffer of losses) later."""
+        return None if self._loss is None else self._loss.clone()
+
+    def _loss_record(self, loss: Any) -> dict[str, Any] | None:
         if loss is None:
             return None
         flat = loss.reshape(1)
         dtype = str(loss.dtype).replace("torch.", "")
         if flat.dtype in (self.torch.float32, self.torch.float64):  # one read: value from the bits
             width = 4 if flat.dtype == self.torch.float32 else 8
-            bits = int(flat.view(self.torch.int32 if width == 4 else self.torch.int64).item())
+            if flat.device.type == "cpu":  # straight from memory, no dispatch (~1 µs, not ~30)
+                bits = (ctypes.c_int32 if width == 4 else ctypes.c_int64).from_address(flat.data_ptr()).value
+            else:
+                bits = int(flat.view(self.torch.int32 if width == 4 else self.torch.int64).item())
             unsigned = bits & ((1 << (8 * width)) - 1)
             value = struct.unpack("<f" if width == 4 else "<d", unsigned.to_bytes(width, "little"))[0]
             return {"bits": bits, "value": value, "dtype": dtype}
@@ -273,15 +374,13 @@ class StepTracer:
         hashes = fingerprint.fingerprints(self.torch, tensors)
         return hashes[0] if len(hashes) == 1 else _combine([h.encode() for h in hashes])
 
-    def _rng_fingerprint(self) -> dict[str, str]:
+    def _rng_fingerprint(self) -> dict[str, Any]:
         """torch's generators every step; Python's and numpy's (slower to read: ~30 and ~60 µs) at
         step 0 and every RNG_EXTRA_EVERY steps, where unseeded randomness shows first."""
         torch = self.torch
-        states = {"torch": fingerprint.cpu_hash(torch.get_rng_state())}
+        states: dict[str, Any] = {"torch": torch.get_rng_state()}  # copies, hashed when encoded
         if torch.cuda.is_initialized():
-            states["cuda"] = _combine(
-                [fingerprint.cpu_hash(s).encode() for s in torch.cuda.get_rng_state_all()]
-            )
+            states["cuda"] = torch.cuda.get_rng_state_all()
         if self.step % RNG_EXTRA_EVERY:
             return states
         version, internal, gauss_next = random.getstate()
@@ -293,10 +392,23 @@ class StepTracer:
         return states
 
     def header(self) -> dict[str, Any]:
-        header = {"algorithm": fingerprint.ALGORITHM, "interval": self.interval, "grads": self.grads}
+        header: dict[str, Any] = {"algorithm": fingerprint.ALGORITHM, "interval": self.interval}
+        header["grads"] = self.grads  # None until the first step decides (setting "where cheap")
+        if self.grads_setting is None:
+            header["grads_rule"] = f"where cheap: on an accelerator, or on CPU up to {GRADS_CHEAP_BYTES} B"
         if self.stop_after is not None:
             header["stopped_after_steps"] = self.stop_after
         return header
+
+
+def _rng_hash(state: Any) -> str:
+    """A generator state as read at the step's start: already a fingerprint, a state tensor, or one
+    state tensor per CUDA device."""
+    if isinstance(state, str):
+        return state
+    if isinstance(state, list):
+        return _combine([fingerprint.cpu_hash(s).encode() for s in state])
+    return fingerprint.cpu_hash(state)
 
 
 def _combine(parts: list[bytes]) -> str:

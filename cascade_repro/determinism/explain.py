@@ -180,13 +180,18 @@ def likely_causes(
         )
     if step is not None and facets == ["params_after"] and not kinds & {"seed", "code", "params", "command"}:
         names = ", ".join(comparison.differences[0].names[:3])
+        grads_hashed = all((m.get("trace") or {}).get("grads", True) for m in (a, b))
         causes.append(
             Cause(
                 f"a write outside the optimizer changed {names} after step {step} (a hook, an EMA, an "
-                "in-place "
-                "edit), or nondeterministic code between steps",
-                "loss and gradients are equal at that step; only the weights after it differ",
-                "look for code that writes parameters between optimizer steps",
+                "in-place edit), or nondeterministic code between steps"
+                + ("" if grads_hashed else ", or a nondeterministic backward or optimizer step"),
+                "loss and gradients are equal at that step; only the weights after it differ"
+                if grads_hashed
+                else "the loss is equal at that step and the weights after it differ; gradients were not "
+                "hashed (trace_grads: auto skips them on CPU for models over 1 MiB)",
+                "look for code that writes parameters between optimizer steps"
+                + ("" if grads_hashed else "; set trace_grads: true in cascade.yaml to tell the two apart"),
             )
         )
     secrets = sorted(

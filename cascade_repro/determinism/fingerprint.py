@@ -42,17 +42,35 @@ def _raw(tensor: Any) -> Any:
     return (ctypes.c_ubyte * size).from_address(tensor.data_ptr())
 
 
-def cpu_hash(tensor: Any) -> str:
+# (address, dtype, shape, strides) → (header, view of the bytes), for tensors that are hashed again
+# and again in place (the step trace's parameters): building the header and the ctypes view once
+# saves most of the Python cost per tensor. A view is only used for a live tensor at exactly that
+# address and layout, so it reads that tensor's memory as it is now.
+_VIEWS: dict[tuple[Any, ...], tuple[bytes, Any]] = {}
+_VIEWS_MAX = 4096
+
+
+def cpu_hash(tensor: Any, reuse_view: bool = False) -> str:
     """16 hex digits over dtype, shape and the bytes of a CPU tensor."""
-    t = tensor.detach()
-    if not t.is_contiguous():
-        t = t.contiguous()
+    key = (tensor.data_ptr(), tensor.dtype, tensor.shape, tensor.stride()) if reuse_view else None
+    cached = _VIEWS.get(key) if key else None
+    if cached is None:
+        t = tensor.detach()
+        if not t.is_contiguous():
+            t = t.contiguous()
+            key = None  # a temporary copy: nothing to reuse
+        cached = (_header(t), _raw(t))
+        if key:
+            if len(_VIEWS) >= _VIEWS_MAX:
+                _VIEWS.clear()
+            _VIEWS[key] = cached
+    header, raw = cached
     if xxhash is not None:
-        h = xxhash.xxh3_64(_header(t))
-        h.update(_raw(t))
+        h = xxhash.xxh3_64(header)
+        h.update(raw)
         return h.hexdigest()
-    b = hashlib.blake2b(_header(t), digest_size=8)
-    b.update(_raw(t))
+    b = hashlib.blake2b(header, digest_size=8)
+    b.update(raw)
     return b.hexdigest()
 
 
@@ -84,13 +102,15 @@ def _meta_code(t: Any) -> int:
     return int.from_bytes(digest, "little")
 
 
-def fingerprints(torch: Any, tensors: Sequence[Any]) -> list[str]:
-    """Fingerprint each tensor where it lives: CPU tensors hashed in place, the rest on device."""
+def fingerprints(torch: Any, tensors: Sequence[Any], reuse_views: bool = False) -> list[str]:
+    """Fingerprint each tensor where it lives: CPU tensors hashed in place, the rest on device.
+
+    `reuse_views`: the same tensors are hashed again later (see `cpu_hash`)."""
     out: list[str | None] = [None] * len(tensors)
     by_device: dict[Any, list[int]] = {}
     for index, tensor in enumerate(tensors):
         if tensor.device.type == "cpu":
-            out[index] = cpu_hash(tensor)
+            out[index] = cpu_hash(tensor, reuse_views)
         else:
             by_device.setdefault(tensor.device, []).append(index)
     for indices in by_device.values():

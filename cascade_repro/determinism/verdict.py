@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from cascade_repro.determinism.compare import FACET_WORDS, TraceComparison, compare_traces, losses_within
 from cascade_repro.determinism.explain import Cause, Difference, likely_causes, manifest_differences
+from cascade_repro.determinism.magnitude import Magnitude
 
 BITWISE_IDENTICAL = "BITWISE_IDENTICAL"
 NUMERICALLY_EQUIVALENT = "NUMERICALLY_EQUIVALENT"
@@ -24,6 +25,9 @@ class Verdict:
     differences: tuple[Difference, ...]
     causes: tuple[Cause, ...]
     summary: str
+    # `cascade verify --replay`: how far the differing tensors are apart at the first divergence
+    magnitudes: tuple[Magnitude, ...] = ()
+    replay: Mapping[str, Any] | None = None  # the replay runs, and what could not be measured
 
     @property
     def reproduced(self) -> bool:
@@ -40,12 +44,18 @@ class Verdict:
             "steps": {"a": c.steps_a, "b": c.steps_b, "compared": c.compared},
             "first_divergence": None
             if c.step is None
-            else {"step": c.step, "facets": [d.to_dict() for d in c.differences]},
+            else {
+                "step": c.step,
+                "facets": [d.to_dict() for d in c.differences],
+                "magnitudes": [m.to_dict() for m in self.magnitudes],
+            },
+            "replay": None if self.replay is None else dict(self.replay),
             "loss_max_relative_difference": c.loss_max_rel,
             "loss_first_difference": None
             if c.loss_first_difference is None
             else c.loss_first_difference.to_dict(),
             "record_differences": [d.to_dict() for d in self.differences],
+            "notes": list(c.notes),
             "likely_causes": [cause.to_dict() for cause in self.causes],
         }
 
@@ -76,11 +86,18 @@ def judge(
         missing = a_id if not trace_a else b_id
         reason = f"run {missing[:12]} has no step trace (recorded with --trace-interval 0 or no optimizer)"
         return verdict(INCOMPARABLE, reason, compare_traces([], []))
-    for key in ("algorithm", "interval", "grads"):
+    for key in ("algorithm", "interval"):
         if header_a.get(key) != header_b.get(key):
             reason = f"the traces differ in {key}: {header_a.get(key)} vs {header_b.get(key)}"
             return verdict(INCOMPARABLE, reason, compare_traces([], []))
-    comparison = compare_traces(trace_a, trace_b)
+    notes: tuple[str, ...] = ()
+    if header_a.get("grads", True) != header_b.get("grads", True):  # e.g. a CPU run against a GPU run
+        trace_a, trace_b = _without_grads(trace_a), _without_grads(trace_b)
+        notes = (
+            f"gradients are not compared: run {a_id[:12] if not header_a.get('grads', True) else b_id[:12]} "
+            "did not hash them (trace_grads)",
+        )
+    comparison = replace(compare_traces(trace_a, trace_b), notes=notes)
     causes = tuple(likely_causes(manifest_a, manifest_b, comparison, list(differences)))
     if comparison.step is None and comparison.same_length:
         scope = (
@@ -108,13 +125,25 @@ def judge(
     return verdict(DIVERGED, where, comparison, causes)
 
 
-def _where(comparison: TraceComparison) -> str:
+def with_replay(verdict: Verdict, magnitudes: Sequence[Magnitude], replay: Mapping[str, Any]) -> Verdict:
+    """The verdict with the magnitudes a replay measured, also in its summary where it diverged."""
+    summary = verdict.summary
+    if verdict.verdict == DIVERGED and verdict.comparison.step is not None:
+        summary = _where(verdict.comparison, magnitudes)
+    return replace(verdict, magnitudes=tuple(magnitudes), replay=dict(replay), summary=summary)
+
+
+def _where(comparison: TraceComparison, magnitudes: Sequence[Magnitude] = ()) -> str:
     first = comparison.differences[0]
     parts = [
         f"DIVERGED at step {comparison.step} (of {comparison.compared}): {FACET_WORDS[first.facet]} differ"
     ]
     if first.names:
         parts.append(" in " + ", ".join(first.names[:4]) + (" …" if len(first.names) > 4 else ""))
+    measured = [m for m in magnitudes if m.facet == first.facet]
+    if measured:
+        details = [m.detail if len(measured) == 1 else f"{m.name}: {m.detail}" for m in measured[:4]]
+        parts.append(f" ({'; '.join(details)})")
     if first.facet == "loss":
         parts.append(f" ({first.detail})")
     others = [FACET_WORDS[d.facet] for d in comparison.differences[1:]]
@@ -132,3 +161,7 @@ def _where(comparison: TraceComparison) -> str:
     if comparison.loss_max_rel > 0:
         parts.append(f"; largest relative loss difference {comparison.loss_max_rel:.2g}")
     return "".join(parts)
+
+
+def _without_grads(trace: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in record.items() if k != "grads"} for record in trace]

@@ -57,6 +57,11 @@ def test_malformed_cascade_yaml(project: Project) -> None:
     assert result.returncode == 1
     assert "determinism must be off, warn or strict" in result.stderr
     _nothing_recorded(project)
+    project.write("cascade.yaml", "trace_grads: sometimes\n")
+    result = project.cascade("run", "train.py")
+    assert result.returncode == 1
+    assert "trace_grads must be true, false or auto, not 'sometimes'" in result.stderr
+    _nothing_recorded(project)
 
 
 def test_unknown_override_key_names_the_closest(project: Project) -> None:

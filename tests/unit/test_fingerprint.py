@@ -75,3 +75,18 @@ def test_every_dtype_is_fingerprinted(dtype: torch.dtype) -> None:
 def test_fingerprints_route_by_device_and_keep_order() -> None:
     tensors = [torch.randn(3), torch.randn(4, 4), torch.zeros(0)]
     assert fingerprints(torch, tensors) == [cpu_hash(t) for t in tensors]
+
+
+def test_a_tensor_changed_in_place_gets_a_new_fingerprint() -> None:
+    # cpu_hash keeps a view of each tensor's memory between calls (the trace hashes the same
+    # parameters every step): the view must read what is there now, and a view with another
+    # layout over the same memory (a square transpose) must not reuse it.
+    w = torch.arange(9, dtype=torch.float32).reshape(3, 3)
+    before = cpu_hash(w, reuse_view=True)
+    assert before == cpu_hash(w)
+    w[1, 2] = torch.nextafter(w[1, 2], torch.tensor(100.0))
+    after = cpu_hash(w, reuse_view=True)
+    assert before != after and after == cpu_hash(w)
+    transposed = w.t()
+    assert transposed.data_ptr() == w.data_ptr() and transposed.shape == w.shape
+    assert cpu_hash(transposed, reuse_view=True) == cpu_hash(transposed.contiguous()) != after

@@ -91,3 +91,20 @@ def test_steps_limits_the_comparison_to_a_prefix() -> None:
     assert judge(_manifest("a"), _manifest("b"), trace, other[:5]).verdict == "INCOMPARABLE"
     prefix = judge(_manifest("a"), _manifest("b"), trace, other, steps=4)
     assert prefix.verdict == "BITWISE_IDENTICAL" and prefix.comparison.compared == 4
+
+
+def test_traces_with_and_without_gradients_compare_what_both_have() -> None:
+    # e.g. the same script on CPU (gradients skipped where not cheap) and on a GPU (hashed)
+    trace = [_record(i) for i in range(4)]
+    other = [{**r, "grads": None} for r in copy.deepcopy(trace)]
+    a, b = _manifest("a"), _manifest("b")
+    a["trace"] = {**a["trace"], "grads": True}
+    b["trace"] = {**b["trace"], "grads": False}
+    result = judge(a, b, trace, other)
+    assert result.verdict == "BITWISE_IDENTICAL"
+    assert result.to_dict()["notes"] == ["gradients are not compared: run b did not hash them (trace_grads)"]
+    other[2]["params_after"] = {"w": "changed"}
+    result = judge(a, b, trace, other)
+    assert result.verdict == "DIVERGED" and result.comparison.step == 2
+    (cause,) = [c for c in result.causes if "write outside the optimizer" in c.summary]
+    assert "nondeterministic backward" in cause.summary and "trace_grads: true" in cause.fix

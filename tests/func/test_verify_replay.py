@@ -1,0 +1,108 @@
+"""`cascade verify --replay`: both runs re-run to the first divergence, the tensors there compared."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import Project
+
+pytestmark = pytest.mark.slow
+
+
+def _verify_replay(project: Project, a: str, b: str) -> dict:
+    result = project.cascade("verify", a, b, "--replay", "--json")
+    assert result.returncode == 3, result.stderr
+    return json.loads(result.stdout)["data"]
+
+
+def test_replay_measures_a_one_ulp_write_exactly(project: Project) -> None:
+    a = project.record("train.py")
+    b = project.record("train.py", env={"PERTURB_AT_STEP": "5"})
+    verdict = _verify_replay(project, a, b)
+    first = verdict["first_divergence"]
+    assert first["step"] == 5
+    (magnitude,) = first["magnitudes"]
+    assert (magnitude["facet"], magnitude["name"]) == ("params_after", "0.weight")
+    assert magnitude["differing"] == 1 and magnitude["elements"] == 16 * 8
+    # the saved tensors are the runs' own: their fingerprints are the recorded ones, and the
+    # difference is the one ulp the script wrote
+    saved = {
+        run: torch.load(project.root / ".cascade" / "replays" / f"{run[:12]}-step5" / "tensors.pt")
+        for run in (a, b)
+    }
+    left, right = saved[a]["params_after"]["0.weight"], saved[b]["params_after"]["0.weight"]
+    from cascade_repro.determinism.fingerprint import cpu_hash
+
+    for run, tensor in ((a, left), (b, right)):
+        trace = _trace(project, run)
+        assert trace[5]["params_after"]["0.weight"] == cpu_hash(tensor)
+    element = left.reshape(-1)[0]
+    assert right.reshape(-1)[0] == torch.nextafter(element, torch.tensor(float("inf")))
+    assert magnitude["max_abs"] == float((right.reshape(-1)[0].double() - element.double()).abs())
+    assert "(max |Δ| " in verdict["summary"] and "1 of 128 elements" in verdict["summary"]
+    # both replays are recorded runs, restored from the originals and verified bitwise up to step 5
+    client = project.client()
+    for side, original in (("a", a), ("b", b)):
+        replayed = client.get_run(verdict["replay"]["runs"][side])
+        assert replayed.data.tags["cascade.restored_from"] == original
+        assert replayed.data.tags["cascade.verdict"] == "BITWISE_IDENTICAL"
+    # the verdict recorded on the later run carries the magnitudes
+    report = client.download_artifacts(b, f"cascade/verify/{a}.json", str(project.root / ".dl"))
+    assert json.loads(Path(report).read_text())["first_divergence"]["magnitudes"] == [magnitude]
+
+
+def test_replay_that_does_not_reproduce_its_run_measures_nothing(project: Project, tmp_path: Path) -> None:
+    # the script seeds itself from a file outside the repository, which cascade cannot restore:
+    # by the time of the replay the file holds another value, so run a's replay is not run a
+    outside = tmp_path / "init-seed"
+    project.write(
+        "seeded.py",
+        "import os\nfrom pathlib import Path\nimport torch\n"
+        "torch.manual_seed(int(Path(os.environ['INIT_SEED_FILE']).read_text()))\n"
+        "model = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "x = torch.ones(8, 4)\nfor _ in range(3):\n    opt.zero_grad()\n"
+        "    model(x).square().mean().backward()\n    opt.step()\n",
+    )
+    project.commit("seeded")
+    env = {"INIT_SEED_FILE": str(outside)}
+    outside.write_text("1")
+    a = project.record("seeded.py", env=env)
+    outside.write_text("2")
+    b = project.record("seeded.py", env=env)
+    verdict = _verify_replay(project, a, b)
+    assert verdict["first_divergence"]["step"] == 0
+    assert verdict["first_divergence"]["magnitudes"] == []
+    (reason,) = verdict["replay"]["not_measured"]
+    assert reason.startswith(f"the replay of {a[:12]} did not reproduce its own trace up to step 0")
+    assert list(verdict["replay"]["runs"]) == ["a"]  # b is not replayed once a cannot be
+
+
+def test_unseeded_runs_replay_with_the_seeds_they_drew(project: Project) -> None:
+    # --seed random draws a seed and records it, so each run can be re-run as it was
+    a = project.record("--seed", "random", "train.py")
+    b = project.record("--seed", "random", "train.py")
+    verdict = _verify_replay(project, a, b)
+    first = verdict["first_divergence"]
+    assert first["step"] == 0 and first["facets"][0]["facet"] == "rng"
+    assert verdict["replay"]["not_measured"] == [] and set(verdict["replay"]["runs"]) == {"a", "b"}
+    before = {m["name"]: m for m in first["magnitudes"] if m["facet"] == "params_before"}
+    assert set(before) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert before["0.weight"]["elements"] == 128 and before["0.weight"]["differing"] > 100
+    assert 0 < before["0.weight"]["max_abs"] < 1  # two draws of the default init, |w| < 1/sqrt(8)
+
+
+def test_runs_of_different_length_have_no_divergent_step_to_replay(project: Project) -> None:
+    a = project.record("train.py")
+    b = project.record("--set", "steps=12", "train.py")
+    verdict = _verify_replay(project, a, b)
+    assert verdict["verdict"] == "INCOMPARABLE"
+    assert verdict["replay"] == {"runs": {}, "not_measured": ["nothing to replay: no step differs"]}
+
+
+def _trace(project: Project, run: str) -> list[dict]:
+    path = project.client().download_artifacts(run, "cascade/trace.jsonl", str(project.root / ".dl"))
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]

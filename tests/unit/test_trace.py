@@ -1,0 +1,90 @@
+"""The step tracer inside a real torch process (a subprocess: its hooks are process-wide)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+PROGRAM = """
+import json, sys, torch
+from pathlib import Path
+from cascade_repro.child.trace import StepTracer
+from cascade_repro.determinism.fingerprint import cpu_hash
+
+out = Path(sys.argv[1]); hidden = int(sys.argv[2]); grads = json.loads(sys.argv[3])
+headers = []
+tracer = StepTracer(torch, out / "trace.jsonl", grads=grads, on_header=headers.append)
+tracer.install()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(16, 8), torch.randn(16, 1)
+seen = {}
+for step in range(4):
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    if step == 2:  # between this step's backward and its optimizer step: part of step 2
+        with torch.no_grad():
+            model[2].bias.add_(1.0)
+    opt.step()
+    if step == 1:  # after the optimizer step, before the next backward: part of step 1
+        model[2].weight.data[0, 0] += 1.0
+    seen[step] = cpu_hash(model[2].weight)
+def closure():
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    return loss
+opt.step(closure)  # step 4: its backward runs inside the step, after the step's pre-hook
+seen[4] = cpu_hash(model[2].weight)
+tracer.close()
+(out / "seen.json").write_text(json.dumps({"seen": seen, "headers": headers, "final": tracer.header()}))
+"""
+
+
+def _trace(tmp_path: Path, hidden: int, grads: bool | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(PROGRAM), str(tmp_path), str(hidden), json.dumps(grads)],
+        check=True, timeout=120,
+    )  # fmt: skip
+    records = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    return records, json.loads((tmp_path / "seen.json").read_text())
+
+
+def test_params_after_step_k_are_the_weights_when_step_k_plus_1_begins(tmp_path: Path) -> None:
+    records, facts = _trace(tmp_path, hidden=4, grads=None)
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    after = [r["params_after"]["2.weight"] for r in records]
+    assert after == [facts["seen"][str(step)] for step in range(5)]  # the script's own hash after each step
+    assert all(r["loss"]["dtype"] == "float32" and isinstance(r["loss"]["bits"], int) for r in records)
+    # step 4 ran a closure: its loss and gradients are the closure's, not step 3's
+    assert records[4]["loss"] != records[3]["loss"] and records[4]["grads"] != records[3]["grads"]
+
+
+def test_gradients_are_hashed_where_cheap(tmp_path: Path) -> None:
+    small, facts = _trace(tmp_path / "small", hidden=4, grads=None)
+    assert all(set(r["grads"]) == {"0.weight", "0.bias", "2.weight", "2.bias"} for r in small)
+    assert facts["headers"][0]["grads"] is True and "where cheap" in facts["headers"][0]["grads_rule"]
+    # 8*5000 + 5000 + 5000 + 1 floats ≈ 200 KB: still cheap; 40000 hidden units ≈ 1.9 MB is not
+    big, facts = _trace(tmp_path / "big", hidden=40_000, grads=None)
+    assert all(r["grads"] is None for r in big)
+    assert facts["headers"] == [facts["final"]] and facts["final"]["grads"] is False
+    forced, facts = _trace(tmp_path / "forced", hidden=40_000, grads=True)
+    assert all(len(r["grads"]) == 4 for r in forced) and facts["headers"] == []
+    # what is hashed does not change the parameters' fingerprints
+    assert [r["params_after"] for r in big] == [r["params_after"] for r in forced]
+
+
+def test_loss_bits_are_the_float_bits(tmp_path: Path) -> None:
+    import struct
+
+    records, _ = _trace(tmp_path, hidden=4, grads=False)
+    for record in records:
+        loss = record["loss"]
+        assert struct.unpack("<f", struct.pack("<i", loss["bits"]))[0] == loss["value"]
