@@ -121,8 +121,8 @@ def measure(batch: int) -> None:
         extra = ""
         if name in tracers:
             share = statistics.median(inside[name]) / step
-            ok = "meets target)" if ratio <= 1.03 else "MISSES target)"
-            extra = f"  (target <= 1.03: {ok}; inside the hooks {share * 100:.1f}% of a step"
+            ok = "meets target" if ratio <= 1.03 else "MISSES target"
+            extra = f"  (target <= 1.03: {ok}; inside the hooks {share * 100:.1f}% of a step)"
         print(f"{label:32}: ratio {ratio:.3f}{extra}")
 
     with_grads = trace_path.with_name("grads.jsonl")  # every facet: the most to compare
