@@ -395,6 +395,9 @@ def _trace_summary(console: Any, t: Any) -> None:
         return
     span = f", steps {t.first_step}..{t.last_step}" if t.steps else ""
     console.print(f"[bold]trace[/]  {t.steps} steps recorded (every {t.interval}, {t.algorithm}){span}")
+    if t.grads is not None:
+        hashed = "weights and gradients" if t.grads else "weights only (gradients: trace_grads)"
+        console.print(f"  fingerprints of {hashed}")
     if t.loss_first is None:
         return
     parts = [f"loss first {_num(t.loss_first)}", f"last {_num(t.loss_last)}"]

@@ -46,6 +46,7 @@ class TraceSummary:
     last_step: int | None
     algorithm: str | None
     interval: int | None
+    grads: bool | None  # gradients hashed (trace_grads, or where cheap)
     loss_first: float | None
     loss_last: float | None
     loss_min: tuple[int, float] | None  # (step, value)
@@ -77,6 +78,7 @@ def _summarize_trace(records: list[dict[str, Any]], header: Mapping[str, Any]) -
         last_step=records[-1]["step"] if records else None,
         algorithm=header.get("algorithm"),
         interval=header.get("interval"),
+        grads=header.get("grads"),
         loss_first=losses[0][1] if losses else None,
         loss_last=losses[-1][1] if losses else None,
         loss_min=min(finite, key=lambda item: item[1]) if finite else None,

@@ -134,8 +134,22 @@ def test_show_trace_summarizes_the_recorded_losses(project: Project) -> None:
     assert (shown["first_step"], shown["last_step"]) == (0, 19)
     assert shown["loss_first"] == losses[0] and shown["loss_last"] == losses[-1]  # the same bits
     assert shown["loss_min"] == [losses.index(min(losses)), min(losses)]
+    assert shown["grads"] is True  # a small model on CPU: gradients are cheap, so hashed
     human = project.cascade("show", run_id, "--trace", check=True).stdout
-    assert "20 steps recorded" in human
+    assert "20 steps recorded" in human and "fingerprints of weights and gradients" in human
+    project.write("cascade.yaml", "trace_grads: false\n")
+    lean = project.record("train.py")
+    assert (
+        json.loads(project.cascade("show", lean, "--trace", "--json", check=True).stdout)["data"]["trace"][
+            "grads"
+        ]
+        is False
+    )
+    code, verdict = _verify(project, run_id, lean)  # compared on what both traces hold
+    assert code == 0 and verdict["verdict"] == "BITWISE_IDENTICAL"
+    assert verdict["notes"] == [
+        f"gradients are not compared: run {lean[:12]} did not hash them (trace_grads)"
+    ]
 
 
 def test_trace_interval_zero_records_no_trace(project: Project) -> None:
