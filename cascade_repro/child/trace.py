@@ -198,6 +198,8 @@ class StepTracer:
         self._pending["params_after"] = after
         if self.step != 0:
             self._pending.pop("params_before", None)
+        if self.step == self._dump_step:
+            self._save_dump("params_after", params)
         self._write(self._pending)
         self._pending = None
         self.step += 1
@@ -212,6 +214,9 @@ class StepTracer:
         record = self._new_record(params)
         if self._mode == "undecided":
             record["params_before"] = self._hash_params(params)
+        if self.step == self._dump_step:
+            self._save_dump("params_before", params)
+            self._save_dump("grads", params, grads=True)
         self._pending = record
         self._pending_params = params
         self._rng_next = self._rng_fingerprint()  # the next step starts after this update

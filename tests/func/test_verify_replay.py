@@ -95,6 +95,22 @@ def test_unseeded_runs_replay_with_the_seeds_they_drew(project: Project) -> None
     assert 0 < before["0.weight"]["max_abs"] < 1  # two draws of the default init, |w| < 1/sqrt(8)
 
 
+def test_manual_sgd_without_an_optimizer_is_replayed_too(project: Project) -> None:
+    from tests.conftest import SCRIPTS
+
+    project.write("manual_sgd.py", (SCRIPTS / "manual_sgd.py").read_text())
+    project.commit("manual sgd")
+    a = project.record("manual_sgd.py")
+    b = project.record("--set", "optimizer.lr=0.2", "manual_sgd.py")
+    verdict = _verify_replay(project, a, b)
+    first = verdict["first_divergence"]
+    assert first["step"] == 0 and verdict["replay"]["not_measured"] == []
+    after = {m["name"]: m for m in first["magnitudes"] if m["facet"] == "params_after"}
+    assert set(after) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    # lr 0.1 vs 0.2 from the same weights and gradients: every weight with a gradient moved
+    assert after["2.bias"]["differing"] == 1 and after["2.bias"]["max_abs"] > 0
+
+
 def test_runs_of_different_length_have_no_divergent_step_to_replay(project: Project) -> None:
     a = project.record("train.py")
     b = project.record("--set", "steps=12", "train.py")
