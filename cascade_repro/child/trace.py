@@ -21,26 +21,19 @@ keeps its prefix. Scripts without an optimizer get one record per `backward()` (
 
 from __future__ import annotations
 
-import array
-import ctypes
-import gc
-import hashlib
 import importlib
 import json
-import random
-import struct
 import sys
 import threading
 import time
-import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
+from cascade_repro.child import step_values
 from cascade_repro.child.protocol import DUMP_FILE
 from cascade_repro.determinism import fingerprint
 
-_LOSS_INT = {2: "int16", 4: "int32", 8: "int64"}
 RNG_EXTRA_EVERY = 16
 GRADS_CHEAP_BYTES = 1 << 20  # CPU: hashing this much costs ~30 µs a step
 FLUSH_EVERY_S = 0.5  # a crash keeps the trace up to here; an exception or Ctrl-C keeps all of it
@@ -59,6 +52,7 @@ class StepTracer:
         self._flushed_at = time.monotonic()
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._unwritten: list[dict[str, Any]] = []
+        self._views = fingerprint.ByteViews()
         self._lock = threading.Lock()
         self.step = 0
         self._pending: dict[str, Any] | None = None  # step k, waiting for its params-after
@@ -223,7 +217,7 @@ class StepTracer:
 
     def _manual_params(self) -> list[Any]:
         if not self._named:
-            found = _named_parameters(self.torch)
+            found = step_values.named_parameters(self.torch)
             self._names = {id(p): name for name, p in found}
             self._manual = [p for _, p in found]
             self._named = True
@@ -238,7 +232,7 @@ class StepTracer:
                     self._pending = None  # a manual-mode guess from the first backward(s)
                 self._mode = "optimizer"
             if not self._named:  # once: a script with no nn.Module must not rescan every step
-                self._names = {id(p): name for name, p in _named_parameters(self.torch)}
+                self._names = {id(p): name for name, p in step_values.named_parameters(self.torch)}
                 self._named = True
             self._in_step = True
             self._finish_pending()  # no backward() since the last step (an optimizer with a closure)
@@ -331,7 +325,7 @@ class StepTracer:
         return self._names.get(id(tensor)) or f"param{index}"
 
     def _hash_params(self, params: list[Any]) -> dict[str, str]:
-        hashes = fingerprint.fingerprints(self.torch, params, reuse_views=True)  # the same every step
+        hashes = fingerprint.fingerprints(self.torch, params, self._views)  # the same tensors every step
         return {self._name(p, i): h for i, (p, h) in enumerate(zip(params, hashes, strict=True))}
 
     def _hash_grads(self, params: list[Any]) -> dict[str, str]:
@@ -342,59 +336,23 @@ class StepTracer:
     def _encode(self, record: dict[str, Any]) -> str:
         """Read from memory when the step happened, turned into fingerprints and bits here, in
         batches: the loss tensor and the RNG state copies (see `_write`)."""
-        record["loss"] = self._loss_record(record.get("loss"))
+        record["loss"] = step_values.loss_record(self.torch, record.get("loss"))
         rng = record.get("rng")
         if rng and not all(isinstance(v, str) for v in rng.values()):
-            record["rng"] = {name: _rng_hash(state) for name, state in rng.items()}
+            record["rng"] = {name: step_values.rng_hash(state) for name, state in rng.items()}
         return json.dumps(record, separators=(",", ":")) + "\n"
 
     def _loss_copy(self) -> Any:
         """The loss as it is now: a script may reuse its memory (a buffer of losses) later."""
         return None if self._loss is None else self._loss.clone()
 
-    def _loss_record(self, loss: Any) -> dict[str, Any] | None:
-        if loss is None:
-            return None
-        flat = loss.reshape(1)
-        dtype = str(loss.dtype).replace("torch.", "")
-        if flat.dtype in (self.torch.float32, self.torch.float64):  # one read: value from the bits
-            width = 4 if flat.dtype == self.torch.float32 else 8
-            if flat.device.type == "cpu":  # straight from memory, no dispatch (~1 µs, not ~30)
-                bits = (ctypes.c_int32 if width == 4 else ctypes.c_int64).from_address(flat.data_ptr()).value
-            else:
-                bits = int(flat.view(self.torch.int32 if width == 4 else self.torch.int64).item())
-            unsigned = bits & ((1 << (8 * width)) - 1)
-            value = struct.unpack("<f" if width == 4 else "<d", unsigned.to_bytes(width, "little"))[0]
-            return {"bits": bits, "value": value, "dtype": dtype}
-        view = _LOSS_INT.get(flat.element_size())
-        other = (
-            int(flat.view(getattr(self.torch, view)).item()) if view and flat.is_floating_point() else None
-        )
-        return {"bits": other, "value": float(flat.item()), "dtype": dtype}
-
     def _batch_fingerprint(self, batch: Any) -> str | None:
-        tensors = _tensors_in(self.torch, batch)
-        if not tensors:
-            return None
-        hashes = fingerprint.fingerprints(self.torch, tensors)
-        return hashes[0] if len(hashes) == 1 else _combine([h.encode() for h in hashes])
+        return step_values.batch_fingerprint(self.torch, batch)
 
     def _rng_fingerprint(self) -> dict[str, Any]:
         """torch's generators every step; Python's and numpy's (slower to read: ~30 and ~60 µs) at
         step 0 and every RNG_EXTRA_EVERY steps, where unseeded randomness shows first."""
-        torch = self.torch
-        states: dict[str, Any] = {"torch": torch.get_rng_state()}  # copies, hashed when encoded
-        if torch.cuda.is_initialized():
-            states["cuda"] = torch.cuda.get_rng_state_all()
-        if self.step % RNG_EXTRA_EVERY:
-            return states
-        version, internal, gauss_next = random.getstate()
-        states["python"] = _combine([array.array("Q", internal).tobytes(), repr(gauss_next).encode()])
-        numpy = sys.modules.get("numpy")
-        if numpy is not None and hasattr(numpy, "random"):
-            state = numpy.random.get_state(legacy=False)["state"]
-            states["numpy"] = _combine([state["key"].tobytes(), str(state["pos"]).encode()])
-        return states
+        return step_values.rng_states(self.torch, others=self.step % RNG_EXTRA_EVERY == 0)
 
     def header(self) -> dict[str, Any]:
         header: dict[str, Any] = {"algorithm": fingerprint.ALGORITHM, "interval": self.interval}
@@ -404,53 +362,3 @@ class StepTracer:
         if self.stop_after is not None:
             header["stopped_after_steps"] = self.stop_after
         return header
-
-
-def _rng_hash(state: Any) -> str:
-    """A generator state as read at the step's start: already a fingerprint, a state tensor, or one
-    state tensor per CUDA device."""
-    if isinstance(state, str):
-        return state
-    if isinstance(state, list):
-        return _combine([fingerprint.cpu_hash(s).encode() for s in state])
-    return fingerprint.cpu_hash(state)
-
-
-def _combine(parts: list[bytes]) -> str:
-    digest = hashlib.blake2b(digest_size=8)
-    for part in parts:
-        digest.update(len(part).to_bytes(8, "little"))
-        digest.update(part)
-    return digest.hexdigest()
-
-
-def _tensors_in(torch: Any, batch: Any, limit: int = 16) -> list[Any]:
-    found: list[Any] = []
-    stack = [batch]
-    while stack and len(found) < limit:
-        item = stack.pop(0)
-        if isinstance(item, torch.Tensor):
-            found.append(item)
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            stack.extend(item[k] for k in sorted(item, key=str))
-    return found
-
-
-def _named_parameters(torch: Any) -> list[tuple[str, Any]]:
-    """(module path, parameter) for every parameter of the live root modules, sorted by path."""
-    with warnings.catch_warnings():  # isinstance() on some lazy torch objects warns
-        warnings.simplefilter("ignore")
-        modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
-    children = {id(c) for m in modules for c in m.children()}
-    seen: set[int] = set()
-    found: list[tuple[str, Any]] = []
-    for root in modules:
-        if id(root) in children:
-            continue
-        for name, param in root.named_parameters():
-            if id(param) not in seen:
-                seen.add(id(param))
-                found.append((name, param))
-    return sorted(found, key=lambda item: item[0])

@@ -42,29 +42,38 @@ def _raw(tensor: Any) -> Any:
     return (ctypes.c_ubyte * size).from_address(tensor.data_ptr())
 
 
-# (address, dtype, shape, strides) → (header, view of the bytes), for tensors that are hashed again
-# and again in place (the step trace's parameters): building the header and the ctypes view once
-# saves most of the Python cost per tensor. A view is only used for a live tensor at exactly that
-# address and layout, so it reads that tensor's memory as it is now.
-_VIEWS: dict[tuple[Any, ...], tuple[bytes, Any]] = {}
-_VIEWS_MAX = 4096
+class ByteViews:
+    """Header and byte view per (address, dtype, shape, strides), for tensors hashed again and again
+    in place (the step trace's parameters): building them once saves most of the Python cost per
+    tensor. A view is only used for a live tensor at exactly that address and layout, so it reads
+    that tensor's memory as it is now."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._views: dict[tuple[Any, ...], tuple[bytes, Any]] = {}
+        self._limit = limit
+
+    def of(self, tensor: Any) -> tuple[bytes, Any]:
+        key = (tensor.data_ptr(), tensor.dtype, tensor.shape, tensor.stride())
+        found = self._views.get(key)
+        if found is None:
+            if not tensor.is_contiguous():  # a temporary copy: nothing to keep
+                copy = tensor.detach().contiguous()
+                return _header(copy), bytes(_raw(copy))
+            if len(self._views) >= self._limit:
+                self._views.clear()
+            found = self._views[key] = (_header(tensor), _raw(tensor.detach()))
+        return found
 
 
-def cpu_hash(tensor: Any, reuse_view: bool = False) -> str:
+def cpu_hash(tensor: Any, views: ByteViews | None = None) -> str:
     """16 hex digits over dtype, shape and the bytes of a CPU tensor."""
-    key = (tensor.data_ptr(), tensor.dtype, tensor.shape, tensor.stride()) if reuse_view else None
-    cached = _VIEWS.get(key) if key else None
-    if cached is None:
+    if views is not None:
+        header, raw = views.of(tensor)
+    else:
         t = tensor.detach()
         if not t.is_contiguous():
             t = t.contiguous()
-            key = None  # a temporary copy: nothing to reuse
-        cached = (_header(t), _raw(t))
-        if key:
-            if len(_VIEWS) >= _VIEWS_MAX:
-                _VIEWS.clear()
-            _VIEWS[key] = cached
-    header, raw = cached
+        header, raw = _header(t), _raw(t)
     if xxhash is not None:
         h = xxhash.xxh3_64(header)
         h.update(raw)
@@ -102,15 +111,15 @@ def _meta_code(t: Any) -> int:
     return int.from_bytes(digest, "little")
 
 
-def fingerprints(torch: Any, tensors: Sequence[Any], reuse_views: bool = False) -> list[str]:
+def fingerprints(torch: Any, tensors: Sequence[Any], views: ByteViews | None = None) -> list[str]:
     """Fingerprint each tensor where it lives: CPU tensors hashed in place, the rest on device.
 
-    `reuse_views`: the same tensors are hashed again later (see `cpu_hash`)."""
+    `views`: kept by a caller that hashes the same tensors again later (see `ByteViews`)."""
     out: list[str | None] = [None] * len(tensors)
     by_device: dict[Any, list[int]] = {}
     for index, tensor in enumerate(tensors):
         if tensor.device.type == "cpu":
-            out[index] = cpu_hash(tensor, reuse_views)
+            out[index] = cpu_hash(tensor, views)
         else:
             by_device.setdefault(tensor.device, []).append(index)
     for indices in by_device.values():

@@ -7,7 +7,7 @@ import struct
 import pytest
 import torch
 
-from cascade_repro.determinism.fingerprint import cpu_hash, device_checksums, fingerprints
+from cascade_repro.determinism.fingerprint import ByteViews, cpu_hash, device_checksums, fingerprints
 
 
 def _nan(payload: int) -> torch.Tensor:
@@ -78,15 +78,18 @@ def test_fingerprints_route_by_device_and_keep_order() -> None:
 
 
 def test_a_tensor_changed_in_place_gets_a_new_fingerprint() -> None:
-    # cpu_hash keeps a view of each tensor's memory between calls (the trace hashes the same
-    # parameters every step): the view must read what is there now, and a view with another
-    # layout over the same memory (a square transpose) must not reuse it.
+    # The trace keeps a view of each parameter's memory between steps (ByteViews): the view must
+    # read what is there now, and another layout over the same memory (a square transpose) or a
+    # non-contiguous tensor must not reuse it.
+    views = ByteViews()
     w = torch.arange(9, dtype=torch.float32).reshape(3, 3)
-    before = cpu_hash(w, reuse_view=True)
+    before = cpu_hash(w, views)
     assert before == cpu_hash(w)
     w[1, 2] = torch.nextafter(w[1, 2], torch.tensor(100.0))
-    after = cpu_hash(w, reuse_view=True)
+    after = cpu_hash(w, views)
     assert before != after and after == cpu_hash(w)
     transposed = w.t()
     assert transposed.data_ptr() == w.data_ptr() and transposed.shape == w.shape
-    assert cpu_hash(transposed, reuse_view=True) == cpu_hash(transposed.contiguous()) != after
+    assert cpu_hash(transposed, views) == cpu_hash(transposed.contiguous()) != after
+    column = w[:, 1]
+    assert cpu_hash(column, views) == cpu_hash(column.contiguous()) == cpu_hash(column)

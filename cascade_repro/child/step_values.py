@@ -1,0 +1,114 @@
+"""What a training step's trace record reads from torch: loss bits, RNG states, batch and
+parameter names; kept apart from the tracer, which decides when to read them."""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import gc
+import hashlib
+import random
+import struct
+import sys
+import warnings
+from typing import Any
+
+from cascade_repro.determinism import fingerprint
+
+_LOSS_INT = {2: "int16", 4: "int32", 8: "int64"}
+
+
+def loss_record(torch: Any, loss: Any) -> dict[str, Any] | None:
+    """The loss as exact bits, its value and dtype."""
+    if loss is None:
+        return None
+    flat = loss.reshape(1)
+    dtype = str(loss.dtype).replace("torch.", "")
+    if flat.dtype in (torch.float32, torch.float64):  # one read: value from the bits
+        width = 4 if flat.dtype == torch.float32 else 8
+        if flat.device.type == "cpu":  # straight from memory, no dispatch
+            bits = (ctypes.c_int32 if width == 4 else ctypes.c_int64).from_address(flat.data_ptr()).value
+        else:
+            bits = int(flat.view(torch.int32 if width == 4 else torch.int64).item())
+        unsigned = bits & ((1 << (8 * width)) - 1)
+        value = struct.unpack("<f" if width == 4 else "<d", unsigned.to_bytes(width, "little"))[0]
+        return {"bits": bits, "value": value, "dtype": dtype}
+    view = _LOSS_INT.get(flat.element_size())
+    other = int(flat.view(getattr(torch, view)).item()) if view and flat.is_floating_point() else None
+    return {"bits": other, "value": float(flat.item()), "dtype": dtype}
+
+
+def rng_states(torch: Any, others: bool) -> dict[str, Any]:
+    """Copies of torch's generator states (hashed later, `rng_hash`); with `others`, fingerprints
+    of Python's and numpy's too."""
+    states: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    if not others:
+        return states
+    version, internal, gauss_next = random.getstate()
+    states["python"] = combine([array.array("Q", internal).tobytes(), repr(gauss_next).encode()])
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and hasattr(numpy, "random"):
+        state = numpy.random.get_state(legacy=False)["state"]
+        states["numpy"] = combine([state["key"].tobytes(), str(state["pos"]).encode()])
+    return states
+
+
+def rng_hash(state: Any) -> str:
+    """A generator state as read at the step's start: already a fingerprint, a state tensor, or one
+    state tensor per CUDA device."""
+    if isinstance(state, str):
+        return state
+    if isinstance(state, list):
+        return combine([fingerprint.cpu_hash(s).encode() for s in state])
+    return fingerprint.cpu_hash(state)
+
+
+def batch_fingerprint(torch: Any, batch: Any) -> str | None:
+    """Position-sensitive fingerprint of the tensors in a batch (nested lists, tuples, dicts)."""
+    tensors = tensors_in(torch, batch)
+    if not tensors:
+        return None
+    hashes = fingerprint.fingerprints(torch, tensors)
+    return hashes[0] if len(hashes) == 1 else combine([h.encode() for h in hashes])
+
+
+def combine(parts: list[bytes]) -> str:
+    digest = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def tensors_in(torch: Any, batch: Any, limit: int = 16) -> list[Any]:
+    found: list[Any] = []
+    stack = [batch]
+    while stack and len(found) < limit:
+        item = stack.pop(0)
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item[k] for k in sorted(item, key=str))
+    return found
+
+
+def named_parameters(torch: Any) -> list[tuple[str, Any]]:
+    """(module path, parameter) for every parameter of the live root modules, sorted by path."""
+    with warnings.catch_warnings():  # isinstance() on some lazy torch objects warns
+        warnings.simplefilter("ignore")
+        modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
+    children = {id(c) for m in modules for c in m.children()}
+    seen: set[int] = set()
+    found: list[tuple[str, Any]] = []
+    for root in modules:
+        if id(root) in children:
+            continue
+        for name, param in root.named_parameters():
+            if id(param) not in seen:
+                seen.add(id(param))
+                found.append((name, param))
+    return sorted(found, key=lambda item: item[0])
