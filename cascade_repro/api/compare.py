@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from cascade_repro.api.records import context, judge_and_record, manifest_data
+from cascade_repro.api.records import context, judge_runs, manifest_data
 from cascade_repro.check import CheckReport, check_against, check_machine
 from cascade_repro.diff import Diff, diff_records
 from cascade_repro.errors import CascadeError, UsageError
@@ -45,7 +45,7 @@ def diff(ref_a: str, ref_b: str, only: tuple[str, ...] = (), cwd: Path | None = 
     trace_note = None
     both_traced = all((m.get("trace") or {}).get("steps") for m in (a, b))
     if client is not None and both_traced and (not only or "trace" in only):
-        verdict = judge_and_record(client, a, b, 1e-5, 1e-8, record_on=None, against=str(a["run_id"]))
+        verdict = judge_runs(client, a, b, 1e-5, 1e-8)
         summary = verdict.summary
         trace_note = summary if summary.startswith(verdict.verdict) else f"{verdict.verdict}: {summary}"
     try:

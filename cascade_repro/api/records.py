@@ -106,7 +106,7 @@ def verify(
     runs = [mlflow_store.resolve_run(client, ref, settings.experiment) for ref in (ref_a, ref_b)]
     earlier, later = sorted(runs, key=lambda r: r.info.start_time or 0)
     manifests = [manifest_data(client, r.info.run_id) for r in runs]
-    verdict = judge_and_record(client, manifests[0], manifests[1], rtol, atol, record_on=None, against="")
+    verdict = judge_runs(client, manifests[0], manifests[1], rtol, atol)
     if replay and not verdict.reproduced:
         from cascade_repro.api.replay import replay_divergence
         from cascade_repro.determinism.verdict import with_replay
@@ -117,23 +117,19 @@ def verify(
     return verdict
 
 
-def judge_and_record(
+def judge_runs(
     client: Any,
     manifest_a: dict[str, Any],
     manifest_b: dict[str, Any],
     rtol: float,
     atol: float,
-    record_on: str | None,
-    against: str,
     steps: int | None = None,
 ) -> Verdict:
+    """The verdict on two recorded runs, from their records and traces."""
     from cascade_repro.determinism.verdict import judge  # not on `cascade run`'s start path
 
     traces = [_trace(client, str(m["run_id"]), m) for m in (manifest_a, manifest_b)]
-    verdict = judge(manifest_a, manifest_b, traces[0], traces[1], rtol=rtol, atol=atol, steps=steps)
-    if record_on is not None:
-        record_verdict(client, verdict, record_on, against)
-    return verdict
+    return judge(manifest_a, manifest_b, traces[0], traces[1], rtol=rtol, atol=atol, steps=steps)
 
 
 def record_verdict(client: Any, verdict: Verdict, record_on: str, against: str) -> None:

@@ -32,7 +32,7 @@ def replay_divergence(
         return [], {"runs": {}, "not_measured": [f"nothing to replay: {where}"]}
     root = context(cwd).root
     runs: dict[str, str] = {}
-    dumps = []
+    dumps: list[Path] = []
     for side, run_id in (("a", verdict.run_a), ("b", verdict.run_b)):
         directory = root / ".cascade" / "replays" / f"{run_id[:12]}-step{step}"
         shutil.rmtree(directory, ignore_errors=True)
@@ -47,15 +47,9 @@ def replay_divergence(
                 "that run's: the two runs differ by where they ran, which the fingerprints and causes show"
             )
             return [], {"runs": runs, "not_measured": [reason]}
-        dumps.append(_load(directory / DUMP_FILE))
+        dumps.append(directory / DUMP_FILE)
     import torch
 
-    found, missing = magnitudes(torch, dumps[0], dumps[1], tensor_facets)
+    saved = [torch.load(path, map_location="cpu", weights_only=True) for path in dumps]
+    found, missing = magnitudes(torch, saved[0], saved[1], tensor_facets)
     return found, {"runs": runs, "not_measured": missing}
-
-
-def _load(path: Path) -> dict[str, dict[str, Any]]:
-    import torch
-
-    data: dict[str, dict[str, Any]] = torch.load(path, map_location="cpu", weights_only=True)
-    return data

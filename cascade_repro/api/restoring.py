@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from cascade_repro import versions
 from cascade_repro.api.compare import machine_record
-from cascade_repro.api.records import context, dvc_cache, judge_and_record, manifest_data
+from cascade_repro.api.records import context, dvc_cache, judge_runs, manifest_data, record_verdict
 from cascade_repro.api.runs import RunRequest, run
 from cascade_repro.errors import RestoreRefused, StoreError, UsageError
 from cascade_repro.manifest import ARTIFACT_PATH, check_schema, data_objects
@@ -144,10 +144,8 @@ def restore(
     result = run(request, notify)
     restoring.write_marker(tree.path, plan)  # the re-run's own outputs belong to the state reuse expects
     client = mlflow_store.client(settings.tracking_uri)  # imported by the run's recorder already
-    verdict = judge_and_record(
-        client, manifest, result.manifest.to_dict(), rtol, atol, record_on=result.run_id, against=run_id,
-        steps=steps,
-    )  # fmt: skip
+    verdict = judge_runs(client, manifest, result.manifest.to_dict(), rtol, atol, steps=steps)
+    record_verdict(client, verdict, result.run_id, run_id)
     return RestoreResult(plan, tree, result, verdict, image, tuple(drift))
 
 

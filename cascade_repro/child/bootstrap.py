@@ -203,13 +203,17 @@ def _record_nondeterministic_ops(facts: Facts, determinism: dict[str, Any]) -> N
     warnings.showwarning = show
 
 
-def _note_nondeterministic_op(facts: Facts, determinism: dict[str, Any], op: str, **more: Any) -> None:
+def _note_nondeterministic_op(
+    facts: Facts, determinism: dict[str, Any], op: str, stopped: bool = False
+) -> None:
     ops = determinism.setdefault("nondeterministic_ops", [])
-    if op not in ops or more:
-        if op not in ops:
-            ops.append(op)
-        determinism.update(more)
-        facts.update()
+    if op in ops and not stopped:
+        return
+    if op not in ops:
+        ops.append(op)
+    if stopped:
+        determinism["stopped_by"] = op
+    facts.update()
 
 
 def _record_uncaught_exceptions(facts: Facts, determinism: dict[str, Any]) -> None:
@@ -220,7 +224,7 @@ def _record_uncaught_exceptions(facts: Facts, determinism: dict[str, Any]) -> No
         facts.update(exception={"type": kind.__name__, "message": str(value)[:2000]})
         op = protocol.nondeterministic_op(str(value))
         if op is not None:
-            _note_nondeterministic_op(facts, determinism, op, stopped_by=op)
+            _note_nondeterministic_op(facts, determinism, op, stopped=True)
         original(kind, value, tb)
 
     sys.excepthook = hook

@@ -105,7 +105,7 @@ class StepTracer:
 
         def __iter__(self: Any) -> Any:  # noqa: N807 - replaces DataLoader.__iter__
             for batch in original_iter(self):
-                tracer._batch = tracer._batch_fingerprint(batch)
+                tracer._batch = step_values.batch_fingerprint(tracer.torch, batch)
                 yield batch
 
         loader.__iter__ = __iter__
@@ -345,9 +345,6 @@ class StepTracer:
     def _loss_copy(self) -> Any:
         """The loss as it is now: a script may reuse its memory (a buffer of losses) later."""
         return None if self._loss is None else self._loss.clone()
-
-    def _batch_fingerprint(self, batch: Any) -> str | None:
-        return step_values.batch_fingerprint(self.torch, batch)
 
     def _rng_fingerprint(self) -> dict[str, Any]:
         """torch's generators every step; Python's and numpy's (slower to read: ~30 and ~60 µs) at

@@ -76,7 +76,7 @@ def _compare(torch: Any, facet: str, name: str, a: Any, b: Any) -> Magnitude:
     view = getattr(torch, _INT_VIEW[flat_a.element_size()])
     differ = flat_a.view(view) != flat_b.view(view)  # bits, so -0.0 vs 0.0 and NaN payloads count
     differing = int(differ.sum())
-    if not (flat_a.is_floating_point() or flat_a.is_complex()) and not _is_integer(torch, flat_a):
+    if flat_a.dtype == torch.bool:
         return Magnitude(facet, name, differing, flat_a.numel(), None)
     if differing == 0:
         return Magnitude(facet, name, 0, flat_a.numel(), 0.0)
@@ -86,7 +86,3 @@ def _compare(torch: Any, facet: str, name: str, a: Any, b: Any) -> Magnitude:
     delta[left.isnan() | right.isnan()] = math.inf  # NaN against anything else: infinitely far
     delta[(left == right) & ~(left.isnan() | right.isnan())] = 0.0  # ±0.0: bits differ, values equal
     return Magnitude(facet, name, differing, flat_a.numel(), float(delta.max()))
-
-
-def _is_integer(torch: Any, tensor: Any) -> bool:
-    return tensor.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)

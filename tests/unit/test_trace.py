@@ -23,10 +23,11 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 x, y = torch.randn(16, 8), torch.randn(16, 1)
-seen = {}
+seen, losses = {}, []
 for step in range(4):
     opt.zero_grad()
     loss = torch.nn.functional.mse_loss(model(x), y)
+    losses.append(loss.item())
     loss.backward()
     if step == 2:  # between this step's backward and its optimizer step: part of step 2
         with torch.no_grad():
@@ -43,7 +44,8 @@ def closure():
 opt.step(closure)  # step 4: its backward runs inside the step, after the step's pre-hook
 seen[4] = cpu_hash(model[2].weight)
 tracer.close()
-(out / "seen.json").write_text(json.dumps({"seen": seen, "headers": headers, "final": tracer.header()}))
+facts = {"seen": seen, "losses": losses, "headers": headers, "final": tracer.header()}
+(out / "seen.json").write_text(json.dumps(facts))
 """
 
 
@@ -84,7 +86,8 @@ def test_gradients_are_hashed_where_cheap(tmp_path: Path) -> None:
 def test_loss_bits_are_the_float_bits(tmp_path: Path) -> None:
     import struct
 
-    records, _ = _trace(tmp_path, hidden=4, grads=False)
-    for record in records:
+    records, facts = _trace(tmp_path, hidden=4, grads=False)
+    assert len(facts["losses"]) == 4
+    for record, seen in zip(records, facts["losses"], strict=False):  # steps 0-3: the script's own losses
         loss = record["loss"]
-        assert struct.unpack("<f", struct.pack("<i", loss["bits"]))[0] == loss["value"]
+        assert loss["value"] == seen and loss["bits"] == struct.unpack("<i", struct.pack("<f", seen))[0]
