@@ -5,12 +5,12 @@ Nothing is handed over before its bytes hash to the md5 in the record.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Mapping, Sequence
 
-from cascade_repro.errors import DataError, UsageError
+from cascade_repro import confined
+from cascade_repro.errors import DataError, UnsafeRecord, UsageError
 from cascade_repro.store.dvc_store import Cache, Progress, md5_of
 
 
@@ -82,23 +82,16 @@ def fetch(cache: Cache, path: str, md5: str, remote: str | None, progress: Progr
     return Fetched(path, md5, size, source, target)
 
 
-def inside(base: Path, relative: str) -> Path:
-    """`base / relative`, refused when a record's path would lead out of `base` (records are not trusted)."""
+def deliver(fetched: Fetched, base: Path, relative: str, force: bool) -> Fetched:
+    """Copy a verified object to `base/relative`, a path from a record (not trusted): it is written
+    only where its real path, resolved now, is inside `base`. An existing different file is refused
+    unless forced; a symlink there is replaced, never written through."""
+    if not relative or PurePosixPath(relative).is_absolute() or ".." in PurePosixPath(relative).parts:
+        raise UnsafeRecord(f"unsafe record: the path {relative!r} leads out of {base}")
     destination = base / relative
-    resolved, root = destination.resolve(), base.resolve()
-    if Path(relative).is_absolute() or (resolved != root and root not in resolved.parents):
-        raise DataError(
-            f"unsafe record: the path {relative!r} leads out of {base}",
-            hint="the run record was altered or made by something else; nothing was written",
-        )
-    return destination
-
-
-def deliver(fetched: Fetched, destination: Path, force: bool) -> Fetched:
-    """Copy a verified object to `destination`; an existing different file is refused unless forced."""
-    if destination.exists():
-        if destination.is_dir():
-            raise UsageError(f"{destination} is a directory", hint="give a file path, or --to DIR")
+    if destination.is_dir() and not destination.is_symlink():
+        raise UsageError(f"{destination} is a directory", hint="give a file path, or --to DIR")
+    if destination.is_file() and not destination.is_symlink():
         same = destination.stat().st_size == fetched.size and md5_of(destination)[0] == fetched.md5
         if same:
             return replace(fetched, written_to=destination)
@@ -107,9 +100,9 @@ def deliver(fetched: Fetched, destination: Path, force: bool) -> Fetched:
                 f"{destination} exists with other content",
                 hint="pass --to DIR to write elsewhere, or --force to overwrite it",
             )
-        destination.unlink()
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    tmp = destination.with_name(f".{destination.name}.cascade.tmp")
-    shutil.copyfile(fetched.object_path, tmp)
-    tmp.replace(destination)
-    return replace(fetched, written_to=destination)
+    elif destination.is_symlink() and not force:
+        raise UsageError(
+            f"{destination} is a symlink", hint="pass --to DIR to write elsewhere, or --force to replace it"
+        )
+    written = confined.write_file(base, relative, fetched.object_path, f"the path {relative}")
+    return replace(fetched, written_to=written)

@@ -8,7 +8,8 @@
     ├── RunNotFound              exit 1  (with close matches)
     ├── DirtyTreeRefused         exit 1  (--require-clean on a dirty tree)
     ├── VersionTaken             exit 1  (a version held by another run; --force moves it)
-    ├── RestoreRefused           exit 1  (missing commit, tampered or unsafe record, modified worktree)
+    ├── RestoreRefused           exit 1  (missing commit, tampered record, modified worktree)
+    ├── UnsafeRecord             exit 1  (a record whose paths or symlinks lead out of the target)
     ├── DataError                exit 1  (DVC cache/remote: missing, unreachable or corrupt objects)
     └── DockerError              exit 1  (no engine, base image unavailable, build failed, no GPUs)
 
@@ -62,6 +63,15 @@ class VersionTaken(CascadeError):
 
 class RestoreRefused(CascadeError):
     """Restore stopped before re-running: the record cannot be rebuilt faithfully or safely here."""
+
+
+class UnsafeRecord(CascadeError):
+    """A run record (untrusted: it may come from a shared server) would write outside its target."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(
+            message, hint or "the run record was altered or made by something else; nothing was written"
+        )
 
 
 class DataError(CascadeError):

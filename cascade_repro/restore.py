@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Mapping
 
+from cascade_repro import confined
 from cascade_repro.capture.git import capture_git, has_commit, sha256_of
 from cascade_repro.determinism.explain import THREAD_VARS, Difference
-from cascade_repro.errors import RestoreRefused
+from cascade_repro.errors import RestoreRefused, UnsafeRecord
+from cascade_repro.redaction import SecretSlot, is_redacted, secret_slots
 from cascade_repro.store import mlflow_store
 
 MARKER = "cascade-restore.json"  # in the worktree's own git dir, never in its files
@@ -52,11 +54,15 @@ class RestorePlan:
     workdir: Path
     steps: int | None = None
     num_threads: int | None = None  # torch's intra-op threads in the recorded run, set for the re-run
+    secret_args: tuple[SecretSlot, ...] = ()  # redacted argv values, each from its CASCADE_SECRET_* variable
+    secrets_missing: tuple[str, ...] = ()  # those variables unset here: the re-run is refused
+    secret_env: Mapping[str, bool] = field(default_factory=dict)  # redacted variables → set here (kept)
 
     def to_dict(self) -> dict[str, Any]:
         body = {k: v for k, v in vars(self).items() if k != "differences"}
         body["workdir"] = str(self.workdir)
         body["differences"] = [d.to_dict() for d in self.differences]
+        body["secret_args"] = [s.to_dict() for s in self.secret_args]
         return body
 
 
@@ -93,6 +99,8 @@ def plan_restore(manifest: Mapping[str, Any], version: str | None, workdir: Path
     for item in manifest.get("checkpoints") or []:
         if item.get("status") == "kept" and item.get("md5"):  # the ones restore may write
             _safe_path(str(item.get("path") or ""), "a checkpoint path")
+    # chains of the record's own symlinks, each harmless as text, may still lead out together
+    confined.refuse_escapes(_untracked_links(git.get("untracked") or []), _written_paths(manifest))
     params = manifest.get("params") or {}
     trace = manifest.get("trace") or {}
     return RestorePlan(
@@ -119,6 +127,7 @@ def plan_restore(manifest: Mapping[str, Any], version: str | None, workdir: Path
         workdir=workdir,
         steps=steps,
         num_threads=_int_or_none((manifest.get("torch") or {}).get("num_threads")),
+        **_redacted_sources(manifest, environ),
     )
 
 
@@ -129,6 +138,22 @@ def _int_or_none(value: Any) -> int | None:
         return None
 
 
+def _redacted_sources(manifest: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """Where the values the record redacted come from: argv from CASCADE_SECRET_* variables,
+    environment variables from this machine."""
+    slots = secret_slots([str(a) for a in (manifest.get("command") or {}).get("argv") or ()])
+    recorded = {**(manifest.get("environment_read") or {}), **(manifest.get("environment") or {})}
+    return {
+        "secret_args": tuple(slots),
+        "secrets_missing": tuple(s.variable for s in slots if s.variable not in environ),
+        "secret_env": {
+            name: name in environ
+            for name, value in sorted(recorded.items())
+            if is_redacted(value) and not name.startswith(NOT_RESTORED_PREFIXES)
+        },
+    }
+
+
 def recorded_environment(recorded: Mapping[str, str], environ: Mapping[str, str],
                          allow_prefixes: tuple[str, ...],
                          read: Mapping[str, str | None] | None = None) -> dict[str, str | None]:  # fmt: skip
@@ -137,12 +162,12 @@ def recorded_environment(recorded: Mapping[str, str], environ: Mapping[str, str]
     """
     changes: dict[str, str | None] = {}
     for name, value in (read or {}).items():
-        if name.startswith(NOT_RESTORED_PREFIXES) or value == "<redacted>":
+        if name.startswith(NOT_RESTORED_PREFIXES) or is_redacted(value):
             continue
         if environ.get(name) != value:
             changes[name] = value
     for name, value in recorded.items():
-        if name.startswith(NOT_RESTORED_PREFIXES) or value == "<redacted>" or name == "PYTHONHASHSEED":
+        if name.startswith(NOT_RESTORED_PREFIXES) or is_redacted(value) or name == "PYTHONHASHSEED":
             continue
         if environ.get(name) != value:
             changes[name] = value
@@ -198,6 +223,27 @@ def _gpu_names(gpus: Any) -> list[str]:
 
 
 # -- paths from an untrusted record -------------------------------------------------------------
+def _untracked_links(untracked: Any) -> dict[str, str]:
+    return {
+        posixpath.normpath(str(u["path"])): str(u["symlink_target"])
+        for u in untracked
+        if u.get("symlink_target") is not None
+    }
+
+
+def _written_paths(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every file a restore may write for this record: (path, what it is)."""
+    git = manifest.get("git") or {}
+    paths = [(str(u.get("path")), "the untracked file") for u in git.get("untracked") or []]
+    paths += [(str(d.get("path")), "the data path") for d in manifest.get("data") or []]
+    paths += [
+        (str(c.get("path")), "the checkpoint")
+        for c in manifest.get("checkpoints") or []
+        if c.get("status") == "kept" and c.get("md5")
+    ]
+    return paths
+
+
 def _safe_path(path: str, what: str, allow_dot: bool = False) -> str:
     """A relative POSIX path that stays inside the worktree and out of `.git`."""
     normalized = posixpath.normpath(path) if path else ""
@@ -213,20 +259,14 @@ def _safe_path(path: str, what: str, allow_dot: bool = False) -> str:
         or normalized in (".", "")
         or parts[0] == ".git"
     ):
-        raise RestoreRefused(
-            f"unsafe record: {what} has the path {path!r}, which escapes the worktree",
-            hint="the run record was altered or made by something else; nothing was written",
-        )
+        raise UnsafeRecord(f"unsafe record: {what} has the path {path!r}, which escapes the worktree")
     return normalized
 
 
-def _safe_link(path: str, target: str) -> None:
+def _safe_link(path: str, target: str, what: str = "the untracked symlink") -> None:
     joined = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
     if target.startswith("/") or joined == ".." or joined.startswith("../"):
-        raise RestoreRefused(
-            f"unsafe record: the untracked symlink {path} points outside the worktree ({target})",
-            hint="the run record was altered or made by something else; nothing was written",
-        )
+        raise UnsafeRecord(f"unsafe record: {what} {path} points outside the worktree ({target})")
 
 
 # -- materializing ----------------------------------------------------------------------------------
@@ -273,17 +313,30 @@ def materialize(plan: RestorePlan, root: Path, client: Any, notify: Callable[[st
         return Worktree(workdir, reused=True)
     with tempfile.TemporaryDirectory(prefix="cascade-restore-") as tmp:
         patch_file, files = stage_dirty_state(plan, client, Path(tmp))
-        if patch_file is not None:
-            _check_patch_paths(root, patch_file)
+        patch_links = _check_patch_paths(root, patch_file) if patch_file is not None else {}
+        record_links = _untracked_links(plan.untracked)
+        confined.refuse_escapes({**record_links, **patch_links}, _plan_paths(plan))
         workdir.parent.mkdir(parents=True, exist_ok=True)
         _git(root, "worktree", "add", "--detach", "--force", str(workdir), plan.commit)
         try:
             restored = _apply_dirty_state(plan, workdir, patch_file, files)
         except BaseException:
-            _git(root, "worktree", "remove", "--force", str(workdir), check=False)
+            discard(root, workdir)
             raise
     write_marker(workdir, plan)
     return Worktree(workdir, reused=False, restored_files=tuple(restored))
+
+
+def discard(root: Path, workdir: Path) -> None:
+    """Remove a worktree this restore made (a failure after it was made leaves nothing behind)."""
+    _git(root, "worktree", "remove", "--force", str(workdir), check=False)
+    shutil.rmtree(workdir, ignore_errors=True)
+    _git(root, "worktree", "prune", check=False)
+
+
+def _plan_paths(plan: RestorePlan) -> list[tuple[str, str]]:
+    record = {"git": {"untracked": list(plan.untracked)}, "data": list(plan.data)}
+    return _written_paths({**record, "checkpoints": list(plan.checkpoints)})
 
 
 def _apply_dirty_state(plan: RestorePlan, workdir: Path, patch_file: Path | None,
@@ -295,30 +348,29 @@ def _apply_dirty_state(plan: RestorePlan, workdir: Path, patch_file: Path | None
                 f"the recorded patch does not apply at {plan.commit[:12]}: {out.stderr.strip()[:300]}",
                 hint="the commit in this repository differs from the one recorded (rewritten history?)",
             )
-    real_root = workdir.resolve()
+        confined.refuse_links_out(workdir, _changed_paths_of(workdir))
     restored = []
     for item in plan.untracked:
         rel = str(item["path"])
-        target = workdir / rel
-        parent = target.parent
-        parent.mkdir(parents=True, exist_ok=True)
-        if not (parent.resolve() == real_root or real_root in parent.resolve().parents):
-            raise RestoreRefused(
-                f"unsafe record: {rel} would be written through a symlink out of the worktree",
-                hint="the run record was altered or made by something else",
-            )
-        if target.exists() or target.is_symlink():
+        if os.path.lexists(workdir / rel):
             raise RestoreRefused(f"the untracked file {rel} of the record is tracked at {plan.commit[:12]}")
         link = item.get("symlink_target")
         if link is not None:
-            os.symlink(str(link), target)
+            confined.make_symlink(workdir, rel, str(link), f"the untracked symlink {rel}")
         else:
-            shutil.copyfile(files[rel], target)
+            confined.write_file(workdir, rel, files[rel], f"the untracked file {rel}")
         restored.append(rel)
     return restored
 
 
-def _check_patch_paths(root: Path, patch_file: Path) -> None:
+def _changed_paths_of(workdir: Path) -> list[str]:
+    """Files the patch touched (new ones are untracked in the worktree: the patch is not staged)."""
+    out = _git(workdir, "status", "--porcelain", "-z", "--untracked-files=all")
+    return [entry[3:] for entry in out.stdout.split("\0") if len(entry) > 3]
+
+
+def _check_patch_paths(root: Path, patch_file: Path) -> dict[str, str]:
+    """Every path the patch writes stays inside; returns the symlinks it makes (path → target)."""
     out = _git(root, "apply", "--numstat", "-z", str(patch_file), check=False)
     if out.returncode != 0:
         raise RestoreRefused(f"the recorded patch cannot be read: {out.stderr.strip()[:300]}")
@@ -326,6 +378,10 @@ def _check_patch_paths(root: Path, patch_file: Path) -> None:
         path = entry.split("\t")[-1] if "\t" in entry else entry
         if path:
             _safe_path(path, "the recorded patch")
+    links = confined.symlinks_in_patch(patch_file.read_bytes())
+    for path, target in links.items():
+        _safe_link(_safe_path(path, "the recorded patch"), target, "the patch's symlink")
+    return links
 
 
 # -- reuse ---------------------------------------------------------------------------------------

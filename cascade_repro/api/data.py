@@ -53,8 +53,7 @@ def checkout(ref: str, checkpoint: str | None = None, data: bool = False, to: Pa
             bar = progress(f"md5 of {path}", sizes.get(md5))
             fetched = checking.fetch(cache, path, md5, settings.dvc_remote, bar)
             base, relative = (root, path) if to is None else (to, Path(path).name if path in flat else path)
-            destination = checking.inside(base, relative)
-            items.append(checking.deliver(fetched, destination, force))
+            items.append(checking.deliver(fetched, base, relative, force))
     finally:
         cache.close()
     return CheckoutResult(run_id, tuple(items))

@@ -15,6 +15,7 @@ from cascade_repro.api.runs import RunRequest, run
 from cascade_repro.errors import RestoreRefused, StoreError, UsageError
 from cascade_repro.manifest import ARTIFACT_PATH, check_schema, data_objects
 from cascade_repro.params import ResolvedParams
+from cascade_repro.redaction import fill_argv
 from cascade_repro.run_plan import Notify, RunResult
 from cascade_repro.settings import Settings
 from cascade_repro.store import local_record, mlflow_store
@@ -92,6 +93,12 @@ def restore(
             f"the record names untracked files it did not keep: {', '.join(plan.unavailable[:5])}",
             hint="they were larger than untracked_max_bytes; track such files with `dvc add` next time",
         )
+    if execute and plan.secrets_missing:  # before anything is written
+        raise RestoreRefused(
+            f"the recorded command has {len(plan.secret_args)} redacted value(s); set "
+            + ", ".join(plan.secrets_missing) + " to re-run it",
+            hint="export each variable with the secret's value (or restore with --no-run)",
+        )
     wanted = _restore_objects(plan, manifest, execute)
     cache = dvc_cache(root) if wanted or Cache.exists_for(root) else None
     try:
@@ -99,10 +106,15 @@ def restore(
             [checking.fetch(cache, path, md5, settings.dvc_remote) for path, md5 in wanted] if cache else []
         )
         tree = restoring.materialize(plan, root, artifacts, notify)
-        if cache is not None and Cache.exists_for(tree.path) and not tree.reused:
-            cache.share_with(tree.path)  # the re-run's checkpoints go to this cache and remote
-        for item in fetched:  # verified before the worktree was made; copied in now
-            checking.deliver(item, tree.path / item.path, force=False)
+        try:
+            if cache is not None and Cache.exists_for(tree.path) and not tree.reused:
+                cache.share_with(tree.path)  # the re-run's checkpoints go to this cache and remote
+            for item in fetched:  # verified before the worktree was made; copied in now
+                checking.deliver(item, tree.path, item.path, force=False)
+        except BaseException:
+            if not tree.reused:
+                restoring.discard(root, tree.path)
+            raise
     finally:
         if cache is not None:
             cache.close()
@@ -121,7 +133,7 @@ def restore(
         }
     request = RunRequest(
         script=str(tree.path / plan.script),
-        args=plan.argv,
+        args=tuple(fill_argv(plan.argv, os.environ)[0]),
         cwd=tree.path / plan.cwd,
         determinism=plan.determinism,
         run_name=f"restore-{label}",
@@ -265,6 +277,8 @@ def _restore_environ(plan: RestorePlan, settings: Settings, dump: tuple[int, Pat
             environ[name] = value
     for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID"):
         environ.pop(name, None)  # the re-run is a new run of the recorded experiment
+    for slot in plan.secret_args:
+        environ.pop(slot.variable, None)  # in the script's argv already
     environ["MLFLOW_TRACKING_URI"] = settings.tracking_uri
     if plan.steps is not None:
         environ[protocol.ENV_STOP_AFTER] = str(plan.steps)

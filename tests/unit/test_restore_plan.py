@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from cascade_repro.errors import RestoreRefused, UsageError
+from cascade_repro.errors import RestoreRefused, UnsafeRecord, UsageError
 from cascade_repro.restore import machine_differences, plan_restore, recorded_environment
 from cascade_repro.versions import validate_version
 
@@ -43,21 +43,21 @@ def test_plan_carries_the_recorded_command_seed_and_mode() -> None:
     "path", ["../x", "a/../../x", "/etc/passwd", ".git/hooks/post-checkout", "", "a\\..\\x", "./.."]
 )
 def test_paths_escaping_the_worktree_are_refused(path: str) -> None:
-    with pytest.raises(RestoreRefused, match="escapes the worktree"):
+    with pytest.raises(UnsafeRecord, match="escapes the worktree"):
         _plan(_record(untracked=[{"path": path, "sha256": "0", "stored": True}]))
 
 
 def test_a_script_outside_the_worktree_is_refused() -> None:
     record = _record()
     record["command"]["script"] = "../../bin/evil.py"
-    with pytest.raises(RestoreRefused, match="the script"):
+    with pytest.raises(UnsafeRecord, match="the script"):
         _plan(record)
 
 
 @pytest.mark.parametrize("target", ["/etc/shadow", "../../outside", "a/../../.."])
 def test_symlinks_pointing_out_are_refused(target: str) -> None:
     item = {"path": "link", "sha256": "0", "stored": True, "symlink_target": target}
-    with pytest.raises(RestoreRefused, match="points outside"):
+    with pytest.raises(UnsafeRecord, match="points outside"):
         _plan(_record(untracked=[item]))
 
 

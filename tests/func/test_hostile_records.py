@@ -1,0 +1,199 @@
+"""Hostile run records: symlinks in the patch or the untracked files, plus data or checkpoint entries
+that would be written through them. Every attack must be refused with 0 bytes written outside.
+
+The attacker controls the record and every artifact (a shared server), so each attack edits run.json,
+the patch and its sha256 together, as someone with write access to the store would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlparse
+
+import pytest
+
+from tests.conftest import SCRIPTS, Project, git
+
+pytestmark = pytest.mark.slow
+DVC = [sys.executable, "-m", "dvc"]
+PAYLOAD = bytes(range(256)) * 390 + bytes(160)  # 100,000 bytes, the size the attacks wrote outside
+
+
+def _bytes_under(path: Path) -> int:
+    if not path.exists():
+        return 0
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _artifact_dir(project: Project, run_id: str) -> Path:
+    return Path(urlparse(project.client().get_run(run_id).info.artifact_uri).path)
+
+
+def _symlink_patch(project: Project, link: str, target: str) -> bytes:
+    """A binary git patch that creates the symlink `link` → `target`, made by git itself."""
+    scratch = project.root.parent / "scratch"
+    if not scratch.exists():
+        subprocess.run(["git", "clone", "-q", str(project.root), str(scratch)], check=True)
+    os.symlink(target, scratch / link)
+    git(scratch, "add", link)
+    patch = subprocess.run(["git", "diff", "--cached", "--binary"], cwd=scratch, check=True,
+                           capture_output=True).stdout  # fmt: skip
+    git(scratch, "reset", "-q", "--hard")
+    return patch
+
+
+@pytest.fixture
+def attacked(project: Project, tmp_path: Path) -> dict[str, Any]:
+    """A run that read 100,000 bytes of DVC data and kept checkpoints, tagged v1; its record editable."""
+    project.write("ckpt.py", (SCRIPTS / "ckpt.py").read_text())
+    project.cascade("init", check=True)
+    project.write("data/input.bin", PAYLOAD)
+    subprocess.run([*DVC, "add", "-q", "data/input.bin"], cwd=project.root, check=True)
+    project.commit("track data")
+    run_id = project.record("--tag", "v1", "ckpt.py")
+    artifacts = _artifact_dir(project, run_id) / "cascade"
+    record = json.loads((artifacts / "run.json").read_text())
+    outside = tmp_path / "outside"
+    (outside / "dir").mkdir(parents=True)
+    return {"project": project, "artifacts": artifacts, "record": record, "outside": outside}
+
+
+def _data_entry(record: dict[str, Any], path: str) -> dict[str, Any]:
+    return {**record["data"][0], "path": path}
+
+
+def _checkpoint_entry(record: dict[str, Any], path: str) -> dict[str, Any]:
+    kept = next(c for c in record["checkpoints"] if c["status"] == "kept")
+    return {**kept, "path": path}
+
+
+def _with_patch(attack: dict[str, Any], patch: bytes) -> dict[str, Any]:
+    (attack["artifacts"] / "git.patch").write_bytes(patch)
+    record = json.loads(json.dumps(attack["record"]))
+    record["git"]["dirty"] = True
+    record["git"]["patch"] = {"artifact": "cascade/git.patch", "sha256": hashlib.sha256(patch).hexdigest()}
+    return record
+
+
+def _chain(record: dict[str, Any]) -> dict[str, Any]:
+    """`p/q/r/s/a` → the worktree's root, then `p/q/r/s/a/l` (really `l`) → four levels above it:
+    each target checked as text alone stays inside."""
+    record = json.loads(json.dumps(record))
+    for path, target in (("p/q/r/s/a", "../../../.."), ("p/q/r/s/a/l", "../../../..")):
+        record["git"]["untracked"].append(
+            {
+                "path": path,
+                "size": len(target),
+                "sha256": hashlib.sha256(target.encode()).hexdigest(),
+                "stored": True,
+                "symlink_target": target,
+            }  # fmt: skip
+        )
+    return record
+
+
+# The worktree is <tmp>/proj/.cascade/restore/v1: four levels up from it is <tmp>, where outside/ is.
+ATTACKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "patch symlink + data": lambda a: {
+        **(r := _with_patch(a, _symlink_patch(a["project"], "evil", str(a["outside"] / "dir")))),
+        "data": [_data_entry(r, "evil/payload.bin")],
+    },
+    "patch symlink + checkpoint": lambda a: {
+        **(r := _with_patch(a, _symlink_patch(a["project"], "evil", str(a["outside"] / "dir")))),
+        "checkpoints": [_checkpoint_entry(r, "evil/ckpt.pt")],
+    },
+    "relative patch symlink + data": lambda a: {
+        **(r := _with_patch(a, _symlink_patch(a["project"], "evil", "../../../../outside/dir"))),
+        "data": [_data_entry(r, "evil/payload.bin")],
+    },
+    "untracked symlink chain + data": lambda a: {
+        **(r := _chain(a["record"])),
+        "data": [_data_entry(r, "p/q/r/s/a/l/outside/dir/payload.bin")],
+    },
+    "untracked symlink chain + checkpoint": lambda a: {
+        **(r := _chain(a["record"])),
+        "checkpoints": [_checkpoint_entry(r, "p/q/r/s/a/l/outside/dir/ckpt.pt")],
+    },
+    "untracked file under a patch symlink": lambda a: {
+        **(r := _with_patch(a, _symlink_patch(a["project"], "evil", str(a["outside"] / "dir")))),
+        "git": {
+            **r["git"],
+            "untracked": [
+                {
+                    "path": "evil/u.txt",
+                    "size": 3,
+                    "stored": True,
+                    "sha256": hashlib.sha256(b"abc").hexdigest(),
+                }
+            ],
+        },  # fmt: skip
+    },
+}
+
+
+@pytest.mark.parametrize("no_run", [True, False], ids=["--no-run", "run"])
+@pytest.mark.parametrize("name", list(ATTACKS))
+def test_symlink_attacks_are_refused_with_nothing_written_outside(
+    attacked: dict[str, Any], name: str, no_run: bool
+) -> None:
+    project, outside = attacked["project"], attacked["outside"]
+    record = ATTACKS[name](attacked)
+    (attacked["artifacts"] / "run.json").write_text(json.dumps(record))
+    if name.startswith("untracked file"):
+        (attacked["artifacts"] / "untracked" / "evil").mkdir(parents=True, exist_ok=True)
+        (attacked["artifacts"] / "untracked" / "evil" / "u.txt").write_bytes(b"abc")
+    result = project.cascade("restore", "v1", *(["--no-run"] if no_run else []))
+    assert _bytes_under(outside) == 0, f"{name}: wrote outside the worktree"
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert "unsafe record" in result.stderr and "nothing was written" in result.stderr, result.stderr
+    assert not (project.root / ".cascade" / "restore" / "v1").exists()
+    assert len(git(project.root, "worktree", "list").splitlines()) == 1
+
+
+def test_a_committed_symlink_pointing_out_is_never_written_through(attacked: dict[str, Any]) -> None:
+    """The commit itself (not the record) holds `evil` → outside; the record's data entry under it is
+    caught when it is written, by its real path, and the half-made worktree is removed."""
+    project, outside = attacked["project"], attacked["outside"]
+    os.symlink(str(outside / "dir"), project.root / "evil")
+    commit = project.commit("a link out")
+    record = json.loads(json.dumps(attacked["record"]))
+    record["git"]["commit"] = commit
+    record["data"] = [_data_entry(record, "evil/payload.bin")]
+    (attacked["artifacts"] / "run.json").write_text(json.dumps(record))
+    result = project.cascade("restore", "v1", "--no-run")
+    assert _bytes_under(outside) == 0
+    assert result.returncode == 1 and "outside" in result.stderr, result.stderr
+    assert not (project.root / ".cascade" / "restore" / "v1").exists()
+
+
+def test_checkout_never_writes_through_a_symlink_in_the_target(attacked: dict[str, Any]) -> None:
+    """`cascade checkout --data` writes into your checkout: a data path under a symlink that leads out
+    of it is refused, whatever the record says."""
+    project, outside = attacked["project"], attacked["outside"]
+    os.symlink(str(outside / "dir"), project.root / "evil")
+    record = json.loads(json.dumps(attacked["record"]))
+    record["data"] = [_data_entry(record, "evil/payload.bin")]
+    (attacked["artifacts"] / "run.json").write_text(json.dumps(record))
+    result = project.cascade("checkout", "v1", "--data")
+    assert _bytes_under(outside) == 0
+    assert result.returncode == 1 and "unsafe record" in result.stderr, result.stderr
+
+
+def test_legitimate_symlinks_inside_the_worktree_still_restore(project: Project) -> None:
+    project.write("data/real.txt", "inside\n")
+    project.commit("data")
+    os.symlink("data/real.txt", project.root / "alias.txt")  # untracked, pointing inside
+    run_id = project.record("--tag", "v-links", "train.py")
+    result = project.cascade("restore", "v-links", "--no-run", "--json")
+    assert result.returncode == 0, result.stderr
+    tree = Path(json.loads(result.stdout)["data"]["worktree"]["path"])
+    assert (
+        os.readlink(tree / "alias.txt") == "data/real.txt" and (tree / "alias.txt").read_text() == "inside\n"
+    )
+    assert run_id
