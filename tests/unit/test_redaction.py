@@ -1,0 +1,99 @@
+"""Which argv values, environment values and URL parts are secrets, and how a restore fills them back."""
+
+from __future__ import annotations
+
+import pytest
+
+from cascade_repro.redaction import (
+    MARKER,
+    fill_argv,
+    redact_argv,
+    redact_text,
+    redact_variable,
+    secret_option,
+    secret_slots,
+    secret_variable,
+)
+
+
+@pytest.mark.parametrize(
+    ("argv", "recorded"),
+    [
+        (["--api-key=sk-1"], ["--api-key=<redacted>"]),
+        (["--api-key", "sk-1"], ["--api-key", "<redacted>"]),
+        (["--token", "sk-1", "--lr", "0.1"], ["--token", "<redacted>", "--lr", "0.1"]),
+        (["--secret=s", "--client-secret", "s"], ["--secret=<redacted>", "--client-secret", "<redacted>"]),
+        (["--password", "p", "--db-pass=p", "--dbPassword", "p"],
+         ["--password", "<redacted>", "--db-pass=<redacted>", "--dbPassword", "<redacted>"]),
+        (["--hf-token", "hf", "--authToken", "t", "--auth", "a"],
+         ["--hf-token", "<redacted>", "--authToken", "<redacted>", "--auth", "<redacted>"]),
+        (["--credentials", "c", "--slack-webhook-url", "https://hooks.slack.com/services/T/B/X"],
+         ["--credentials", "<redacted>", "--slack-webhook-url", "<redacted>"]),
+        (["api_key=k", "db.password=p", "+db.pass=p", "++auth.token=t", "SECRET_KEY=k"],
+         ["api_key=<redacted>", "db.password=<redacted>", "+db.pass=<redacted>", "++auth.token=<redacted>",
+          "SECRET_KEY=<redacted>"]),
+        (["--data", "postgresql://u:pw@h/db", "src=https://u:p@ss@h/x"],
+         ["--data", "postgresql://u:<redacted>@h/db", "src=https://u:<redacted>@h/x"]),
+        (["https://h/x?a=1&access_token=t&b=2"], ["https://h/x?a=1&access_token=<redacted>&b=2"]),
+    ],
+)  # fmt: skip
+def test_secret_values_in_argv_are_redacted(argv: list[str], recorded: list[str]) -> None:
+    assert redact_argv(argv) == recorded
+    assert redact_argv(recorded) == recorded  # a record can be redacted again without change
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--keep", "3", "--monkey", "5", "--keys", "a,b"],
+        ["--pad-token", "<pad>", "--eos-token=</s>", "--max-tokens", "512"],
+        ["--api-key-file", "key.txt", "--token-budget", "9", "--passes", "2"],
+        ["--no-auth", "train.csv", "--token", "--lr", "0.1"],  # a flag, and a value-less option
+        ["ssh://git@github.com/o/r.git", "https://h/x?page=2", "lr=0.1", "-p", "8080"],
+    ],
+)
+def test_ordinary_arguments_are_kept(argv: list[str]) -> None:
+    assert redact_argv(argv) == argv
+
+
+def test_option_names() -> None:
+    secret = ["--api-key", "--apiKey", "KEY", "--db-pass", "PGPASSWORD", "db.password", "--sentry-dsn", "sig"]
+    assert [n for n in secret if not secret_option(n)] == []
+    plain = ["--keep", "--monkey", "--key-column", "--bypass", "--compass", "--author", "--pad-token"]
+    assert [n for n in plain if secret_option(n)] == []
+
+
+def test_environment_names_and_values() -> None:
+    secret = ["DB_PASS", "PGPASSWORD", "SENTRY_DSN", "SLACK_WEBHOOK_URL", "HF_TOKEN", "AWS_REGION", "API_KEY"]
+    assert [n for n in secret if not secret_variable(n) or redact_variable(n, "v") != MARKER] == []
+    assert not secret_variable("OMP_NUM_THREADS") and not secret_variable("CUDA_VISIBLE_DEVICES")
+    assert redact_variable("DATABASE_URL", "postgresql://u:secret@h/db") == "postgresql://u:<redacted>@h/db"
+    assert (
+        redact_variable("DATA", "s3://b/k?X-Amz-Signature=abc&x=1")
+        == "s3://b/k?X-Amz-Signature=<redacted>&x=1"
+    )
+    assert redact_text("see postgresql://u:pw@h/db and more") == "see postgresql://u:<redacted>@h/db and more"
+    assert redact_variable("HOME_URL", "https://git@h/x") == "https://git@h/x"
+
+
+def test_restore_names_one_variable_per_redacted_value_and_fills_them() -> None:
+    recorded = redact_argv(
+        ["--api-key=sk-1", "--token", "sk-2", "db.password=p", "https://u:pw@h/x?token=t", "--lr", "0.1"]
+    )
+    slots = secret_slots(recorded)
+    assert [(s.position, s.option, s.variable) for s in slots] == [
+        (0, "--api-key", "CASCADE_SECRET_API_KEY"),
+        (2, "--token", "CASCADE_SECRET_TOKEN"),
+        (3, "db.password", "CASCADE_SECRET_DB_PASSWORD"),
+        (4, "argument 5", "CASCADE_SECRET_ARGUMENT_5"),
+        (4, "argument 5", "CASCADE_SECRET_ARGUMENT_5_2"),
+    ]
+    values = {s.variable: f"v{i}" for i, s in enumerate(slots)}
+    filled, missing = fill_argv(recorded, values)
+    assert filled == [
+        "--api-key=v0", "--token", "v1", "db.password=v2", "https://u:v3@h/x?token=v4", "--lr", "0.1",
+    ]  # fmt: skip
+    assert missing == []
+    del values["CASCADE_SECRET_ARGUMENT_5"]
+    filled, missing = fill_argv(recorded, values)
+    assert filled[4] == "https://u:<redacted>@h/x?token=v4" and missing == ["CASCADE_SECRET_ARGUMENT_5"]
