@@ -61,6 +61,59 @@ def check_schema(data: Mapping[str, Any], run_id: str | None = None) -> None:
             f"{where}run record schema {schema} is not one this cascade reads ({SCHEMA})",
             hint="upgrade cascade (pip install -U cascade-repro) to read records of newer versions",
         )
+    check_shape(data, run_id)
+
+
+# The record's shape, checked whole before any reader uses it (a record may come from a shared
+# server): a section of the wrong type is named, never a traceback halfway through a command.
+_SECTIONS: dict[str, tuple[type, ...]] = {
+    "run_id": (str,), "experiment": (str,), "command": (dict,), "params": (dict,), "determinism": (dict,),
+    "git": (dict,), "python": (dict,), "torch": (dict,), "hardware": (dict,), "environment": (dict,),
+    "container": (dict,), "environment_read": (dict,), "data": (list,), "checkpoints": (list,),
+    "trace": (dict, type(None)), "metrics": (dict,), "outcome": (dict, type(None)),
+}  # fmt: skip
+_ENTRY_LISTS = ("data", "checkpoints", "git.untracked")  # each entry an object with a string path
+
+
+def check_shape(data: Mapping[str, Any], run_id: str | None = None) -> None:
+    """Refuse a record whose sections or the fields commands act on have the wrong JSON types."""
+
+    def refuse(where: str, value: Any, expected: str) -> None:
+        raise CascadeError(
+            f"{'run ' + run_id + ': ' if run_id else ''}the run record is malformed: {where} is "
+            f"{type(value).__name__} {str(value)[:40]!r}, expected {expected}",
+            hint="the record was altered or made by something else; nothing was done with it",
+        )
+
+    for name, types in _SECTIONS.items():
+        if name in data and not isinstance(data[name], types):
+            refuse(name, data[name], " or ".join("null" if t is type(None) else t.__name__ for t in types))
+    command, git, params = data.get("command") or {}, data.get("git") or {}, data.get("params") or {}
+    argv = command.get("argv", [])
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        refuse("command.argv", argv, "a list of strings")
+    for where, value in (("command.script", command.get("script")), ("git.commit", git.get("commit"))):
+        if not isinstance(value, (str, type(None))):
+            refuse(where, value, "a string")
+    seed = params.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        refuse("params.seed", seed, "an integer")
+    for where in _ENTRY_LISTS:
+        section, _, key = where.partition(".")
+        entries = (data.get(section) or {}).get(key) if key else data.get(section)
+        entries = entries if entries is not None else []
+        if not isinstance(entries, list):
+            refuse(where, entries, "a list")
+        for index, entry in enumerate(entries):
+            if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+                refuse(f"{where}[{index}]", entry, "an object with a string path")
+            link = entry.get("symlink_target")
+            if link is not None and not isinstance(link, str):
+                refuse(f"{where}[{index}].symlink_target", link, "a string")
+    for section in ("environment", "environment_read"):
+        for name, value in (data.get(section) or {}).items():
+            if not isinstance(value, (str, type(None))):
+                refuse(f"{section}.{name}", value, "a string or null")
 
 
 def data_objects(data: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import re
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterator, cast
+
+from cascade_repro.redaction import fill_argv
 
 if TYPE_CHECKING:
     from cascade_repro.api.data import CheckoutResult
@@ -25,14 +28,45 @@ if TYPE_CHECKING:
 JSON_SCHEMA = "cascade.cli/1"
 
 
+# Run records may come from a shared server: text from them reaches the terminal without its control
+# characters (an escape sequence could retitle the window, write the clipboard or hide a line), and
+# rich's markup is off, so brackets in a name or a param are printed, not interpreted.
+_CONTROL = re.compile(r"\x1b\[[0-9;]*m|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_SGR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def printable(text: str) -> str:
+    """`text` without terminal control characters (newlines and tabs stay)."""
+    return _CONTROL.sub("", text)
+
+
+class _Printable:
+    """A stream for rich: its own colour sequences pass, any other control character is dropped."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        kept = []
+        position = 0
+        for match in _SGR.finditer(text):
+            kept += [printable(text[position : match.start()]), match.group()]
+            position = match.end()
+        kept.append(printable(text[position:]))
+        return int(self._stream.write("".join(kept)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def notice(message: str) -> None:
     """A one-line status message on stderr (plain: used while the script's output streams)."""
-    sys.stderr.write(f"cascade: {message}\n")
+    sys.stderr.write(f"cascade: {printable(message)}\n")
     sys.stderr.flush()
 
 
 def error(message: str) -> None:
-    sys.stderr.write(f"cascade: error: {message}\n")
+    sys.stderr.write(f"cascade: error: {printable(message)}\n")
     sys.stderr.flush()
 
 
@@ -46,12 +80,20 @@ def _console() -> Any:
 
     # Piped output is for grep and less: do not squeeze tables into 80 columns.
     width = None if sys.stdout.isatty() else 220
-    return Console(highlight=False, soft_wrap=False, width=width)
+    stream = cast(IO[str], _Printable(sys.stdout))
+    return Console(highlight=False, soft_wrap=False, width=width, markup=False, file=stream)
+
+
+def _styled(*parts: str | tuple[str, str]) -> Any:
+    """Text with some parts styled: ("run abc", "bold"), plain strings as they are (never markup)."""
+    from rich.text import Text
+
+    return Text.assemble(*parts)
 
 
 def init_result(result: InitResult) -> None:
     console = _console()
-    console.print(f"[bold]cascade project[/] at {result.root}")
+    console.print(_styled(("cascade project", "bold"), f" at {result.root}"))
     for name in result.created:
         console.print(f"  created  {name}")
     for name in result.kept:
@@ -119,7 +161,7 @@ def run_record(record: RunRecord) -> None:
     m = record.manifest
     console = _console()
     outcome = m.outcome or {}
-    console.print(f"[bold]run {m.run_id}[/]  {record.status}  experiment {m.experiment}")
+    console.print(_styled((f"run {m.run_id}", "bold"), f"  {record.status}  experiment {m.experiment}"))
     rows: list[tuple[str, str]] = [
         ("command", " ".join(["cascade run", m.command.get("script", ""), *m.command.get("argv", [])])),
         ("cwd", m.command.get("cwd", "")),
@@ -176,7 +218,7 @@ def run_record(record: RunRecord) -> None:
 def verdict(result: Verdict) -> None:
     console = _console()
     style = "green" if result.reproduced else "red"
-    console.print(f"[bold {style}]{result.verdict}[/]  {result.run_a[:12]} → {result.run_b[:12]}")
+    console.print(_styled((result.verdict, f"bold {style}"), f"  {result.run_a[:12]} → {result.run_b[:12]}"))
     console.print(f"  {result.summary}")
     c = result.comparison
     if c.step is not None:
@@ -278,7 +320,7 @@ def diff(result: Diff) -> None:
     from rich.table import Table
 
     console = _console()
-    console.print(f"[bold]{result.run_a[:12]}[/] → [bold]{result.run_b[:12]}[/]")
+    console.print(_styled((result.run_a[:12], "bold"), " → ", (result.run_b[:12], "bold")))
     for note in result.notes:
         console.print(f"  note: {note}")
     if result.identical:
@@ -286,7 +328,9 @@ def diff(result: Diff) -> None:
     for section in result.sections:
         if not section.changes:
             continue
-        console.print(f"\n[bold]{section.name}[/] ({CLASS_WORDS[section.klass]}; {section.equal} equal)")
+        console.print(
+            _styled("\n", (section.name, "bold"), f" ({CLASS_WORDS[section.klass]}; {section.equal} equal)")
+        )
         table = Table(box=None, header_style="bold", show_header=True, pad_edge=False)
         for column in ("", "key", "A", "B", "note"):
             table.add_column(column, overflow="fold")
@@ -310,7 +354,7 @@ def check_report(report: CheckReport) -> None:
     style = {"BITWISE_REPRODUCIBLE": "green", "OK": "green", "WITHIN_TOLERANCE_ONLY": "yellow"}.get(
         report.verdict, "red"
     )
-    console.print(f"[bold {style}]{report.verdict}[/]  ({report.subject})")
+    console.print(_styled((report.verdict, f"bold {style}"), f"  ({report.subject})"))
     marks = {"ok": "ok  ", "problem": "FAIL", "not_runnable": "STOP", "tolerance": "A   ",
              "restore_fixes": "B   "}  # fmt: skip
     for finding in report.findings:
@@ -322,7 +366,8 @@ def check_report(report: CheckReport) -> None:
 def tag_result(result: TagResult) -> None:
     where = f" and git tag at {result.commit[:12]}" if result.git_tag else ""
     moved = f" (moved from run {result.moved_from[:12]})" if result.moved_from else ""
-    _console().print(f"tagged run {result.run_id[:12]} as [bold]{result.version}[/]{where}{moved}")
+    text = _styled(f"tagged run {result.run_id[:12]} as ", (result.version, "bold"), f"{where}{moved}")
+    _console().print(text)
 
 
 def restore_plan(plan: RestorePlan) -> None:
@@ -345,6 +390,12 @@ def restore_plan(plan: RestorePlan) -> None:
         notice(f"  threads    torch.set_num_threads({plan.num_threads}), as recorded")
     for name, value in plan.environment.items():
         notice(f"  env        {name}={value}" if value is not None else f"  env        unset {name}")
+    for slot in plan.secret_args:
+        state = "NOT SET: set it to re-run" if slot.variable in plan.secrets_missing else "set"
+        notice(f"  secret     {slot.option}: redacted in the record, taken from ${slot.variable} ({state})")
+    for name, here in plan.secret_env.items():
+        state = "" if here else " (not set here: the re-run goes without it)"
+        notice(f"  secret     {name}: redacted in the record, this machine's value{state}")
     for difference in plan.differences:
         meaning = "bitwise not expected here" if difference.klass == "A" else "fixed by restore"
         notice(f"  machine    class {difference.klass}: {difference.summary} ({meaning})")
@@ -355,8 +406,10 @@ def restore_result(result: RestoreResult) -> None:
     tree = result.worktree
     if result.run is None:
         notice(f"restored into {tree.path}" + (" (reused)" if tree.reused else ""))
+        shell = {slot.variable: f"${{{slot.variable}}}" for slot in result.plan.secret_args}
+        argv, _ = fill_argv(result.plan.argv, shell)  # redacted values from the variables the plan named
         command = " ".join(("cascade", "run", "--seed", str(result.plan.seed), "--deterministic",
-                            result.plan.determinism, result.plan.script, *result.plan.argv))  # fmt: skip
+                            result.plan.determinism, result.plan.script, *argv))  # fmt: skip
         notice(f"run it: cd {tree.path / result.plan.cwd} && {command}")
         return
     run_result(result.run)
@@ -390,11 +443,13 @@ def restore_dict(result: RestoreResult) -> dict[str, Any]:
 def _trace_summary(console: Any, t: Any) -> None:
     if t.algorithm is None:
         console.print(
-            "[bold]trace[/]  none: the script ran no optimizer step or backward(), or --trace-interval 0"
+            _styled(("trace", "bold"), "  none: the script ran no optimizer step or backward(), "
+                    "or --trace-interval 0")
         )
         return
     span = f", steps {t.first_step}..{t.last_step}" if t.steps else ""
-    console.print(f"[bold]trace[/]  {t.steps} steps recorded (every {t.interval}, {t.algorithm}){span}")
+    recorded = f"  {t.steps} steps recorded (every {t.interval}, {t.algorithm}){span}"
+    console.print(_styled(("trace", "bold"), recorded))
     if t.grads is not None:
         hashed = "weights and gradients" if t.grads else "weights only (gradients: trace_grads)"
         console.print(f"  fingerprints of {hashed}")

@@ -197,3 +197,34 @@ def test_legitimate_symlinks_inside_the_worktree_still_restore(project: Project)
         os.readlink(tree / "alias.txt") == "data/real.txt" and (tree / "alias.txt").read_text() == "inside\n"
     )
     assert run_id
+
+
+def test_show_diff_and_verify_print_hostile_text_inert_and_refuse_malformed_records(project: Project) -> None:
+    first = project.record("train.py")
+    second = project.record("train.py")
+    record_file = _artifact_dir(project, second) / "cascade" / "run.json"
+    record = json.loads(record_file.read_text())
+    osc52 = "\x1b]52;c;ZXZpbA==\x07"  # would write the terminal's clipboard
+    record["experiment"] = "exp\x1b[2J\x1b[H"  # would clear the screen
+    record["params"]["values"] = {"[bold red]key[/]": osc52 + "value", "lr": 0.1}
+    record["command"]["argv"] = ["--note", "\x1b]0;retitled\x07"]
+    record_file.write_text(json.dumps(record))
+    for args in (("show", second), ("diff", first, second), ("verify", first, second)):
+        result = project.cascade(*args)
+        assert result.returncode in (0, 3), (args, result.stderr)
+        assert "\x1b" not in result.stdout + result.stderr and "\x07" not in result.stdout, args
+    shown = project.cascade("show", second).stdout
+    assert "[bold red]key[/]" in shown and "value" in shown  # printed as it is, not as markup
+
+    for malformed, named in (
+        ({"git": "not an object"}, "git is str"),
+        ({"data": [{"path": 7}]}, "data[0]"),
+        ({"command": {**record["command"], "argv": "--lr 1"}}, "command.argv"),
+        ({"git": {**record["git"], "untracked": [{"path": "a", "symlink_target": ["x"]}]}}, "symlink_target"),
+    ):
+        record_file.write_text(json.dumps({**record, **malformed}))
+        for args in (("show", second), ("diff", first, second), ("restore", second, "--no-run")):
+            result = project.cascade(*args)
+            assert result.returncode == 1, (args, malformed, result.stderr)
+            assert "the run record is malformed" in result.stderr and named in result.stderr, result.stderr
+            assert "Traceback" not in result.stderr

@@ -9,7 +9,7 @@ import pytest
 
 from cascade_repro.checkout import select_checkpoint
 from cascade_repro.child.checkpoints import Policy, _Saved, _to_prune
-from cascade_repro.errors import DataError, UsageError
+from cascade_repro.errors import DataError, UnsafeRecord, UsageError
 from cascade_repro.manifest import data_objects
 
 
@@ -72,9 +72,18 @@ def test_data_objects_are_the_bytes_the_run_read() -> None:
 
 
 def test_checkout_never_writes_outside_its_base(tmp_path: Path) -> None:
-    from cascade_repro.checkout import inside
+    from cascade_repro.checkout import Fetched, deliver
 
-    assert inside(tmp_path, "data/x.bin") == tmp_path / "data" / "x.bin"
-    for bad in ("../x.bin", "data/../../x.bin", "/etc/passwd"):
-        with pytest.raises(DataError, match="leads out of"):
-            inside(tmp_path, bad)
+    base, outside = tmp_path / "base", tmp_path / "outside"
+    base.mkdir()
+    outside.mkdir()
+    obj = tmp_path / "object"
+    obj.write_bytes(b"12345")
+    fetched = Fetched("data/x.bin", "827ccb0eea8a706c4c34a16891f84e7b", 5, "local cache", obj)
+    assert deliver(fetched, base, "data/x.bin", force=False).written_to == (base / "data" / "x.bin").resolve()
+    assert (base / "data" / "x.bin").read_bytes() == b"12345"
+    (base / "link").symlink_to(outside)
+    for bad in ("../x.bin", "data/../../x.bin", "/etc/passwd", "link/x.bin"):
+        with pytest.raises(UnsafeRecord, match="leads out of|through the symlink"):
+            deliver(fetched, base, bad, force=False)
+    assert list(outside.iterdir()) == []
