@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import copy
 import difflib
+import json
+import math
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from cascade_repro.errors import UsageError
-from cascade_repro.yaml_io import parse_yaml, read_yaml_mapping
+from cascade_repro.errors import CascadeError, ConfigError, UsageError
+from cascade_repro.yaml_io import MAX_YAML_NODES, parse_yaml, read_yaml_mapping
 
 PARAMS_FILE = "hyperparameters.yaml"
+# Each flattened key becomes an MLflow param (100 per request, a row each in the UI) and a line of
+# every run record; a 475-byte file of aliased mappings once made 27,900 of them. A real config,
+# a full Hydra one included, has a few hundred.
+MAX_PARAMS = 1000
+# torch.manual_seed takes an unsigned 64-bit seed (a negative one is folded onto another seed's
+# value) and numpy gets seed % 2**32 (child/seeding.py): 0..2**64-1 is what every RNG accepts as is.
+SEED_RANGE = (0, 2**64 - 1)
 
 
 @dataclass(frozen=True)
@@ -55,9 +64,11 @@ def parse_assignment(text: str, option: str) -> tuple[str, Any]:
     if not sep or not key:
         raise UsageError(f"{option} expects KEY=VALUE, got {text!r}", hint=f"e.g. {option} optimizer.lr=1e-3")
     try:
-        value = parse_yaml(raw) if raw.strip() else ""
+        value = parse_yaml(raw, f"{option} {key}", lines=False) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    except ConfigError as exc:  # an alias bomb or a recursive alias: the command line is at fault
+        raise UsageError(exc.message, hint=exc.hint) from None
     return key, value
 
 
@@ -69,7 +80,11 @@ def resolve_params(
     seed: str | None = None,
 ) -> ResolvedParams:
     values: dict[str, Any] = read_yaml_mapping(params_file) if params_file else {}
-    values = copy.deepcopy(values)
+    where = str(params_file) if params_file else "the params"
+    # Keys as the script will see them (params reach it as JSON, where `1:` is "1"); mixed key types
+    # would otherwise break sorting the record. This also copies the values the overrides change.
+    values = _string_keys(values, where)
+    _check_param_count(values, ConfigError, f"{where} holds", "split off what is not a hyperparameter")
     overrides: dict[str, Any] = {}
     for text in sets:
         key, value = parse_assignment(text, "--set")
@@ -88,8 +103,11 @@ def resolve_params(
         except TypeError as exc:
             raise UsageError(f"--add {key}: {exc}") from None
         overrides[key] = value
+    if overrides:
+        values = _string_keys(values, "--set/--add")
+        _check_param_count(values, UsageError, "--set/--add make", "override fewer keys")
 
-    seed_value, seed_source = _resolve_seed(values, seed)
+    seed_value, seed_source = _resolve_seed(values, seed, where, "seed" in overrides)
     if "seed" in values:
         values["seed"] = seed_value
     source = None
@@ -101,20 +119,74 @@ def resolve_params(
     return ResolvedParams(values, source, overrides, seed_value, seed_source)
 
 
-def _resolve_seed(values: Mapping[str, Any], option: str | None) -> tuple[int, str]:
+def _resolve_seed(
+    values: Mapping[str, Any], option: str | None, where: str, overridden: bool
+) -> tuple[int, str]:
+    low, high = SEED_RANGE
+    expected = f"an integer from {low} to {high} (2**64-1)"
+    hint = "torch, numpy and Python's random are all seeded from it"
     if option is not None:
         if option == "random":
             return secrets.randbelow(2**31), "random"
         try:
-            return int(option), "option"
+            seed = int(option)
         except ValueError:
             raise UsageError(f"--seed must be an integer or 'random', not {option!r}") from None
+        if not low <= seed <= high:
+            raise UsageError(f"--seed {option} is out of range; expected {expected}", hint=hint)
+        return seed, "option"
     if "seed" in values:
-        try:
-            return int(values["seed"]), "params"
-        except (TypeError, ValueError):
-            raise UsageError(f"seed in the params file must be an integer, not {values['seed']!r}") from None
+        raw = values["seed"]
+        from_file = _integer(raw)
+        if from_file is None or not low <= from_file <= high:
+            error: type[CascadeError] = UsageError if overridden else ConfigError
+            what = "--set seed" if overridden else f"{where}: seed"
+            raise error(f"{what} is {raw!r}; expected {expected}", hint=f"{hint}; `--seed N` overrides it")
+        return from_file, "params"
     return 0, "default"
+
+
+def _integer(value: Any) -> int | None:
+    """An int, an integral float (`1e3`) or a decimal string, else None (a bool is not a seed)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and value.is_integer() else None
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _string_keys(value: Any, where: str) -> Any:
+    """A copy with every mapping key a string, as JSON writes it (1 → "1", true → "true")."""
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        written: dict[str, Any] = {}
+        for key, item in value.items():
+            name = key if isinstance(key, str) else json.dumps(key, default=str).strip('"')
+            if name in out:
+                both = f"keys {written[name]!r} and {key!r} are both {name!r}"
+                raise ConfigError(f"{where}: {both} to the script", hint="rename one of them")
+            out[name], written[name] = _string_keys(item, where), key
+        return out
+    if isinstance(value, list):
+        return [_string_keys(item, where) for item in value]
+    return copy.deepcopy(value)
+
+
+def _check_param_count(values: Mapping[str, Any], error: type[CascadeError], what: str, fix: str) -> None:
+    count = len(flatten(values))
+    if count > MAX_PARAMS:
+        raise error(
+            f"{what} {count:,} params (flattened keys); cascade takes at most {MAX_PARAMS:,}",
+            hint=f"{fix}; a list is one param, and data belongs in files tracked by DVC "
+            f"(YAML is also capped at {MAX_YAML_NODES:,} values once aliases are expanded)",
+        )
 
 
 def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

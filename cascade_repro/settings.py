@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,8 @@ class Settings:
 
 
 def load_settings(root: Path, environ: Mapping[str, str] | None = None) -> Settings:
+    """Every value is checked here, so a bad one is named (file, key, value, what is expected) before
+    anything starts or is created."""
     env = os.environ if environ is None else environ
     path = root / SETTINGS_FILE
     raw = read_yaml_mapping(path) if path.is_file() else {}
@@ -60,59 +63,165 @@ def load_settings(root: Path, environ: Mapping[str, str] | None = None) -> Setti
         "untracked_max_bytes", "env_allow_prefixes", "key_metrics", "dvc", "docker",
         "metrics_flush_s", "trace_interval", "trace_grads", "checkpoints", "log_checkpoints",
     }  # fmt: skip
-    unknown = sorted(set(raw) - known)
+    unknown = sorted(str(key) for key in set(raw) - known)
     if unknown:
         raise ConfigError(
             f"{path}: unknown setting(s) {', '.join(unknown)}",
             hint=f"known settings are: {', '.join(sorted(known))}",
         )
-    determinism = str(env.get("CASCADE_DETERMINISM") or raw.get("determinism") or "warn")
-    if determinism not in ("off", "warn", "strict"):
-        raise ConfigError(
-            f"determinism must be off, warn or strict, not {determinism!r}",
-            hint=f"fix `determinism:` in {path} or CASCADE_DETERMINISM",
-        )
+    check = _Checker(path, raw)
     tracking = (
         env.get("MLFLOW_TRACKING_URI")
         or env.get("CASCADE_TRACKING_URI")
-        or raw.get("tracking_uri")
+        or check.text("tracking_uri")
         or "sqlite:///mlflow.db"
     )
-    dvc = raw.get("dvc") or {}
+    dvc = check.mapping("dvc", known={"remote"})
+    docker = check.mapping("docker")
+    if "enabled" in docker and not isinstance(docker["enabled"], bool):
+        raise check.bad("docker.enabled", docker["enabled"], "true or false")
     return Settings(
         root=root,
-        experiment=str(env.get("CASCADE_EXPERIMENT") or raw.get("experiment") or root.name),
+        experiment=str(env.get("CASCADE_EXPERIMENT") or check.text("experiment", numbers=True) or root.name),
         tracking_uri=resolve_tracking_uri(str(tracking), root),
-        params_file=raw.get("params_file"),
-        checkpoints_dir=str(raw.get("checkpoints_dir") or "checkpoints"),
-        determinism=determinism,
-        untracked_max_bytes=_int(raw.get("untracked_max_bytes", 1024 * 1024), "untracked_max_bytes"),
-        env_allow_prefixes=tuple(raw.get("env_allow_prefixes") or DEFAULT_ENV_PREFIXES),
-        key_metrics=tuple(raw.get("key_metrics") or ()),
-        dvc_remote=(dvc.get("remote") if isinstance(dvc, dict) else None),
-        docker=dict(raw.get("docker") or {}),
-        metrics_flush_s=float(raw.get("metrics_flush_s", 5.0)),
-        trace_interval=_int(raw.get("trace_interval", 1), "trace_interval"),
-        trace_grads=_trace_grads(raw.get("trace_grads", "auto"), path),
-        checkpoint_policy=_checkpoint_policy(raw.get("checkpoints"), path),
-        log_checkpoints=bool(raw.get("log_checkpoints", False)),
+        params_file=check.text("params_file"),
+        checkpoints_dir=check.text("checkpoints_dir") or "checkpoints",
+        determinism=_determinism(env, check),
+        untracked_max_bytes=check.integer("untracked_max_bytes", 2**20, 0, "a whole number of bytes >= 0"),
+        env_allow_prefixes=check.texts("env_allow_prefixes", "a list of variable-name prefixes")
+        or DEFAULT_ENV_PREFIXES,
+        key_metrics=check.texts("key_metrics", "a list of metric names, e.g. [val_loss, val_acc]"),
+        dvc_remote=check.text("remote", dvc, "dvc.remote"),
+        docker=docker,
+        metrics_flush_s=check.seconds("metrics_flush_s", 5.0),
+        trace_interval=check.integer("trace_interval", 1, 0, "a whole number of steps >= 0 (0: no trace)"),
+        trace_grads=_trace_grads(check),
+        checkpoint_policy=_checkpoint_policy(check),
+        log_checkpoints=check.flag("log_checkpoints", False),
     )
 
 
-def _checkpoint_policy(raw: Any, path: Path) -> dict[str, Any]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: checkpoints must be a mapping (monitor, mode, save_top_k, save_last)")
-    unknown = sorted(set(raw) - {"monitor", "mode", "save_top_k", "save_last"})
-    if unknown:
-        raise ConfigError(f"{path}: unknown checkpoints setting(s) {', '.join(unknown)}",
-                          hint="known: monitor, mode, save_top_k, save_last")  # fmt: skip
-    if raw.get("mode", "min") not in ("min", "max"):
-        raise ConfigError(f"{path}: checkpoints.mode must be min or max, not {raw.get('mode')!r}")
-    policy = dict(raw)
-    if "save_top_k" in policy:
-        policy["save_top_k"] = _int(policy["save_top_k"], "checkpoints.save_top_k")
+class _Checker:
+    """Reads one value of cascade.yaml (or of a mapping in it) as the type its setting needs."""
+
+    def __init__(self, path: Path, raw: Mapping[str, Any]) -> None:
+        self.path = path
+        self.raw = raw
+
+    def bad(self, key: str, value: Any, expected: str) -> ConfigError:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        return ConfigError(
+            f"{self.path.name}: {key} is {shown}; expected {expected}",
+            hint=f"fix `{key}` in {self.path}, or remove it for the default",
+        )
+
+    def get(self, key: str, default: Any, within: Mapping[str, Any] | None = None) -> Any:
+        """The value, or the default where the key is absent or empty (`key:` alone is null)."""
+        value = (self.raw if within is None else within).get(key)
+        return default if value is None else value
+
+    def text(self, key: str, within: Mapping[str, Any] | None = None, name: str | None = None,
+             numbers: bool = False) -> str | None:  # fmt: skip
+        value = (self.raw if within is None else within).get(key)
+        if value is None or isinstance(value, str):
+            return value or None
+        if numbers and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise self.bad(name or key, value, "a text value")
+
+    def texts(self, key: str, expected: str) -> tuple[str, ...]:
+        value = self.raw.get(key)
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+            raise self.bad(key, value, expected)
+        return tuple(value)
+
+    def flag(self, key: str, default: bool, within: Mapping[str, Any] | None = None,
+             name: str | None = None) -> bool:  # fmt: skip
+        value = self.get(key, default, within)
+        if not isinstance(value, bool):
+            raise self.bad(name or key, value, "true or false")
+        return value
+
+    def integer(self, key: str, default: int, minimum: int, expected: str,
+                within: Mapping[str, Any] | None = None, name: str | None = None) -> int:  # fmt: skip
+        value = self.get(key, default, within)
+        number: int | None = None
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            number = int(value)  # `1e6`
+        elif isinstance(value, str):
+            try:
+                number = int(value)
+            except ValueError:
+                number = None
+        if number is None or number < minimum:
+            raise self.bad(name or key, value, expected)
+        return number
+
+    def seconds(self, key: str, default: float) -> float:
+        value = self.get(key, default)
+        try:
+            seconds = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            seconds = math.nan
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise self.bad(key, value, "a number of seconds > 0")
+        return seconds
+
+    def mapping(self, key: str, known: set[str] | None = None) -> dict[str, Any]:
+        value = self.raw.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.bad(key, value, f"a mapping of {key} settings, e.g. `{key}: {{enabled: true}}`"
+                           if key == "docker" else f"a mapping of {key} settings")  # fmt: skip
+        unknown = sorted(str(k) for k in set(value) - (known or set(value)))
+        if unknown:
+            raise ConfigError(
+                f"{self.path.name}: unknown {key} setting(s) {', '.join(unknown)}",
+                hint=f"known: {', '.join(sorted(known or ()))}; fix them in {self.path}",
+            )
+        return dict(value)
+
+
+def _determinism(env: Mapping[str, str], check: _Checker) -> str:
+    modes = ("off", "warn", "strict")
+    if env.get("CASCADE_DETERMINISM"):
+        if env["CASCADE_DETERMINISM"] not in modes:
+            raise ConfigError(
+                f"CASCADE_DETERMINISM is {env['CASCADE_DETERMINISM']!r}; expected off, warn or strict",
+                hint="fix or unset CASCADE_DETERMINISM",
+            )
+        return env["CASCADE_DETERMINISM"]
+    value = check.raw.get("determinism")
+    if value is False:  # YAML 1.1 reads a bare `off` (also `no`, `false`) as false
+        return "off"
+    if value is None:
+        return "warn"
+    if value not in modes:
+        raise check.bad("determinism", value, "off, warn or strict")
+    return str(value)
+
+
+def _checkpoint_policy(check: _Checker) -> dict[str, Any]:
+    known = {"monitor", "mode", "save_top_k", "save_last"}
+    raw = check.mapping("checkpoints", known=known)
+    policy: dict[str, Any] = {}
+    if raw.get("monitor") is not None:
+        policy["monitor"] = check.text("monitor", raw, "checkpoints.monitor")
+    if raw.get("mode") is not None:
+        if raw["mode"] not in ("min", "max"):
+            raise check.bad("checkpoints.mode", raw["mode"], "min or max")
+        policy["mode"] = raw["mode"]
+    if raw.get("save_top_k") is not None:
+        policy["save_top_k"] = check.integer("save_top_k", 3, -1, "a whole number >= -1 (-1: keep all)",
+                                             within=raw, name="checkpoints.save_top_k")  # fmt: skip
+    if raw.get("save_last") is not None:
+        policy["save_last"] = check.flag("save_last", True, within=raw, name="checkpoints.save_last")
     return policy
 
 
@@ -130,16 +239,10 @@ def resolve_tracking_uri(uri: str, root: Path) -> str:
     return uri
 
 
-def _int(value: Any, name: str) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} in cascade.yaml must be an integer, not {value!r}") from None
-
-
-def _trace_grads(value: Any, path: Path) -> bool | None:
+def _trace_grads(check: _Checker) -> bool | None:
+    value = check.raw.get("trace_grads", "auto")
     if value is None or value == "auto":
         return None
     if isinstance(value, bool):
         return value
-    raise ConfigError(f"{path}: trace_grads must be true, false or auto, not {value!r}")
+    raise check.bad("trace_grads", value, "true, false or auto")

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from cascade_repro.errors import ConfigError, UsageError
-from cascade_repro.params import find_params_file, flatten, resolve_params
+from cascade_repro.params import MAX_PARAMS, SEED_RANGE, find_params_file, flatten, resolve_params
 
 
 @pytest.fixture
@@ -83,3 +83,72 @@ def test_params_file_lookup_prefers_the_scripts_directory(tmp_path: Path) -> Non
 
 def test_flatten() -> None:
     assert flatten({"a": {"b": 1, "c": {"d": [1]}}, "e": {}}) == {"a.b": 1, "a.c.d": [1], "e": {}}
+
+
+def test_aliased_mappings_past_the_param_limit_are_refused(tmp_path: Path) -> None:
+    # 475 bytes of mapping aliases once logged 27,900 params: 10 * 10 * 10 * 10 = 10,000 keys here.
+    lines = ["k0: &k0 {" + ", ".join(f"a{i}: {i}" for i in range(10)) + "}"]
+    for level in range(1, 4):
+        lines.append(f"k{level}: &k{level} {{" + ", ".join(f"b{i}: *k{level - 1}" for i in range(10)) + "}")
+    path = tmp_path / "hyperparameters.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    assert len(path.read_bytes()) < 500
+    with pytest.raises(ConfigError) as info:
+        resolve_params(path, tmp_path)
+    message = f"{path} holds 11,110 params (flattened keys); cascade takes at most {MAX_PARAMS:,}"
+    assert message in str(info.value)
+
+
+def test_the_param_limit_is_inclusive(tmp_path: Path) -> None:
+    path = tmp_path / "hyperparameters.yaml"
+    path.write_text("".join(f"p{i}: {i}\n" for i in range(MAX_PARAMS)))
+    assert len(resolve_params(path, tmp_path).values) == MAX_PARAMS
+    with pytest.raises(UsageError, match=f"--set/--add make {MAX_PARAMS + 1:,} params"):
+        resolve_params(path, tmp_path, adds=["one=more"])
+
+
+def test_alias_bombs_and_recursive_aliases_in_overrides_are_usage_errors(params_file: Path) -> None:
+    # One flow value: each level a list of an anchored list and 9 aliases of it (10**6 values).
+    nested = "&l0 [x,x,x,x,x,x,x,x,x,x]"
+    for level in range(1, 6):
+        nested = f"[{nested}," + ",".join([f"*l{level - 1}"] * 9) + "]"
+        nested = f"&l{level} {nested}" if level < 5 else nested
+    with pytest.raises(UsageError, match=r"--set epochs \(&l4\): more than 100,000 values once its aliases"):
+        resolve_params(params_file, params_file.parent, sets=[f"epochs={nested}"])
+    with pytest.raises(UsageError, match=r"--add loop: &a contains itself"):
+        resolve_params(params_file, params_file.parent, adds=["loop=&a [*a]"])
+
+
+@pytest.mark.parametrize("seed", ["99999999999999999999999", "-1", str(2**64)])
+def test_seed_option_out_of_range_is_a_usage_error(params_file: Path, seed: str) -> None:
+    expected = rf"--seed {seed} is out of range; expected an integer from 0 to {SEED_RANGE[1]}"
+    with pytest.raises(UsageError, match=expected):
+        resolve_params(params_file, params_file.parent, seed=seed)
+
+
+def test_seed_range_ends_are_accepted(params_file: Path) -> None:
+    assert SEED_RANGE == (0, 2**64 - 1)
+    for seed in SEED_RANGE:
+        assert resolve_params(params_file, params_file.parent, seed=str(seed)).seed == seed
+
+
+@pytest.mark.parametrize("value", ["99999999999999999999999", "-3", "true", "1.5", "abc"])
+def test_seed_in_the_file_out_of_range_names_the_file(tmp_path: Path, value: str) -> None:
+    path = tmp_path / "hyperparameters.yaml"
+    path.write_text(f"seed: {value}\n")
+    with pytest.raises(ConfigError, match=rf"{path}: seed is .*; expected an integer from 0 to {2**64 - 1}"):
+        resolve_params(path, tmp_path)
+    with pytest.raises(UsageError, match=r"--set seed is -1; expected an integer from 0"):
+        resolve_params(path, tmp_path, sets=["seed=-1"])
+    assert resolve_params(path, tmp_path, seed="4").seed == 4  # --seed wins over the file
+
+
+def test_keys_become_the_strings_the_script_sees(tmp_path: Path) -> None:
+    path = tmp_path / "hyperparameters.yaml"
+    path.write_text("layers: {1: 64, all: 3, 2.5: x, null: y, false: z}\n")
+    assert resolve_params(path, tmp_path).values == {
+        "layers": {"1": 64, "all": 3, "2.5": "x", "null": "y", "false": "z"}
+    }
+    path.write_text("layers: {1: 64, '1': 32}\n")
+    with pytest.raises(ConfigError, match="keys 1 and '1' are both '1' to the script"):
+        resolve_params(path, tmp_path)
