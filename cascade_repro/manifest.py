@@ -96,8 +96,8 @@ def check_shape(data: Mapping[str, Any], run_id: str | None = None) -> None:
         if not isinstance(value, (str, type(None))):
             refuse(where, value, "a string")
     seed = params.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        refuse("params.seed", seed, "an integer")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        refuse("params.seed", seed, "an integer from 0 to 2**64-1")
     for where in _ENTRY_LISTS:
         section, _, key = where.partition(".")
         entries = (data.get(section) or {}).get(key) if key else data.get(section)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from cascade_repro.diff import Diff
     from cascade_repro.images.prepare import PreparedImage
     from cascade_repro.project import InitResult
+    from cascade_repro.recovery import Delivered
     from cascade_repro.restore import RestorePlan
     from cascade_repro.run_plan import RunResult
     from cascade_repro.versions import TagResult
@@ -53,7 +54,8 @@ class _Printable:
             kept += [printable(text[position : match.start()]), match.group()]
             position = match.end()
         kept.append(printable(text[position:]))
-        return int(self._stream.write("".join(kept)))
+        self._stream.write("".join(kept))
+        return len(text)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
@@ -120,9 +122,27 @@ def run_result(result: RunResult) -> None:
     )
     for warning in result.warnings:
         notice(f"warning: {warning}")
+    if result.incomplete:
+        notice("the record is incomplete; the store lacks:")
+        for line in result.incomplete:
+            notice(f"  {line}")
+        if result.spool:
+            notice(f"kept in {result.spool}: `cascade sync` delivers it when the store answers (exit 4)")
     notice(
         f"see it: cascade show {result.run_id[:8]}  ·  mlflow ui --backend-store-uri {result.tracking_uri}"
     )
+
+
+def sync_result(delivered: list[Delivered]) -> None:
+    """`cascade sync` / `cascade recover`: one line per spooled run (progress went by as notices)."""
+    if not delivered:
+        notice("nothing pending: every run's record is in the store")
+        return
+    for item in delivered:
+        run = item.run_id[:12] if item.run_id else "(not opened)"
+        notice(f"{run} {item.status}: {item.points} metric points stored")
+        for line in item.missing:
+            notice(f"  missing: {line}")
 
 
 def run_list(runs: list[RunSummary], show_experiment: bool = False, versions_only: bool = False) -> None:
@@ -136,7 +156,7 @@ def run_list(runs: list[RunSummary], show_experiment: bool = False, versions_onl
         commit = (run.commit or "")[:10] + ("+dirty" if run.dirty else "")
         table.add_row(
             *((run.experiment,) if show_experiment else ()),
-            run.run_id[:12],
+            run.run_id[:12] or "(spooled)",
             run.name or "",
             run.version or "",
             run.status,

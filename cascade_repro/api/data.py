@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from cascade_repro.api.records import context, dvc_cache, record_of
 from cascade_repro.errors import DataError
-from cascade_repro.manifest import data_objects
+from cascade_repro.manifest import ARTIFACT_PATH, data_objects
+from cascade_repro.settings import Settings
+from cascade_repro.store import mlflow_store
 
 if TYPE_CHECKING:
     from cascade_repro.checkout import Fetched
@@ -106,4 +108,20 @@ def push(ref: str, cwd: Path | None = None) -> PushSummary:
     if result.error:
         raise DataError(f"push to the DVC remote failed: {result.error}",
                         hint="configure a reachable remote: `dvc remote list`, `cascade init`")  # fmt: skip
+    _record_pushed(settings, run_id, manifest, result.remote, set(result.failed))
     return PushSummary(run_id, result.remote, result.pushed, result.failed)
+
+
+def _record_pushed(settings: Settings, run_id: str, manifest: dict[str, Any], remote: str | None,
+                   failed: set[str]) -> None:  # fmt: skip
+    """The record says where its checkpoints are: after a retried push, `show --checkpoints` and the
+    `cascade.checkpoints_pushed` tag agree with the remote."""
+    changed = False
+    for entry in manifest.get("checkpoints") or []:
+        if entry.get("status") == "kept" and entry.get("md5"):
+            pushed = entry["md5"] not in failed
+            changed |= entry.get("pushed") is not pushed or entry.get("remote") != remote
+            entry.update(pushed=pushed, remote=remote)
+    if changed:
+        client = mlflow_store.client(settings.tracking_uri)
+        mlflow_store.log_json(client, run_id, manifest, ARTIFACT_PATH)

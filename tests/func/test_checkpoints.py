@@ -174,6 +174,10 @@ def test_a_failed_push_keeps_the_run_and_cascade_push_retries(dvc_project: Proje
     pushed = project.cascade("push", run_id[:8])
     assert pushed.returncode == 0, pushed.stderr
     assert all(_object(good, c["md5"]).is_file() for c in kept)
+    after = [c for c in project.manifest(run_id)["checkpoints"] if c["status"] == "kept"]
+    assert [c["md5"] for c in after] == [c["md5"] for c in kept] and all(c["pushed"] is True for c in after)
+    listed = project.cascade("show", run_id[:8], "--checkpoints").stdout
+    assert " NO" not in listed and listed.count(" yes") == len(kept)
 
 
 def test_dvc_tracked_data_is_recorded_as_read_and_restored(dvc_project: Project, tmp_path: Path) -> None:
