@@ -70,7 +70,7 @@ class CheckpointLog:
                 record.update(inode=stat.st_ino, size=stat.st_size, mtime_ns=stat.st_mtime_ns)
             except OSError:
                 return
-        with self.lock, open(self.path, "a", encoding="utf-8") as handle:
+        with self.lock, protocol.open_private(self.path) as handle:
             handle.write(json.dumps(record, default=str) + "\n")
 
 

@@ -7,6 +7,8 @@ import os
 from collections import deque
 from typing import Any, Iterator
 
+from cascade_repro.redaction import redact_variable
+
 # cascade's own, or specific to a machine or a login:
 # restoring them would break the re-run, comparing them would only add noise.
 NOT_RECORDED_PREFIXES = (
@@ -52,8 +54,8 @@ def record_reads() -> set[str]:
 
 
 def values_read(names: set[str]) -> dict[str, str | None]:
-    """Name → value at exit (None: unset), minus machine-specific names. Secrets are the parent's to
-    redact: this stays in the run directory on this machine, which is removed when the run ends."""
+    """Name → value at exit (None: unset), minus machine-specific names, secrets redacted here: the
+    hand-off file outlives the child when the parent dies, so it never holds a secret."""
     data = os.environ._data  # type: ignore[attr-defined]  # raw, without recording these lookups
     decode = os.environ.decodevalue
     encode = os.environ.encodekey
@@ -62,5 +64,5 @@ def values_read(names: set[str]) -> dict[str, str | None]:
         if not isinstance(name, str) or name in MACHINE_SPECIFIC or name.startswith(NOT_RECORDED_PREFIXES):
             continue
         raw = data.get(encode(name))
-        out[name] = None if raw is None else decode(raw)
+        out[name] = None if raw is None else redact_variable(name, decode(raw))
     return out

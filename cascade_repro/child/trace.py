@@ -31,7 +31,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from cascade_repro.child import step_values
-from cascade_repro.child.protocol import DUMP_FILE
+from cascade_repro.child.protocol import DUMP_FILE, open_private
 from cascade_repro.determinism import fingerprint
 
 RNG_EXTRA_EVERY = 16
@@ -50,7 +50,7 @@ class StepTracer:
         self._on_header = on_header  # told when the header changes (the gradient decision)
         self.stop_after = stop_after  # end the script (exit 0) when this step would begin
         self._flushed_at = time.monotonic()
-        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._file = open_private(path)  # closed in close()
         self._unwritten: list[dict[str, Any]] = []
         self._views = fingerprint.ByteViews()
         self._lock = threading.Lock()

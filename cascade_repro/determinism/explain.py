@@ -13,8 +13,7 @@ from typing import Any, Mapping
 
 from cascade_repro.determinism.compare import FACET_WORDS, TraceComparison
 from cascade_repro.params import flatten
-
-REDACTED = "<redacted>"  # as capture.environment records a secret-looking variable
+from cascade_repro.redaction import is_redacted
 
 CLASS_A_TORCH = (
     "version",
@@ -194,10 +193,10 @@ def likely_causes(
                 + ("" if grads_hashed else "; set trace_grads: true in cascade.yaml to tell the two apart"),
             )
         )
+    read_a, read_b = a.get("environment_read") or {}, b.get("environment_read") or {}
     secrets = sorted(
-        k for k in set(a.get("environment_read") or {}) | set(b.get("environment_read") or {})
-        if REDACTED in ((a.get("environment_read") or {}).get(k), (b.get("environment_read") or {}).get(k))
-    )  # fmt: skip
+        k for k in {**read_a, **read_b} if is_redacted(read_a.get(k)) or is_redacted(read_b.get(k))
+    )
     if step is not None and secrets:
         causes.append(
             Cause(

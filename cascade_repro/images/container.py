@@ -19,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Iterable, Mapping, Sequence
 
+from cascade_repro.child.protocol import open_private
 from cascade_repro.errors import DockerError
 from cascade_repro.supervisor import ChildExit, forwarding_signals
 
@@ -95,7 +96,7 @@ class ContainerChild:
     def __init__(self, client: Any, spec: ContainerSpec, log_path: Path) -> None:
         import docker
 
-        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in wait()
+        self._log = open_private(log_path, "ab")  # closed in wait()
         requests = None
         if spec.gpus is not None:
             count = -1 if spec.gpus == "all" else int(spec.gpus)

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from cascade_repro.capture.environment import REDACTED, capture_environment, looks_secret
+from cascade_repro.capture.environment import capture_environment
 from cascade_repro.capture.git import strip_credentials
 from cascade_repro.capture.packages import capture_packages, normalize
 from cascade_repro.errors import CascadeError
 from cascade_repro.manifest import Manifest
+from cascade_repro.redaction import MARKER as REDACTED
+from cascade_repro.redaction import secret_variable as looks_secret
 from cascade_repro.settings import load_settings, resolve_tracking_uri
 
 
@@ -43,7 +45,7 @@ def test_environment_allow_list_and_redaction() -> None:
     assert captured == {
         "CUDA_VISIBLE_DEVICES": "0,1",
         "MLFLOW_TRACKING_PASSWORD": REDACTED,
-        "MLFLOW_TRACKING_URI": "https://mlflow.example.com",
+        "MLFLOW_TRACKING_URI": f"https://bob:{REDACTED}@mlflow.example.com",
         "NCCL_SOCKET_IFNAME": "eth0",
         "OMP_NUM_THREADS": "4",
     }

@@ -37,7 +37,7 @@ def test_the_parent_drops_allow_listed_names_and_redacts_secrets() -> None:
         "X": None,
     }
     assert environment_read(read, ("OMP_",)) == {
-        "DATA_DIR": "/d", "DB": "postgresql://h/db", "HF_TOKEN": "<redacted>", "X": None,
+        "DATA_DIR": "/d", "DB": "postgresql://u:<redacted>@h/db", "HF_TOKEN": "<redacted>", "X": None,
     }  # fmt: skip
 
 
