@@ -17,7 +17,7 @@ from cascade_repro.project import InitResult, find_repo_root, init_project
 from cascade_repro.recorder import own_paths, record_run
 from cascade_repro.run_plan import ContainerPlan, Notify, RunPlan, RunResult
 from cascade_repro.settings import Settings, load_settings
-from cascade_repro.store import mlflow_store
+from cascade_repro.store import mlflow_store, sqlite_store
 
 if TYPE_CHECKING:
     from cascade_repro.images.prepare import PreparedImage
@@ -109,6 +109,7 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
         "store %s (%s), experiment %s", settings.tracking_uri, _store_source(environ), settings.experiment
     )
     mlflow_store.probe_store(settings.tracking_uri)
+    sqlite_store.create_if_missing(settings.tracking_uri)  # before any script: never two at once
     if request.version is not None:
         _check_version_free(settings, root, request)
     in_docker = bool(settings.docker.get("enabled")) if request.docker is None else request.docker

@@ -31,8 +31,9 @@ MAX_METRICS_PER_BATCH = 1000
 def probe_store(uri: str, timeout_s: float = 3.0) -> None:
     """Fail fast, before the script starts, when the store clearly cannot be reached.
 
-    Deliberately does not import mlflow (1-2 s): HTTP servers get a /health request, databases a TCP
-    connect, a sqlite file a check that its directory is writable.
+    Deliberately does not import mlflow (1-2 s): HTTP servers get a /health request, databases a
+    check that SQLAlchemy's driver is installed and a TCP connect, a sqlite file a check that its
+    directory exists.
     """
     parts = urllib.parse.urlsplit(uri)
     fix = "start the tracking server, fix MLFLOW_TRACKING_URI / tracking_uri in cascade.yaml, or unset it"
@@ -51,6 +52,7 @@ def probe_store(uri: str, timeout_s: float = 3.0) -> None:
             raise StoreError(f"MLflow tracking server {uri} is unreachable ({reason})", hint=fix) from None
     elif parts.scheme.startswith(("postgresql", "mysql", "mssql")):
         host, port = parts.hostname or "localhost", parts.port or _default_port(parts.scheme)
+        _check_driver(parts.scheme, f"{parts.scheme}://{host}:{port}")
         try:
             socket.create_connection((host, port), timeout=timeout_s).close()
         except OSError as exc:
@@ -61,13 +63,43 @@ def probe_store(uri: str, timeout_s: float = 3.0) -> None:
             raise StoreError(f"the directory of the MLflow store {path} does not exist", hint=fix)
 
 
+# SQLAlchemy's dialect[+driver] → the module it imports and how to install it. Without it MLflow
+# fails only when the run is opened, after the script has started.
+DB_DRIVERS = {
+    "postgresql": ("psycopg2", "pip install 'cascade_repro[postgres]'"),
+    "postgresql+psycopg2": ("psycopg2", "pip install 'cascade_repro[postgres]'"),
+    "postgresql+psycopg": ("psycopg", "pip install 'psycopg[binary]'"),
+    "postgresql+pg8000": ("pg8000", "pip install pg8000"),
+    "mysql": ("MySQLdb", "pip install mysqlclient"),
+    "mysql+mysqldb": ("MySQLdb", "pip install mysqlclient"),
+    "mysql+pymysql": ("pymysql", "pip install PyMySQL"),
+    "mssql": ("pyodbc", "pip install pyodbc"),
+    "mssql+pyodbc": ("pyodbc", "pip install pyodbc"),
+    "mssql+pymssql": ("pymssql", "pip install pymssql"),
+}
+
+
+def _check_driver(scheme: str, where: str) -> None:
+    import importlib.util
+
+    module, install = DB_DRIVERS.get(scheme, (None, ""))
+    if module is not None and importlib.util.find_spec(module) is None:  # finds it without importing it
+        raise StoreError(
+            f"the MLflow store {where} needs the database driver {module}, which is not installed",
+            hint=f"{install}, or point MLFLOW_TRACKING_URI / tracking_uri in cascade.yaml at another store",
+        )
+
+
 def _default_port(scheme: str) -> int:
     return 5432 if scheme.startswith("postgresql") else 3306 if scheme.startswith("mysql") else 1433
 
 
 def client(uri: str) -> MlflowClient:
+    """A client of the store `uri`; a local sqlite store is created, or repaired, first (under a lock)."""
     import logging
     import os
+
+    from cascade_repro.store import sqlite_store
 
     # cascade prints its own progress; MLflow's download bars and table-creation notes are noise.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -76,6 +108,8 @@ def client(uri: str) -> MlflowClient:
     if not logging.getLogger("cascade_repro").isEnabledFor(logging.DEBUG):
         logging.getLogger("mlflow").setLevel(logging.WARNING)
         logging.getLogger("alembic").setLevel(logging.WARNING)
+    sqlite_store.create_if_missing(uri)
+    sqlite_store.check(uri)
     return MlflowClient(tracking_uri=uri)
 
 
@@ -111,11 +145,7 @@ def open_run(
                 True,
                 dict(run.data.params),
             )
-        found = mlflow.get_experiment_by_name(experiment)
-        if found is None:
-            experiment_id = mlflow.create_experiment(experiment, artifact_location=artifact_root)
-        else:
-            experiment_id = found.experiment_id
+        experiment_id = _experiment_id(mlflow, experiment, artifact_root)
         run = mlflow.create_run(experiment_id, start_time=start_ms, tags=dict(tags), run_name=run_name)
         return OpenedRun(run.info.run_id, experiment_id, experiment, run.info.artifact_uri, False, {})
     except Exception as exc:  # MLflow raises many types (MlflowException, SQLAlchemy, requests)
@@ -123,6 +153,24 @@ def open_run(
             f"cannot open a run in the MLflow store: {first_line(exc)}",
             hint="check MLFLOW_TRACKING_URI / tracking_uri in cascade.yaml and that the store is writable",
         ) from exc
+
+
+def _experiment_id(mlflow: MlflowClient, name: str, artifact_root: str) -> str:
+    """The experiment's id, created if missing; two first runs may create it at once."""
+    from mlflow.exceptions import MlflowException
+
+    found = mlflow.get_experiment_by_name(name)
+    if found is not None:
+        return str(found.experiment_id)
+    try:
+        return mlflow.create_experiment(name, artifact_location=artifact_root)
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        found = mlflow.get_experiment_by_name(name)  # another process created it since the lookup
+        if found is None:
+            raise
+        return str(found.experiment_id)
 
 
 def log_params(
