@@ -24,6 +24,7 @@ from cascade_repro.capture.snapshot import capture_snapshot
 from cascade_repro.child import protocol
 from cascade_repro.errors import CascadeError, StoreError
 from cascade_repro.recording import Recording, Worker
+from cascade_repro.redaction import redact_argv
 from cascade_repro.run_plan import Notify, RunPlan, RunResult
 from cascade_repro.settings import Settings, sqlite_path
 from cascade_repro.store.checkpoint_keeper import CheckpointKeeper
@@ -77,7 +78,8 @@ def _start_recording(plan: RunPlan, notify: Notify, child: RunningChild, env: di
                      start_ms: int) -> tuple[Recording, Worker]:  # fmt: skip
     """Capture, the checkpoint keeper and the store side, started while the child runs."""
     _yield_cpu_to_the_child()
-    log.debug("child pid %d: %s %s (cwd %s)", child.pid, plan.script_rel, " ".join(plan.args), plan.cwd)
+    log.debug("child pid %d: %s %s (cwd %s)", child.pid, plan.script_rel, " ".join(redact_argv(plan.args)),
+              plan.cwd)  # fmt: skip
     log.debug("child environment adds %s", {k: env[k] for k in sorted(set(env) - set(plan.environ))})
     settings = plan.settings
     capture = Worker(
@@ -232,5 +234,5 @@ def _make_run_dir(base: Path) -> Path:
     base.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = base / f"{stamp}-{os.getpid()}"
-    run_dir.mkdir()
+    run_dir.mkdir(mode=0o700)  # what the script logs and reads is its owner's only
     return run_dir

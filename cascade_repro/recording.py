@@ -26,6 +26,7 @@ from cascade_repro.capture.snapshot import empty_snapshot
 from cascade_repro.child import protocol
 from cascade_repro.manifest import ARTIFACT_PATH, Manifest, data_objects
 from cascade_repro.params import flatten
+from cascade_repro.redaction import redact_argv
 from cascade_repro.run_plan import Notify, RunPlan, RunResult
 from cascade_repro.store import mlflow_store
 from cascade_repro.store.checkpoint_keeper import CheckpointKeeper, CheckpointsRecorded, finish_checkpoints
@@ -199,7 +200,7 @@ class Recording:
             "cascade.tool_version": __version__,
             "cascade.seed": str(plan.params.seed),
             "cascade.determinism": plan.determinism,
-            "cascade.argv": json.dumps(list(plan.args)),
+            "cascade.argv": json.dumps(redact_argv(plan.args)),
             "mlflow.note.content": _note(plan),
         }
         if plan.run_name:
@@ -255,10 +256,10 @@ class Recording:
             cascade_version=__version__,
             command={
                 "script": plan.script_rel,
-                "argv": list(plan.args),
+                "argv": redact_argv(plan.args),
                 "cwd": _relative(plan.cwd, plan.settings.root),
                 "interpreter": sys.executable,
-                "invocation": list(plan.invocation),
+                "invocation": redact_argv(plan.invocation),
                 "run_name": plan.run_name,
             },
             params={
@@ -355,7 +356,7 @@ def _user() -> str:
 
 
 def _note(plan: RunPlan) -> str:
-    args = " ".join(plan.args)
+    args = " ".join(redact_argv(plan.args))
     return (
         f"`cascade run {plan.script_rel} {args}`".replace(" `", "`")
         + f"\n\nseed {plan.params.seed}, determinism {plan.determinism}, commit {plan.commit[:12]}. "

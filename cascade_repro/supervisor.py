@@ -13,6 +13,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Callable, Iterator, Mapping, Protocol, Sequence
 
+from cascade_repro.child.protocol import open_private
+
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -40,7 +42,7 @@ class Child:
     """The training process. Output goes to the terminal as it comes and to `log_path`."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> None:
-        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in wait()
+        self._log = open_private(log_path, "ab")  # closed in wait()
         self._log_lock = threading.Lock()
         self.process = subprocess.Popen(
             list(argv), env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from cascade_repro.child.protocol import open_private
+
 FLUSH_INTERVAL_S = 0.25
 
 
@@ -23,7 +25,7 @@ class EventSink:
 
     def __init__(self, path: Path) -> None:
         self._queue: collections.deque[tuple[int, int, dict[str, float]]] = collections.deque()
-        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._file = open_private(path)  # closed in close()
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._auto_step = 0

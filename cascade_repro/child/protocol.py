@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 # Environment variables the parent sets for the child.
 ENV_RUN_DIR = "CASCADE_RUN_DIR"
@@ -42,8 +42,21 @@ def nondeterministic_op(message: str) -> str | None:
     return message.split(NONDETERMINISTIC_MARKER, 1)[0].strip().splitlines()[-1].strip() or None
 
 
+def open_private(path: Path, mode: str = "a") -> IO[Any]:
+    """Open a run-directory file readable by its owner only (0600), whatever the umask: hand-off
+    files hold what the script logged and read."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if mode.startswith("w") else os.O_APPEND)
+    fd = os.open(path, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # os.open keeps an existing file's mode
+    except OSError:
+        pass  # a file system without modes
+    return os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8")
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so a reader never sees half a file (write a sibling, then rename)."""
+    """Write JSON so a reader never sees half a file (write a sibling, then rename), mode 0600."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str), encoding="utf-8")
+    with open_private(tmp, "w") as handle:
+        handle.write(json.dumps(data, indent=2, sort_keys=True, default=str))
     os.replace(tmp, path)
