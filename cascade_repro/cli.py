@@ -1,7 +1,8 @@
 """The `cascade` command: parse → one api call → render. The only place exit codes are chosen.
 
 Exit codes: 0 success; for `cascade run`, the script's own code; 1 error; 2 usage; 3 not reproduced
-(`verify`, `restore`); 130 interrupted.
+(`verify`, `restore`); 4 the script exited 0 but its record is incomplete or still pending delivery
+(`run`, `sync`: see `cascade sync`); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -111,6 +112,8 @@ def main(ctx: click.Context, log_level: str, verbose: bool) -> None:
     cascade diff v1.2.3 current         what differs: stack, code, params, packages, env, data, results
     cascade check v1.2.3                can this machine reproduce it bit for bit?
     cascade ui                          the MLflow UI on the same store, http://127.0.0.1:5000
+    cascade sync                        deliver runs spooled while the store was unavailable
+    cascade recover                     finish runs whose cascade process died (same as sync)
     cascade run --docker train.py       in the project's image (Dockerfile.j2), recorded with the run
     cascade image build                 build (or find) that image for the working tree
     """
@@ -196,6 +199,10 @@ def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options
         request = api.RunRequest(script=script, args=script_args, git_tag=git_tag, **options)
         result = api.run(request, notify=render.notice)
         render.run_result(result)
+        if result.exit_code == 0 and result.incomplete:  # the script's own failure code wins
+            from cascade_repro.errors import RecordIncomplete
+
+            return RecordIncomplete.exit_code
         return result.exit_code
 
     _guard(body, ctx, fast_exit=True)
@@ -423,6 +430,47 @@ def checkout_command(ctx: click.Context, ref: str, checkpoint: str | None, data:
             render.checkout_result(result)
 
     _guard(body, ctx)
+
+
+def _sync(ctx: click.Context, as_json: bool, command: str) -> None:
+    def body() -> int:
+        from cascade_repro import api, render
+        from cascade_repro.errors import RecordIncomplete
+
+        delivered = api.sync(notify=render.notice, command=command)
+        if as_json:
+            render.emit_json(command, [d.to_dict() for d in delivered])
+        else:
+            render.sync_result(delivered)
+        return RecordIncomplete.exit_code if any(d.missing for d in delivered) else 0
+
+    _guard(body, ctx)
+
+
+@main.command(name="sync")
+@click.option("--json", "as_json", is_flag=True, help="What was delivered, per run, as JSON.")
+@click.pass_context
+def sync_command(ctx: click.Context, as_json: bool) -> None:
+    """Deliver what runs left in .cascade/runs/ while the store was unavailable or full.
+
+    Points, output, trace and record go to the store from where delivery stopped; a run is closed
+    with its real status once all of it is stored. Exit 0: nothing left pending; 4: some of it is
+    still pending (the store does not answer yet) or was refused (named).
+    """
+    _sync(ctx, as_json, "sync")
+
+
+@main.command(name="recover")
+@click.option("--json", "as_json", is_flag=True, help="What was delivered, per run, as JSON.")
+@click.pass_context
+def recover_command(ctx: click.Context, as_json: bool) -> None:
+    """Finish runs whose `cascade run` process died (SIGKILL, OOM killer, closed terminal).
+
+    What the script wrote is delivered and the run closed KILLED (or as the script ended), its
+    record saying what happened and what is missing. Every store command does this first; this is
+    `cascade sync` under the name one looks for after a crash. Exit codes as for sync.
+    """
+    _sync(ctx, as_json, "recover")
 
 
 @main.command(name="push")

@@ -11,9 +11,13 @@
     ├── RestoreRefused           exit 1  (missing commit, tampered record, modified worktree)
     ├── UnsafeRecord             exit 1  (a record whose paths or symlinks lead out of the target)
     ├── DataError                exit 1  (DVC cache/remote: missing, unreachable or corrupt objects)
-    └── DockerError              exit 1  (no engine, base image unavailable, build failed, no GPUs)
+    ├── DockerError              exit 1  (no engine, base image unavailable, build failed, no GPUs)
+    └── RecordIncomplete         exit 4  (the script exited 0 but its record is incomplete or still
+                                          pending delivery in .cascade/runs/; see `cascade sync`)
 
-`cli` is the only place that turns these into exit codes; library code only raises.
+`cli` is the only place that turns these into exit codes; library code only raises. `cascade run`
+returns 4 without raising (the run is recorded as far as it could be); a script's own nonzero
+code wins over 4.
 """
 
 from __future__ import annotations
@@ -80,3 +84,9 @@ class DataError(CascadeError):
 
 class DockerError(CascadeError):
     """The Docker engine, an image build or a container failed; the message says which and the fix."""
+
+
+class RecordIncomplete(CascadeError):
+    """The store lacks part of a record: pending in the spool (`cascade sync`) or refused (named)."""
+
+    exit_code = 4

@@ -27,6 +27,7 @@ from cascade_repro.recording import Recording, Worker
 from cascade_repro.redaction import redact_argv
 from cascade_repro.run_plan import Notify, RunPlan, RunResult
 from cascade_repro.settings import Settings, sqlite_path
+from cascade_repro.store import spool
 from cascade_repro.store.checkpoint_keeper import CheckpointKeeper
 from cascade_repro.store.dvc_store import Cache
 from cascade_repro.supervisor import Child, RunningChild
@@ -37,9 +38,19 @@ PARENT_NICENESS = 10
 
 
 def record_run(plan: RunPlan, notify: Notify) -> RunResult:
-    settings = plan.settings
     start_ms = int(time.time() * 1000)
-    run_dir = _make_run_dir(settings.runs_dir)
+    # The run directory is the run's spool: locked while this process lives, with a heartbeat, so
+    # that if it dies the next cascade command finishes the run (recovery.py).
+    run_dir, lock = spool.make_run_dir(plan.settings.runs_dir)
+    heartbeat = spool.Heartbeat(run_dir).start()
+    try:
+        return _record(plan, notify, run_dir, start_ms)
+    finally:
+        heartbeat.stop()
+        spool.release(lock)
+
+
+def _record(plan: RunPlan, notify: Notify, run_dir: Path, start_ms: int) -> RunResult:
     protocol.write_json_atomic(run_dir / protocol.PARAMS_FILE, plan.params.values)
     env = child_environment(plan, run_dir)
 
@@ -48,6 +59,8 @@ def record_run(plan: RunPlan, notify: Notify) -> RunResult:
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing ran, nothing recorded: leave nothing behind
         raise
+    if plan.container is None:  # pid reuse is told apart by the start time /proc gives
+        spool.write_owner(run_dir, child.pid)
     try:
         recording, store = _start_recording(plan, notify, child, env, run_dir, start_ms)
     except BaseException:
@@ -110,6 +123,7 @@ def _start_recording(plan: RunPlan, notify: Notify, child: RunningChild, env: di
 def _start_child(plan: RunPlan, env: dict[str, str], run_dir: Path) -> RunningChild:
     bootstrap = ["-m", "cascade_repro.child.bootstrap", str(plan.script), *plan.args]
     if plan.container is None:
+        env = {**env, protocol.ENV_PARENT_PID: str(os.getpid())}  # the child stops if we die
         return Child([sys.executable, *bootstrap], env, plan.cwd, run_dir / protocol.OUTPUT_LOG)
     from cascade_repro.images import engine
     from cascade_repro.images.container import (
@@ -228,11 +242,3 @@ def own_paths(settings: Settings) -> tuple[str, ...]:
         except ValueError:
             pass
     return tuple(paths)
-
-
-def _make_run_dir(base: Path) -> Path:
-    base.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = base / f"{stamp}-{os.getpid()}"
-    run_dir.mkdir(mode=0o700)  # what the script logs and reads is its owner's only
-    return run_dir

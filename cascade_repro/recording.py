@@ -28,12 +28,14 @@ from cascade_repro.manifest import ARTIFACT_PATH, Manifest, data_objects
 from cascade_repro.params import flatten
 from cascade_repro.redaction import redact_argv
 from cascade_repro.run_plan import Notify, RunPlan, RunResult
-from cascade_repro.store import mlflow_store
+from cascade_repro.store import mlflow_store, spool
 from cascade_repro.store.checkpoint_keeper import CheckpointKeeper, CheckpointsRecorded, finish_checkpoints
+from cascade_repro.store.delivery import Delivery, dir_op, file_op, record_op, tags_op
 from cascade_repro.store.metrics_writer import MetricsWriter
 from cascade_repro.supervisor import ChildExit, RunningChild
 
 log = logging.getLogger(__name__)
+NOT_CAPTURED = "not captured: the cascade process ended before capture finished"
 
 
 class Worker(threading.Thread):
@@ -73,11 +75,17 @@ class Recording:
         self.mlflow: Any = None
         self.opened: mlflow_store.OpenedRun | None = None
         self.writer: MetricsWriter | None = None
+        self.delivery: Delivery | None = None
         self.warnings: list[str] = []
         self.peak_rss_mb = 0.0
+        self.ledger = spool.Ledger.load(run_dir)
+        self.tags = {**self._start_tags(), spool.SPOOL_TAG: run_dir.name}
+        self._spool_plan()
 
     # -- while the child runs -------------------------------------------------------------
     def open(self) -> None:
+        """Each write below is delivered on its own (store/delivery.py): one refused or undelivered
+        part never keeps the others from the store, and what is not stored stays in the spool."""
         plan = self.plan
         try:
             self.mlflow = mlflow_store.client(plan.settings.tracking_uri)
@@ -86,7 +94,7 @@ class Recording:
                 plan.settings.experiment,
                 plan.settings.artifact_root,
                 plan.run_name,
-                self._start_tags(),
+                self.tags,
                 self.start_ms,
                 existing_run_id=plan.environ.get("MLFLOW_RUN_ID") or None,
             )
@@ -95,12 +103,14 @@ class Recording:
             raise
         run_id = self.opened.run_id
         (self.run_dir / protocol.RUN_ID_FILE).write_text(run_id, encoding="utf-8")
+        self.ledger.update(run_id=run_id, experiment=self.opened.experiment)
+        self.delivery = delivery = Delivery(self.mlflow, run_id, self.ledger)
         self.writer = MetricsWriter(
-            self.mlflow,
-            run_id,
-            self.run_dir / protocol.EVENTS_FILE,
+            delivery,
+            self.run_dir,
             flush_s=plan.settings.metrics_flush_s,
             sample=self._sample_memory,
+            notify=self.notify,
         ).start()
         self.notify(f"run {run_id} · experiment {self.opened.experiment} · {plan.settings.tracking_uri}")
         if plan.container is not None:  # what the image was built from, to rebuild it on restore
@@ -108,28 +118,30 @@ class Recording:
                                ("requirements.txt", plan.container.prepared.requirements)):  # fmt: skip
                 if text:  # an image reused by ID whose record lacked them has nothing to add
                     (self.run_dir / name).write_text(text, encoding="utf-8")
-                    mlflow_store.log_file(self.mlflow, run_id, self.run_dir / name, "cascade")
+                    delivery.do(file_op(self.run_dir / name, "cascade"))
         captured = self.capture.value()
         git: GitState = captured["git"]
-        self.warnings += mlflow_store.log_params(
-            self.mlflow, run_id, self._flat_params(), existing=self.opened.existing_params
-        )
-        mlflow_store.set_tags(
-            self.mlflow,
-            run_id,
-            {"cascade.dirty": str(git.dirty).lower(), "mlflow.source.git.repoURL": git.remotes.get("origin")},
-        )
+        params = {"id": "params", "kind": "params", "params": self._flat_params(),
+                  "existing": self.opened.existing_params}  # fmt: skip
+        delivery.do(params)
+        delivery.do(tags_op("git", {"cascade.dirty": str(git.dirty).lower(),
+                                    "mlflow.source.git.repoURL": git.remotes.get("origin")}))  # fmt: skip
         self._log_dirty_state(git)
         early = self._manifest(captured, facts={})  # kept if the parent dies before finish()
-        mlflow_store.log_json(self.mlflow, run_id, early.to_dict(), ARTIFACT_PATH)
+        spool.write_json(self.run_dir / spool.RECORD_FILE, delivery.annotate(early.to_dict(), 0))
+        self.ledger.update(stage="captured")
+        delivery.do(record_op(ARTIFACT_PATH))
 
     # -- after the child ended --------------------------------------------------------------
     def finish(self, ended: ChildExit) -> RunResult:
-        assert self.opened is not None and self.writer is not None
+        assert self.opened is not None and self.writer is not None and self.delivery is not None
         run_id = self.opened.run_id
         end_ms = int(time.time() * 1000)
         facts = _read_json(self.run_dir / protocol.FACTS_FILE)
         status = _status(ended)
+        signal = ended.signal_received or ended.killed_by_signal
+        self.ledger.update(ended={"status": status, "exit_code": ended.exit_code, "signal": signal,
+                                  "end_ms": end_ms})  # fmt: skip
         refused = (facts.get("determinism") or {}).get("stopped_by")
         if refused:
             self.warnings.append(
@@ -144,7 +156,7 @@ class Recording:
         outcome = {
             "status": status,
             "exit_code": ended.exit_code,
-            "signal": ended.signal_received or ended.killed_by_signal,
+            "signal": signal,
             "start_time": self.start_ms / 1000,
             "end_time": end_ms / 1000,
             "duration_s": round((end_ms - self.start_ms) / 1000, 3),
@@ -158,7 +170,7 @@ class Recording:
         read = [md5 for _, md5 in data_objects(captured.get("data") or [])]
         try:
             settings = self.plan.settings
-            checkpoints = finish_checkpoints(self.keeper, self.mlflow, run_id, settings.dvc_remote,
+            checkpoints = finish_checkpoints(self.keeper, self.delivery, settings.dvc_remote,
                                              settings.log_checkpoints, self.notify, read)  # fmt: skip
         except Exception as exc:  # the run is still closed with its outcome and what the keeper saw
             self.warnings.append(f"checkpoints not fully recorded: {type(exc).__name__}: {exc}")
@@ -167,24 +179,48 @@ class Recording:
             if self.keeper.cache is not None:
                 self.keeper.cache.close()
         self.warnings.extend(checkpoints.warnings)
-        manifest = self._manifest(captured, facts).with_outcome(
-            outcome,
-            metrics={**self.writer.summary_dict(), "resources": resources},
-            checkpoints=checkpoints.entries,
-        )
-        mlflow_store.log_json(self.mlflow, run_id, manifest.to_dict(), ARTIFACT_PATH)
-        for name in (protocol.OUTPUT_LOG, protocol.TRACE_FILE):
+        for name in (protocol.OUTPUT_LOG, protocol.TRACE_FILE):  # before the record, which says if stored
             if (self.run_dir / name).exists():
-                mlflow_store.log_file(self.mlflow, run_id, self.run_dir / name, "cascade")
-        mlflow_store.set_tags(self.mlflow, run_id, {**self._end_tags(manifest), **checkpoints.tags})
-        mlflow_store.finish_run(self.mlflow, run_id, status, end_ms)
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+                self.delivery.do(file_op(self.run_dir / name, "cascade"))
+        metrics = {**self.writer.summary_dict(), "resources": resources}
+        manifest = self._manifest(captured, facts).with_outcome(
+            outcome, metrics=metrics, checkpoints=checkpoints.entries
+        )
+        end_tags = {**self._end_tags(manifest), **checkpoints.tags}
+        missing = self.delivery.conclude(manifest.to_dict(), ARTIFACT_PATH, metrics["pending"], end_tags,
+                                         status, end_ms)  # fmt: skip
+        self.warnings.extend(dict.fromkeys(self.delivery.warnings))
+        kept = bool(metrics["pending"] or self.delivery.pending())
+        if kept:  # the spool holds what the store lacks: `cascade sync` delivers it
+            self.ledger.update(parent="exited")
+        else:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        record = Manifest.from_dict(spool.read_json(self.run_dir / spool.RECORD_FILE)) if kept else manifest
         return RunResult(
             run_id, status, ended.exit_code, self.plan.settings.tracking_uri, self.opened.experiment,
-            manifest, tuple(self.warnings),
+            record, tuple(self.warnings), incomplete=tuple(missing),
+            spool=str(self.run_dir) if kept else None,
         )  # fmt: skip
 
     # -- pieces -------------------------------------------------------------------------------
+    def _spool_plan(self) -> None:
+        """What a recoverer needs if this process dies: how to open the run, and a skeleton record
+        (replaced once capture is done) that says what was never captured."""
+        plan = self.plan
+        spool.write_json(self.run_dir / spool.PLAN_FILE, {
+            "tracking_uri": plan.settings.tracking_uri, "experiment": plan.settings.experiment,
+            "artifact_root": plan.settings.artifact_root, "run_name": plan.run_name, "tags": self.tags,
+            "start_ms": self.start_ms, "existing_run_id": plan.environ.get("MLFLOW_RUN_ID") or None,
+            "params": self._flat_params(), "root": str(plan.settings.root),
+            "dvc_remote": plan.settings.dvc_remote, "log_checkpoints": plan.settings.log_checkpoints,
+            "env_allow_prefixes": list(plan.settings.env_allow_prefixes),
+        })  # fmt: skip
+        skeleton = self._manifest(empty_snapshot(), facts={}).to_dict()
+        for section in ("git", "python", "hardware", "environment", "container"):
+            skeleton[section] = {"unavailable": NOT_CAPTURED}
+        skeleton["data"] = []
+        spool.write_json(self.run_dir / spool.RECORD_FILE, skeleton)
+
     def _flat_params(self) -> dict[str, Any]:
         flat = flatten(self.plan.params.values)
         flat.setdefault("seed", self.plan.params.seed)
@@ -222,12 +258,11 @@ class Recording:
         }
 
     def _log_dirty_state(self, git: GitState) -> None:
-        assert self.opened is not None
-        run_id = self.opened.run_id
+        assert self.delivery is not None
         if git.patch:
             patch = self.run_dir / "git.patch"
             patch.write_bytes(git.patch)
-            mlflow_store.log_file(self.mlflow, run_id, patch, "cascade")
+            self.delivery.do(file_op(patch, "cascade"))
         stored = [u for u in git.untracked if u.stored and u.symlink_target is None]
         if stored:
             staging = self.run_dir / "untracked"
@@ -235,7 +270,7 @@ class Recording:
                 target = staging / item.path
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(self.plan.settings.root / item.path, target)
-            mlflow_store.log_dir(self.mlflow, run_id, staging, "cascade/untracked")
+            self.delivery.do(dir_op(staging, "cascade/untracked"))
         refused = [u.path for u in git.untracked if not u.stored]
         if refused:
             self.warnings.append(
@@ -245,14 +280,13 @@ class Recording:
 
     def _manifest(self, captured: dict[str, Any], facts: dict[str, Any]) -> Manifest:
         plan = self.plan
-        assert self.opened is not None
         system = dict(captured["system"])
         container = system.pop("container")
         torch = facts.get("torch") or {"version": installed_version("torch"), "probed": False}
         determinism = facts.get("determinism") or {"mode": plan.determinism}
         return Manifest(
-            run_id=self.opened.run_id,
-            experiment=self.opened.experiment,
+            run_id=self.opened.run_id if self.opened else "",  # "": the skeleton, before the run opens
+            experiment=self.opened.experiment if self.opened else plan.settings.experiment,
             cascade_version=__version__,
             command={
                 "script": plan.script_rel,
@@ -280,7 +314,7 @@ class Recording:
             environment_read=environment_read(
                 facts.get("environment_read") or {}, plan.settings.env_allow_prefixes
             ),
-            trace=_trace_section(self.run_dir / protocol.TRACE_FILE, facts.get("trace")),
+            trace=spool.trace_section(self.run_dir, facts.get("trace")),
             outcome={"status": "RUNNING", "start_time": self.start_ms / 1000},
         )
 
@@ -297,21 +331,8 @@ class Recording:
         return values
 
 
-def _trace_section(path: Path, header: dict[str, Any] | None) -> dict[str, Any] | None:
-    if header is None or not path.exists():
-        return None
-    with open(path, "rb") as handle:
-        steps = sum(1 for line in handle if line.strip())
-    return {
-        "artifact": f"cascade/{protocol.TRACE_FILE}",
-        "format": "cascade.trace/1",
-        "steps": steps,
-        **header,
-    }
-
-
 def _status(ended: ChildExit) -> str:
-    if ended.exit_code == 0 and ended.signal_received is None:
+    if ended.exit_code == 0:  # a script that handled Ctrl-C and finished normally (outcome.signal says so)
         return "FINISHED"
     if (
         ended.signal_received is not None

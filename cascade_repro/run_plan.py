@@ -65,3 +65,6 @@ class RunResult:
     manifest: Manifest
     warnings: tuple[str, ...]
     version: str | None = None
+    # What the store lacks (pending or refused), one line each: exit 4 when the script exited 0.
+    incomplete: tuple[str, ...] = ()
+    spool: str | None = None  # the run directory kept with what is pending, for `cascade sync`

@@ -6,6 +6,7 @@
     data.py       checkout, checkpoint_path (load_checkpoint), push
     compare.py    diff, check
     images.py     build_image (`cascade image build`)
+    spooled.py    sync (`cascade sync`, `cascade recover`), and recovering dead runs before a command
 
 Only what `cascade run` needs is imported with the package (its start is a measured target); the
 rest loads on first use.
@@ -25,12 +26,13 @@ _LAZY = {
     "push": "data",
     "RestoreResult": "restoring", "restore": "restoring",
     "build_image": "images",
+    "sync": "spooled",
 }  # fmt: skip
 
 __all__ = [
     "CheckoutResult", "PushSummary", "RestoreResult", "RunRecord", "RunRequest", "RunSummary",
     "TraceSummary", "build_image", "check", "checkout", "checkpoint_path", "diff", "init", "list_runs",
-    "push", "restore", "run", "show_run", "tag", "ui", "verify",
+    "push", "restore", "run", "show_run", "sync", "tag", "ui", "verify",
 ]  # fmt: skip
 
 

@@ -21,8 +21,13 @@ if TYPE_CHECKING:
 
 
 def context(cwd: Path | None) -> Settings:
+    """The project's settings; runs whose `cascade run` died are recovered first (see recovery.py)."""
+    from cascade_repro.api.spooled import finish_dead_runs
+
     root = find_repo_root(cwd)
-    return load_settings(root)
+    settings = load_settings(root)
+    finish_dead_runs(settings)
+    return settings
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from cascade_repro import versions
 from cascade_repro.api.records import context
+from cascade_repro.api.spooled import finish_dead_runs
 from cascade_repro.capture.git import head_commit, is_dirty
 from cascade_repro.errors import DirtyTreeRefused, UsageError
 from cascade_repro.params import ResolvedParams, find_params_file, resolve_params
@@ -17,7 +18,7 @@ from cascade_repro.project import InitResult, find_repo_root, init_project
 from cascade_repro.recorder import own_paths, record_run
 from cascade_repro.run_plan import ContainerPlan, Notify, RunPlan, RunResult
 from cascade_repro.settings import Settings, load_settings
-from cascade_repro.store import mlflow_store, sqlite_store
+from cascade_repro.store import mlflow_store, spool, sqlite_store
 
 if TYPE_CHECKING:
     from cascade_repro.images.prepare import PreparedImage
@@ -66,6 +67,7 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
     environ = dict(os.environ if request.environ is None else request.environ)
     root = find_repo_root(cwd)
     settings = load_settings(root, environ)
+    finish_dead_runs(settings, notify)  # runs whose `cascade run` died: delivered and closed first
     if request.experiment:
         settings = replace(settings, experiment=request.experiment)
     if request.log_checkpoints:
@@ -138,6 +140,10 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
     if result.status != "FINISHED":
         message = f"not tagged {request.version}: the run {result.status}; `cascade tag {result.run_id[:8]} "
         return replace(result, warnings=(*result.warnings, message + f"{request.version}` tags it anyway"))
+    if result.incomplete:
+        later = f"`cascade sync`, then `cascade tag {result.run_id[:8]} {request.version}`"
+        message = f"not tagged {request.version}: the record is incomplete; {later}"
+        return replace(result, warnings=(*result.warnings, message))
     client = mlflow_store.client(settings.tracking_uri)
     tagged = versions.tag_run(client, root, client.get_run(result.run_id), request.version,
                               force=request.force_version, git_tag=request.git_tag)  # fmt: skip
@@ -237,6 +243,8 @@ class RunSummary:
     commit: str | None
     dirty: bool | None
     metrics: dict[str, float]
+    pending: bool = False  # its record is not all in the store yet (status PENDING-SYNC): `cascade sync`
+    spool: str | None = None  # the run directory holding what is pending
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -270,7 +278,36 @@ def list_runs(cwd: Path | None = None, all_experiments: bool = False, limit: int
                 metrics=_key_metrics(data.metrics, settings.key_metrics),
             )
         )
-    return summaries
+    return _with_pending(summaries, settings, all_experiments)
+
+
+def _with_pending(summaries: list[RunSummary], settings: Settings, all_experiments: bool) -> list[RunSummary]:
+    """Runs whose record is still (partly) in the spool show as PENDING-SYNC; spooled runs the store
+    has never seen are listed too."""
+    from cascade_repro.recovery import PENDING_SYNC
+
+    spooled = {entry.run_id or entry.path.name: entry for entry in spool.scan(settings.runs_dir)}
+    if not spooled:
+        return summaries
+    listed = []
+    for summary in summaries:
+        entry = spooled.pop(summary.run_id, None)
+        if entry is not None:
+            summary = replace(summary, status=PENDING_SYNC, pending=True, spool=str(entry.path))
+        listed.append(summary)
+    for entry in spooled.values():
+        plan = spool.read_json(entry.path / spool.PLAN_FILE)
+        experiment = str(plan.get("experiment") or settings.experiment)
+        if not all_experiments and experiment != settings.experiment:
+            continue
+        start = plan.get("start_ms")
+        listed.append(RunSummary(
+            run_id=entry.run_id or "", name=plan.get("run_name"), experiment=experiment, version=None,
+            status=PENDING_SYNC, start_time=start / 1000 if start else None, duration_s=None,
+            commit=(plan.get("tags") or {}).get("mlflow.source.git.commit"), dirty=None, metrics={},
+            pending=True, spool=str(entry.path),
+        ))  # fmt: skip
+    return listed
 
 
 def _key_metrics(metrics: Mapping[str, float], configured: Sequence[str]) -> dict[str, float]:

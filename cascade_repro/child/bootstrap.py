@@ -48,6 +48,7 @@ def main(argv: list[str]) -> None:
         sys.stderr.write("usage: python -m cascade_repro.child.bootstrap SCRIPT [ARGS]...\n")
         raise SystemExit(2)
     script, args = argv[0], argv[1:]
+    _stop_with_parent()
     run_dir = Path(os.environ[protocol.ENV_RUN_DIR])
     seed = int(os.environ.get(protocol.ENV_SEED, "0"))
     mode = seeding.mode_from_env()
@@ -118,6 +119,26 @@ def main(argv: list[str]) -> None:
         runpy.run_path(script, run_name="__main__")
     except KeyboardInterrupt:
         _die_of_sigint()
+
+
+def _stop_with_parent() -> None:
+    """SIGTERM when `cascade run` dies (SIGKILL, OOM killer): the script unwinds and flushes to the
+    run directory, and the next cascade command delivers it. Linux only; elsewhere the script runs on."""
+    expected = os.environ.get(protocol.ENV_PARENT_PID)
+    if not expected or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError, ValueError):
+        return
+    if os.getppid() != int(expected):  # it died before prctl took effect: nobody will signal us
+        sys.stderr.write("cascade: the cascade process is gone; not starting the script\n")
+        raise SystemExit(128 + signal.SIGTERM)
 
 
 def _die_of_sigint() -> None:

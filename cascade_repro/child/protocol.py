@@ -18,6 +18,7 @@ ENV_CHECKPOINT_POLICY = "CASCADE_CHECKPOINT_POLICY"  # JSON: monitor, mode, save
 ENV_NUM_THREADS = "CASCADE_NUM_THREADS"  # `cascade restore`: torch.set_num_threads(N) as recorded
 ENV_STOP_AFTER = "CASCADE_STOP_AFTER_STEPS"  # `cascade restore --steps N`: exit 0 once N steps are traced
 ENV_TRACE_DUMP = "CASCADE_TRACE_DUMP"  # `cascade verify --replay`: "STEP:DIR", save step STEP's tensors there
+ENV_PARENT_PID = "CASCADE_PARENT_PID"  # the child stops (SIGTERM) when this process dies
 DUMP_FILE = "tensors.pt"  # in that DIR: {"params_before"|"grads"|"params_after": {name: tensor}}
 
 # Files inside the run directory.

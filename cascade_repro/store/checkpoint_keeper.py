@@ -13,10 +13,13 @@ import os
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from cascade_repro.store import dvc_store
 from cascade_repro.store.jsonl_tail import read_new_lines
+
+if TYPE_CHECKING:
+    from cascade_repro.store.delivery import Delivery
 
 log = logging.getLogger(__name__)
 POLL_S = 0.3
@@ -129,24 +132,26 @@ class CheckpointsRecorded:
     tags: dict[str, str]
 
 
-def finish_checkpoints(keeper: CheckpointKeeper, mlflow: Any, run_id: str, remote: str | None,
+def finish_checkpoints(keeper: CheckpointKeeper, delivery: Delivery, remote: str | None,
                        log_files: bool, notify: Callable[[str], None],
                        data_md5s: list[str] | None = None) -> CheckpointsRecorded:  # fmt: skip
-    """After the child ended: pointers to MLflow; kept checkpoints and the data the run read (when
-    it was not committed yet, only this cache has it) pushed to the DVC remote."""
-    from cascade_repro.store import mlflow_store
+    """After the child ended: pointers to MLflow (each its own outbox operation); kept checkpoints and
+    the data the run read (when it was not committed yet, only this cache has it) pushed to the DVC
+    remote."""
+    from cascade_repro.store.delivery import file_op, text_op
 
+    run_id = delivery.run_id
     entries = keeper.stop()
     warnings = list(keeper.errors[:5])
     kept = [e for e in entries if e.status == "kept" and e.md5 and e.size is not None]
     for entry in kept:
         assert entry.md5 is not None and entry.size is not None
         pointer = dvc_store.pointer_text(entry.md5, entry.size, Path(entry.path).name)
-        mlflow.log_text(run_id, pointer, f"cascade/checkpoints/{entry.path}.dvc")
+        delivery.do(text_op(pointer, f"cascade/checkpoints/{entry.path}.dvc"))
         if log_files:
             parent = Path(entry.path).parent.as_posix()
             directory = "cascade/checkpoint_files" + ("" if parent == "." else f"/{parent}")
-            mlflow_store.log_file(mlflow, run_id, keeper.root / entry.path, directory)
+            delivery.do(file_op(keeper.root / entry.path, directory))
     outside = [e.path for e in entries if e.status == "not_cached"]
     if outside:
         warnings.append(f"checkpoints not in the DVC cache: {', '.join(outside[:3])} ({entries[-1].reason})")

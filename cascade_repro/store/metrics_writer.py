@@ -1,57 +1,67 @@
-"""Drain the child's metric events into MLflow in batches of at most 1000 points, off the main thread."""
+"""Deliver the run's metric events from the spool to MLflow in batches of at most 1000 points.
+
+The events files are the queue: the writer holds one batch at most, and remembers in the spool
+(`metrics.json`) how far each file is delivered, so memory stays bounded whatever the outage, and
+`cascade sync` (or a recoverer, after the parent died) goes on from there.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-from cascade_repro.store import mlflow_store
-from cascade_repro.store.jsonl_tail import read_new_lines
-
-if TYPE_CHECKING:
-    from mlflow import MlflowClient
+from cascade_repro.store import mlflow_store, spool
+from cascade_repro.store.delivery import Delivery, summary_of
+from cascade_repro.store.spool import EVENT_FILES, PARENT_EVENTS_FILE, Point
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2
-
-Point = tuple[str, float, int, int]  # key, value, timestamp ms, step
+RETRY_BASE_S = 2.0
+RETRY_MAX_S = 30.0
 
 
 class MetricsWriter:
-    """Tails `events.jsonl`; writes when 1000 points are pending or `flush_s` has passed.
+    """Tails the events files; writes when 1000 points are pending or `flush_s` has passed.
 
-    For N points logged faster than `flush_s`, that is ceil(N / 1000) MLflow requests. Summary
-    figures (last, min, max, count per key) are kept for the run record.
+    For N points logged faster than `flush_s`, that is ceil(N / 1000) MLflow requests. When the
+    store does not answer, the batch waits (2 s, 4 s, ... 30 s between tries) and the points after
+    it stay on disk. Summary figures (last, min, max, count per key) count stored points only.
     """
 
     def __init__(
         self,
-        mlflow: MlflowClient,
-        run_id: str,
-        events: Path,
+        delivery: Delivery,
+        run_dir: Path,
         flush_s: float = 5.0,
         sample: Callable[[], dict[str, float]] | None = None,
         sample_every_s: float = 30.0,
+        notify: Callable[[str], None] = lambda message: None,
     ) -> None:
-        self._mlflow = mlflow
-        self._run_id = run_id
-        self._events = events
+        self._delivery = delivery
+        self._run_dir = run_dir
         self._flush_s = flush_s
         self._sample = sample
         self._sample_every_s = sample_every_s
-        self._pending: list[Point] = []
-        self._pending_since: float | None = None
-        self._offset = 0
+        self._notify = notify
+        saved = spool.read_json(run_dir / spool.OFFSETS_FILE)
+        self._delivered: dict[str, int] = {
+            name: int((saved.get("offsets") or {}).get(name, 0)) for name in EVENT_FILES
+        }
+        self._read = dict(self._delivered)
+        self._batch: list[Point] = []
+        self._batch_since: float | None = None
+        self._failures = 0
+        self._failed_at = 0.0
+        self._retry_at = 0.0
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self.points = 0
-        self.requests = 0
+        self.points = int(saved.get("points", 0))
+        self.requests = int(saved.get("requests", 0))
         self.errors: list[str] = []
+        self.failing: str | None = None  # why the store last did not take a batch
         self.summary: dict[str, dict[str, float]] = {}
         self._thread = threading.Thread(target=self._loop, name="cascade-metrics", daemon=True)
 
@@ -60,85 +70,126 @@ class MetricsWriter:
         return self
 
     def add(self, values: dict[str, float], step: int = 0) -> None:
-        """Points from the parent itself (resource figures)."""
-        now = int(time.time() * 1000)
-        with self._lock:
-            self._queue([(k, float(v), now, step) for k, v in values.items()])
+        """Points from the parent itself (resource figures), spooled like the child's."""
+        if values:
+            spool.append_event(
+                self._run_dir / PARENT_EVENTS_FILE, {k: float(v) for k, v in values.items()}, step
+            )
 
     def stop(self) -> None:
-        """Read what is left of the events file and write everything; safe to call twice."""
+        """Deliver what is left of the events files (one more try if the store was failing); safe
+        to call twice, and without `start` (a recoverer drains a dead run's spool this way)."""
+        stop_called = time.monotonic()
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
         with self._lock:
-            self._read_events()
-            self._write()
+            # A try that failed while we waited for the thread was the last try: another would wait
+            # out MLflow's whole retry budget again.
+            failed_just_now = self.failing is not None and self._failed_at >= stop_called
+            while not failed_just_now:
+                self._top_up()
+                if not self._batch or not self._write():
+                    break
+
+    @property
+    def delivered(self) -> dict[str, int]:
+        """How far each events file is in the store (byte offsets)."""
+        return dict(self._delivered)
+
+    def pending(self) -> int:
+        """Points written to the spool and not yet in the store (counted from the files)."""
+        count = 0
+        for name in EVENT_FILES:
+            offset = self._delivered[name]
+            while True:
+                points, after, _ = spool.read_points(self._run_dir / name, offset, 10000)
+                if after == offset:
+                    break
+                count += len(points)
+                offset = after
+        return count
 
     def _loop(self) -> None:
         next_sample = time.monotonic() + self._sample_every_s
         while not self._stop.wait(POLL_S):
             with self._lock:
-                self._read_events()
                 if self._sample is not None and time.monotonic() >= next_sample:
                     next_sample = time.monotonic() + self._sample_every_s
-                    sampled = self._sample()
-                    if sampled:
-                        now = int(time.time() * 1000)
-                        self._queue([(k, v, now, 0) for k, v in sampled.items()])
-                due = (
-                    self._pending_since is not None
-                    and time.monotonic() - self._pending_since >= self._flush_s
-                )
-                while len(self._pending) >= mlflow_store.MAX_METRICS_PER_BATCH or (due and self._pending):
-                    self._write(limit=mlflow_store.MAX_METRICS_PER_BATCH)
-                    due = False
+                    self.add(self._sample())
+                self._top_up()
+                while self._due() and self._write():
+                    self._top_up()
 
-    def _read_events(self) -> None:
-        lines, self._offset = read_new_lines(self._events, self._offset)
-        if not lines:
-            return
-        points: list[Point] = []
-        for line in lines:
-            try:
-                ts, step, values = json.loads(line)
-                points.extend((str(k), float(v), int(ts), int(step)) for k, v in values.items())
-            except (ValueError, TypeError) as exc:
-                self.errors.append(f"unreadable metric event: {exc}")
-        self._queue(points)
+    def _due(self) -> bool:
+        if not self._batch or time.monotonic() < self._retry_at or self._stop.is_set():
+            return False
+        full = len(self._batch) >= mlflow_store.MAX_METRICS_PER_BATCH
+        return full or (
+            self._batch_since is not None and time.monotonic() - self._batch_since >= self._flush_s
+        )
 
-    def _queue(self, points: list[Point]) -> None:
-        if not points:
-            return
-        if self._pending_since is None:
-            self._pending_since = time.monotonic()
-        self._pending.extend(points)
-        for key, value, _, _ in points:
-            stats = self.summary.setdefault(key, {"count": 0, "last": value, "min": value, "max": value})
-            stats["count"] += 1
-            stats["last"] = value
-            if not math.isnan(value):
-                stats["min"] = value if math.isnan(stats["min"]) else min(stats["min"], value)
-                stats["max"] = value if math.isnan(stats["max"]) else max(stats["max"], value)
+    def _top_up(self) -> None:
+        """Read whole lines into the batch until it holds 1000 points (never more than one batch)."""
+        for name in EVENT_FILES:
+            room = mlflow_store.MAX_METRICS_PER_BATCH - len(self._batch)
+            if room <= 0:
+                return
+            points, self._read[name], bad = spool.read_points(self._run_dir / name, self._read[name], room)
+            if bad:
+                self.errors.append(f"{bad} unreadable metric event line(s) in {name}")
+            if points:
+                if self._batch_since is None:
+                    self._batch_since = time.monotonic()
+                self._batch.extend(points)
 
-    def _write(self, limit: int | None = None) -> None:
-        if not self._pending:
-            return
-        batch = self._pending if limit is None else self._pending[:limit]
+    def _write(self) -> bool:
+        batch = self._batch
         try:
-            self.requests += mlflow_store.log_metric_points(self._mlflow, self._run_id, batch)
-            self.points += len(batch)
-            log.debug("wrote %d metric points in one request (%d so far)", len(batch), self.points)
-        except Exception as exc:  # keep training; report at the end of the run
-            message = f"MLflow refused {len(batch)} metric points: {exc}"
-            log.warning(message)
-            self.errors.append(message)
-        del self._pending[: len(batch)]
-        self._pending_since = time.monotonic() if self._pending else None
+            self.requests += self._delivery.send(batch)
+        except Exception as exc:  # keep training: the points stay in the spool
+            self._failures += 1
+            self._failed_at = time.monotonic()
+            self._retry_at = self._failed_at + self._wait_s()
+            reason = mlflow_store.first_line(exc)
+            if self.failing is None:
+                self._notify(
+                    f"warning: the store did not take {len(batch)} metric points ({reason}); they stay in "
+                    f"{self._run_dir} and are sent again"
+                )
+            self.failing = reason
+            return False
+        if self.failing is not None:
+            self._notify("the store answers again; sending the spooled metric points")
+        self.failing, self._failures = None, 0
+        self.points += len(batch)
+        summary_of(batch, self.summary)
+        self._delivered = dict(self._read)
+        self._batch, self._batch_since = [], None
+        spool.write_json(
+            self._run_dir / spool.OFFSETS_FILE,
+            {"offsets": self._delivered, "points": self.points, "requests": self.requests},
+        )
+        log.debug("wrote %d metric points (%d so far)", len(batch), self.points)
+        return True
+
+    def _wait_s(self) -> float:
+        return min(RETRY_MAX_S, RETRY_BASE_S * 2 ** max(0, self._failures - 1))
 
     def summary_dict(self) -> dict[str, Any]:
         return {
             "points": self.points,
             "requests": self.requests,
+            "pending": self.pending(),
             "errors": self.errors[:20],
             "keys": {k: dict(v) for k, v in sorted(self.summary.items())},
         }
+
+
+def full_summary(run_dir: Path, delivered: dict[str, int]) -> dict[str, dict[str, float]]:
+    """Per-key figures of every point delivered so far, read back from the spool (a recoverer's
+    record covers the points the dead parent delivered too)."""
+    keys: dict[str, dict[str, float]] = {}
+    for name in EVENT_FILES:
+        summary_of(spool.iter_points(run_dir / name, delivered.get(name, 0)), keys)
+    return keys

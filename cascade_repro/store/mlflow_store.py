@@ -26,6 +26,11 @@ MAX_PARAM_VALUE = 6000
 MAX_TAG_VALUE = 8000
 MAX_PER_BATCH = 100
 MAX_METRICS_PER_BATCH = 1000
+MAX_KEY = 250  # params, tags and metrics
+REFUSED_CODES = frozenset(
+    {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST",
+     "INVALID_STATE", "NOT_FOUND", "MALFORMED_REQUEST", "INVALID_REQUEST"}
+)  # fmt: skip
 
 
 def probe_store(uri: str, timeout_s: float = 3.0) -> None:
@@ -176,10 +181,13 @@ def _experiment_id(mlflow: MlflowClient, name: str, artifact_root: str) -> str:
 def log_params(
     mlflow: MlflowClient, run_id: str, flat: Mapping[str, Any], existing: Mapping[str, str] | None = None
 ) -> list[str]:
-    """Log flattened params in batches of 100; returns warnings (truncated values, conflicts).
+    """Log flattened params in batches of 100; returns warnings (truncated keys or values, conflicts,
+    params the store refused).
 
     MLflow refuses to change a logged param, so on a run someone else opened (`mlflow run`), a
     key already logged with another value is left as it is and reported; the manifest has ours.
+    A batch the store refuses is sent again one param at a time, so one bad param costs only itself;
+    a store that does not answer raises (the caller keeps the params for later).
     """
     from mlflow.entities import Param
 
@@ -187,6 +195,9 @@ def log_params(
     items = []
     for key, value in flat.items():
         name = _valid_key(key)
+        if len(key) > MAX_KEY:
+            warnings.append(f"param key {key[:60]}... is longer than MLflow's {MAX_KEY} characters: "
+                            f"stored as {name}")
         text = value if isinstance(value, str) else json.dumps(value, default=str)
         if len(text) > MAX_PARAM_VALUE:
             warnings.append(f"param {key} truncated to MLflow's {MAX_PARAM_VALUE} characters")
@@ -197,16 +208,46 @@ def log_params(
             continue
         items.append(Param(name, text))
     for batch in _chunks(items, MAX_PER_BATCH):
-        mlflow.log_batch(run_id, params=batch)
+        warnings += _each_on_refusal(batch, lambda part: mlflow.log_batch(run_id, params=part), "param")
     return warnings
 
 
-def set_tags(mlflow: MlflowClient, run_id: str, tags: Mapping[str, Any]) -> None:
+def set_tags(mlflow: MlflowClient, run_id: str, tags: Mapping[str, Any]) -> list[str]:
+    """Set tags in batches of 100 (keys and values cut to MLflow's limits); returns warnings for tags
+    the store refused (a batch refused is sent again one tag at a time)."""
     from mlflow.entities import RunTag
 
-    items = [RunTag(k, str(v)[:MAX_TAG_VALUE]) for k, v in tags.items() if v is not None]
+    items = [RunTag(_limited(k), str(v)[:MAX_TAG_VALUE]) for k, v in tags.items() if v is not None]
+    warnings = []
     for batch in _chunks(items, MAX_PER_BATCH):
-        mlflow.log_batch(run_id, tags=batch)
+        warnings += _each_on_refusal(batch, lambda part: mlflow.log_batch(run_id, tags=part), "tag")
+    return warnings
+
+
+def _each_on_refusal(batch: list[Any], send: Any, what: str) -> list[str]:
+    try:
+        send(batch)
+        return []
+    except Exception as exc:
+        if not refused(exc) or len(batch) == 1:
+            if refused(exc):
+                return [f"the store refused {what} {batch[0].key[:80]!r}: {first_line(exc)}"]
+            raise
+    warnings = []
+    for item in batch:
+        try:
+            send([item])
+        except Exception as exc:
+            if not refused(exc):
+                raise
+            warnings.append(f"the store refused {what} {item.key[:80]!r}: {first_line(exc)}")
+    return warnings
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether the store refused a request as invalid (as opposed to not answering: no connection,
+    a timeout, a 5xx, a full or locked database; those may pass later)."""
+    return str(getattr(exc, "error_code", "")) in REFUSED_CODES
 
 
 def log_metric_points(
@@ -309,8 +350,24 @@ def _experiment_name(mlflow: MlflowClient, run: Run) -> str:
 
 
 def _valid_key(key: str) -> str:
-    # MLflow allows alphanumerics, underscores, dashes, periods, spaces, slashes and colons.
-    return "".join(c if c.isalnum() or c in "_-. /:" else "_" for c in key) or "_"
+    # MLflow allows alphanumerics, underscores, dashes, periods, spaces, slashes and colons, in a
+    # name that is a normalized relative path ("a//b", "/a", "../a" are refused), of ≤ 250 characters.
+    import posixpath
+
+    name = "".join(c if c.isalnum() or c in "_-. /:" else "_" for c in key) or "_"
+    if posixpath.normpath(name) != name or name.startswith(("/", "..")) or name == ".":
+        name = name.replace("/", "_").replace("..", "__")
+        name = "_" if name == "." else name
+    return _limited(name)
+
+
+def _limited(key: str) -> str:
+    """A key cut to MLflow's 250 characters, kept distinct from other cut keys by a hash of it."""
+    if len(key) <= MAX_KEY:
+        return key
+    import hashlib
+
+    return key[: MAX_KEY - 10] + "~" + hashlib.sha256(key.encode()).hexdigest()[:8]
 
 
 def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:

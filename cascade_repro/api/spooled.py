@@ -1,0 +1,47 @@
+"""Spooled runs: `cascade sync` / `cascade recover`, and the check every store command makes first."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cascade_repro.project import find_repo_root
+from cascade_repro.run_plan import Notify
+from cascade_repro.settings import Settings, load_settings
+from cascade_repro.store import spool
+
+if TYPE_CHECKING:
+    from cascade_repro.recovery import Delivered
+
+log = logging.getLogger("cascade_repro.recovery")
+
+
+def sync(cwd: Path | None = None, notify: Notify = lambda message: None,
+         command: str = "sync") -> list[Delivered]:  # fmt: skip
+    """Deliver every spooled run whose parent is gone; close the ones now complete.
+
+    One `Delivered` per run directory (empty: nothing was pending)."""
+    from cascade_repro.recovery import sync as deliver_all
+
+    settings = load_settings(find_repo_root(cwd))
+    return deliver_all(settings, notify, f"`cascade {command}`")
+
+
+def finish_dead_runs(settings: Settings, notify: Notify | None = None) -> None:
+    """Recover runs whose `cascade run` died, before a command uses the store.
+
+    One listing of .cascade/runs when there are none; never fails the command (a run that cannot
+    be delivered now stays spooled for `cascade sync`)."""
+    entries = spool.scan(settings.runs_dir)
+    if not any(entry.state == spool.DEAD for entry in entries):
+        return
+    say = notify or (lambda message: log.warning("%s", message))
+    try:
+        from cascade_repro.recovery import recover_dead
+
+        recover_dead(settings, say, f"the next cascade command (pid {os.getpid()})")
+    except Exception as exc:  # the command itself must still run
+        say(f"could not recover the runs of dead cascade processes now ({type(exc).__name__}: {exc}); "
+            "`cascade recover` tries again")  # fmt: skip

@@ -1,0 +1,241 @@
+"""Finish runs whose `cascade run` process is gone: deliver what their spool holds, then close them.
+
+A run directory whose parent died (SIGKILL, the OOM killer, a closed terminal, a preempted node) is
+delivered by the next cascade command that touches the store: metrics from the events files, the
+output log, the trace, checkpoints into DVC, and the record, which says what happened and what was
+never captured. The run is opened if the parent died before it could, and closed KILLED (or with
+the script's own status when the parent saw it end). A run whose parent finished while the store
+did not answer waits for `cascade sync` (`cascade recover` is the same), which closes it with its
+real status once everything is stored.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cascade_repro.child import protocol
+from cascade_repro.errors import CascadeError
+from cascade_repro.manifest import ARTIFACT_PATH, SCHEMA
+from cascade_repro.run_plan import Notify
+from cascade_repro.settings import Settings
+from cascade_repro.store import mlflow_store, spool
+from cascade_repro.store.delivery import CLOSE_OP, END_TAGS_OP, RECORD_OP, Delivery, file_op
+from cascade_repro.store.metrics_writer import MetricsWriter, full_summary
+
+log = logging.getLogger(__name__)
+PENDING_SYNC = "PENDING-SYNC"  # what `cascade ls` shows for a run whose record is not all stored yet
+PARENT_DIED = "CascadeProcessDied"
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """One spooled run after a delivery attempt."""
+
+    spool: str
+    run_id: str | None
+    status: str  # the status it was closed with, or PENDING-SYNC
+    points: int  # metric points in the store
+    missing: tuple[str, ...]  # what the store still lacks (pending, or refused and why)
+    recovered: bool  # its parent had died
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def recover_dead(settings: Settings, notify: Notify, command: str) -> list[Delivered]:
+    """Runs whose parent died, delivered and closed; costs one directory listing when there are none."""
+    dead = [entry for entry in spool.scan(settings.runs_dir) if entry.state == spool.DEAD]
+    return [found for entry in dead if (found := deliver(entry.path, settings, notify, command))]
+
+
+def sync(settings: Settings, notify: Notify, command: str = "sync") -> list[Delivered]:
+    """Every run whose parent is gone and whose record is not all stored: delivered, closed if complete."""
+    return [
+        found
+        for entry in spool.scan(settings.runs_dir)
+        if (found := deliver(entry.path, settings, notify, command))
+    ]
+
+
+def deliver(run_dir: Path, settings: Settings, notify: Notify, command: str) -> Delivered | None:
+    """Deliver one run directory (None: its parent lives, or another command is at it)."""
+    fd = spool.try_claim(run_dir)
+    if fd is None:
+        return None
+    try:
+        state = spool.claimed_state(run_dir)
+        if state is None:
+            return None
+        # A parent that died stays "died" after a first recovery that could not finish ("gone").
+        died = state == spool.DEAD or spool.Ledger.load(run_dir).parent == "gone"
+        return _deliver(run_dir, settings, notify, command, died=died)
+    finally:
+        spool.release(fd)
+
+
+def _deliver(run_dir: Path, settings: Settings, notify: Notify, command: str, died: bool) -> Delivered:
+    ledger = spool.Ledger.load(run_dir)
+    plan = spool.read_json(run_dir / spool.PLAN_FILE)
+    client = mlflow_store.client(str(plan.get("tracking_uri") or settings.tracking_uri))
+    try:
+        run_id = ledger.run_id or _open(client, plan, run_dir, settings, ledger)
+    except CascadeError as exc:
+        ledger.update(parent="gone" if died else ledger.parent)
+        notify(f"run directory {run_dir.name} not delivered: {exc.message}; `cascade sync` tries again")
+        return Delivered(str(run_dir), None, PENDING_SYNC, 0, (exc.message,), died)
+    delivery = Delivery(client, run_id, ledger)
+    delivery.retry(skip=(RECORD_OP, END_TAGS_OP, CLOSE_OP))
+    if died and delivery.state("params") is None and plan.get("params"):
+        delivery.do({"id": "params", "kind": "params", "params": plan["params"]})
+    writer = MetricsWriter(delivery, run_dir)
+    writer.stop()  # every point in the spool, from where the last writer stopped
+    end_tags = dict((delivery.state(END_TAGS_OP) or {}).get("tags") or {})
+    if died:
+        record, status, end_ms = _recovered_record(run_dir, ledger, plan, settings, delivery, notify, command)
+        end_tags.update({"cascade.status": status, "cascade.recovered": "true"})
+    else:
+        record = spool.read_json(run_dir / spool.RECORD_FILE)
+        ended = ledger.ended or {}
+        status, end_ms = (
+            str(ended.get("status") or "FINISHED"),
+            int(ended.get("end_ms") or time.time() * 1000),
+        )
+    pending = writer.pending()
+    record["metrics"] = {
+        **(record.get("metrics") or {}),
+        "points": writer.points,
+        "requests": writer.requests,
+        "pending": pending,
+        "keys": {k: dict(v) for k, v in sorted(full_summary(run_dir, writer.delivered).items())},
+    }
+    missing = delivery.conclude(record, ARTIFACT_PATH, pending, end_tags, status, end_ms)
+    for warning in dict.fromkeys(delivery.warnings):
+        notify(f"warning: {warning}")
+    complete = not pending and not delivery.pending()
+    if complete:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    else:
+        ledger.update(parent="gone" if died else "exited")
+    shown = status if complete else PENDING_SYNC
+    how = "recovered" if died else "synced"
+    why = "its cascade process had died; " if died else ""
+    later = "" if complete else f"; still pending in {run_dir}: `cascade sync` when the store answers"
+    notify(f"{how} run {run_id} ({why}{writer.points} metric points stored): {shown}{later}")
+    return Delivered(str(run_dir), run_id, shown, writer.points, tuple(missing), died)
+
+
+def _open(client: Any, plan: dict[str, Any], run_dir: Path, settings: Settings, ledger: spool.Ledger) -> str:
+    """The parent died before the run was opened (or before it noted the id): find it by its spool
+    tag, else open it as the parent would have."""
+    experiment = str(plan.get("experiment") or settings.experiment)
+    tag = f"tags.`{spool.SPOOL_TAG}` = '{run_dir.name}'"
+    found = mlflow_store.search_runs(client, experiment, 1, tag)
+    if found:
+        run_id = str(found[0].info.run_id)
+    else:
+        tags = dict(plan.get("tags") or {spool.SPOOL_TAG: run_dir.name})
+        start_ms = int(plan.get("start_ms") or spool.last_heartbeat(run_dir) * 1000)
+        artifacts = str(plan.get("artifact_root") or settings.artifact_root)
+        opened = mlflow_store.open_run(client, experiment, artifacts, plan.get("run_name"), tags, start_ms,
+                                       plan.get("existing_run_id"))  # fmt: skip
+        run_id = opened.run_id
+    (run_dir / protocol.RUN_ID_FILE).write_text(run_id, encoding="utf-8")
+    ledger.update(run_id=run_id, experiment=experiment)
+    return run_id
+
+
+def _recovered_record(run_dir: Path, ledger: spool.Ledger, plan: dict[str, Any], settings: Settings,
+                      delivery: Delivery, notify: Notify,
+                      command: str) -> tuple[dict[str, Any], str, int]:  # fmt: skip
+    """The newest local record, completed with what the child left and the truth about the end."""
+    record = spool.read_json(run_dir / spool.RECORD_FILE) or _bare_record(run_dir, settings)
+    record["run_id"], record["experiment"] = (
+        delivery.run_id,
+        ledger.data.get("experiment") or record.get("experiment"),
+    )
+    facts = spool.read_json(run_dir / protocol.FACTS_FILE)
+    missing = []
+    if ledger.stage == "skeleton":
+        missing.append(
+            "capture: git state, packages, system and environment (the cascade process died first)"
+        )
+    if ledger.stage != "final":
+        if facts.get("torch"):
+            record["torch"] = facts["torch"]
+        if facts.get("determinism"):
+            record["determinism"] = facts["determinism"]
+        record["trace"] = spool.trace_section(run_dir, facts.get("trace"))
+        record["checkpoints"] = _checkpoints(run_dir, plan, settings, delivery, notify)
+        for name in (protocol.OUTPUT_LOG, protocol.TRACE_FILE):
+            if (run_dir / name).exists():
+                delivery.do(file_op(run_dir / name, "cascade"))
+        if not (run_dir / protocol.OUTPUT_LOG).exists():
+            missing.append("the output log")
+    if not facts.get("ended_at"):
+        missing.append("the script's exit facts (torch stack, GPU memory): it was stopped, not ended")
+    ended = ledger.ended or {}
+    died_at = spool.last_heartbeat(run_dir)
+    end_ms = int(ended.get("end_ms") or (facts.get("ended_at") or died_at) * 1000)
+    status = str(ended.get("status") or "KILLED")
+    note = (
+        f"the cascade process died (SIGKILL?) at about {_when(died_at)} (its last heartbeat); recovered "
+        f"by {command} at {_when(time.time())}"
+    )
+    outcome = dict(record.get("outcome") or {})
+    start = outcome.get("start_time") or plan.get("start_ms", end_ms) / 1000
+    outcome.update(status=status, end_time=end_ms / 1000, duration_s=round(end_ms / 1000 - start, 3),
+                   recovered=note, missing=missing)  # fmt: skip
+    outcome.setdefault("exit_code", ended.get("exit_code"))
+    if not outcome.get("error"):
+        outcome["error"] = facts.get("exception") or (
+            None if status == "FINISHED" else {"type": PARENT_DIED, "message": note}
+        )
+    outcome["missing"] = list(dict.fromkeys([*(record.get("outcome") or {}).get("missing", []), *missing]))
+    record["outcome"] = outcome
+    return record, status, end_ms
+
+
+def _checkpoints(run_dir: Path, plan: dict[str, Any], settings: Settings, delivery: Delivery,
+                 notify: Notify) -> list[dict[str, Any]]:  # fmt: skip
+    """What the dead parent's checkpoint keeper would have finished: hash into DVC, pointers, push."""
+    events = run_dir / protocol.CHECKPOINTS_FILE
+    if not events.exists():
+        return []
+    from cascade_repro.store.checkpoint_keeper import CheckpointKeeper, finish_checkpoints
+    from cascade_repro.store.dvc_store import Cache
+
+    root = Path(plan.get("root") or settings.root)
+    keeper = CheckpointKeeper(root, events, Cache(root) if Cache.exists_for(root) else None, log.debug)
+    try:
+        log_files = bool(plan.get("log_checkpoints"))
+        recorded = finish_checkpoints(keeper, delivery, plan.get("dvc_remote"), log_files, notify)
+    except Exception as exc:  # the rest of the run is still delivered
+        notify(f"warning: checkpoints of {run_dir.name} not fully recorded: {type(exc).__name__}: {exc}")
+        return [e.to_dict() for e in keeper.entries]
+    finally:
+        if keeper.cache is not None:
+            keeper.cache.close()
+    for warning in recorded.warnings:
+        notify(f"warning: {warning}")
+    return recorded.entries
+
+
+def _bare_record(run_dir: Path, settings: Settings) -> dict[str, Any]:
+    """A spool from a cascade that wrote no local record: what can be said without one."""
+    unavailable = {"unavailable": "not recorded: the cascade process died before writing a record"}
+    return {
+        "schema": SCHEMA, "run_id": "", "experiment": settings.experiment, "cascade_version": "",
+        "command": {}, "params": {"values": spool.read_json(run_dir / protocol.PARAMS_FILE)},
+        "determinism": {}, "git": dict(unavailable), "python": dict(unavailable), "torch": {},
+        "hardware": dict(unavailable), "environment": {}, "container": dict(unavailable),
+        "outcome": {"status": "RUNNING"},
+    }  # fmt: skip
+
+
+def _when(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))

@@ -1,0 +1,245 @@
+"""Every store write of a run, each on its own, through the spool's outbox: nothing fails for another.
+
+An operation (params, tags, one artifact, the record, closing the run) is first put in the outbox
+(`delivery.json`), then tried. The store refusing it (an invalid request) marks it failed with
+MLflow's reason and the record says so; the store not answering (server down, disk full, database
+locked) leaves it pending for `cascade sync`, and the operations after it are not even tried (each
+try would wait out MLflow's whole retry budget) until a write succeeds again.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cascade_repro.store import mlflow_store, spool
+from cascade_repro.store.spool import FAILED, STORED, WAITING, Ledger, Point
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+log = logging.getLogger(__name__)
+
+RECORD_OP = "record"
+CLOSE_OP = "close"
+END_TAGS_OP = "tags:end"
+
+
+refused = mlflow_store.refused
+
+
+def file_op(path: Path, artifact_dir: str) -> dict[str, Any]:
+    return {
+        "id": f"artifact:{artifact_dir}/{path.name}",
+        "kind": "file",
+        "path": str(path),
+        "dir": artifact_dir,
+    }
+
+
+def dir_op(path: Path, artifact_dir: str) -> dict[str, Any]:
+    return {"id": f"artifact:{artifact_dir}", "kind": "dir", "path": str(path), "dir": artifact_dir}
+
+
+def text_op(text: str, artifact_file: str) -> dict[str, Any]:
+    return {"id": f"artifact:{artifact_file}", "kind": "text", "text": text, "file": artifact_file}
+
+
+def record_op(artifact_file: str) -> dict[str, Any]:
+    """The local run.json (as it is when the operation runs) to `artifact_file`."""
+    return {"id": RECORD_OP, "kind": RECORD_OP, "file": artifact_file}
+
+
+def tags_op(name: str, tags: dict[str, Any]) -> dict[str, Any]:
+    return {"id": f"tags:{name}", "kind": "tags", "tags": {k: v for k, v in tags.items() if v is not None}}
+
+
+class Delivery:
+    """The store writes of one run: `do` an operation, `retry` what is pending, `send` metric points."""
+
+    def __init__(self, mlflow: MlflowClient, run_id: str, ledger: Ledger) -> None:
+        self.mlflow = mlflow
+        self.run_id = run_id
+        self.ledger = ledger
+        self.down: str | None = None  # why the store last did not answer; cleared by a success
+        self.warnings: list[str] = []
+
+    # -- operations ------------------------------------------------------------------------------
+    def do(self, op: dict[str, Any]) -> bool:
+        """Put `op` in the outbox and try it now (unless the store is down); True once stored."""
+        op = {**op, "state": WAITING}
+        self.ledger.put(op)
+        return self._attempt(op)
+
+    def retry(self, skip: tuple[str, ...] = ()) -> None:
+        """Try again every pending operation, in order (`cascade sync`)."""
+        for op in self.ledger.ops():
+            if op.get("state") == WAITING and op["id"] not in skip:
+                self._attempt(op)
+
+    def state(self, op_id: str) -> dict[str, Any] | None:
+        for op in self.ledger.ops():
+            if op["id"] == op_id:
+                return op
+        return None
+
+    def pending(self) -> list[dict[str, Any]]:
+        return [op for op in self.ledger.ops() if op.get("state") == WAITING and op["id"] != CLOSE_OP]
+
+    def refused_ops(self) -> list[dict[str, Any]]:
+        return [op for op in self.ledger.ops() if op.get("state") == FAILED]
+
+    def _attempt(self, op: dict[str, Any]) -> bool:
+        if self.down is not None:
+            return False
+        try:
+            self._run(op)
+        except Exception as exc:  # MLflow raises many types; each is this operation's alone
+            reason = mlflow_store.first_line(exc)
+            if refused(exc):
+                log.warning("the store refused %s: %s", op["id"], reason)
+                self.ledger.put({**op, "state": FAILED, "error": reason})
+            else:
+                log.warning("the store did not take %s: %s", op["id"], reason)
+                self.down = reason
+                self.ledger.put({**op, "state": WAITING, "error": reason})
+            return False
+        self.down = None
+        stored = {k: v for k, v in op.items() if k != "error"}
+        self.ledger.put({**stored, "state": STORED})
+        return True
+
+    def _run(self, op: dict[str, Any]) -> None:
+        kind, run_id, mlflow = op["kind"], self.run_id, self.mlflow
+        if kind == "params":
+            self.warnings += mlflow_store.log_params(mlflow, run_id, op["params"], op.get("existing"))
+        elif kind == "tags":
+            self.warnings += mlflow_store.set_tags(mlflow, run_id, op["tags"])
+        elif kind == "file":
+            mlflow_store.log_file(mlflow, run_id, Path(op["path"]), op["dir"])
+        elif kind == "dir":
+            mlflow_store.log_dir(mlflow, run_id, Path(op["path"]), op["dir"])
+        elif kind == "text":
+            mlflow.log_text(run_id, op["text"], op["file"])
+        elif kind == RECORD_OP:
+            record = spool.read_json(self.ledger.run_dir / spool.RECORD_FILE)
+            mlflow_store.log_json(mlflow, run_id, record, op["file"])
+        elif kind == CLOSE_OP:
+            mlflow_store.finish_run(mlflow, run_id, op["status"], int(op["end_ms"]))
+        else:
+            raise ValueError(f"unknown outbox operation {kind}")
+
+    # -- metric points ---------------------------------------------------------------------------
+    def send(self, points: list[Point]) -> int:
+        """Write points (≤ 1000 a request); returns the requests made. Raises when the store does
+        not answer; a refused batch is split by key so only the refused keys are lost (and named)."""
+        try:
+            requests = mlflow_store.log_metric_points(self.mlflow, self.run_id, points)
+        except Exception as exc:
+            if not refused(exc):
+                self.down = mlflow_store.first_line(exc)
+                raise
+            requests = self._send_by_key(points, exc)
+        self.down = None
+        return requests
+
+    def _send_by_key(self, points: list[Point], first: BaseException) -> int:
+        by_key: dict[str, list[Point]] = {}
+        for point in points:
+            by_key.setdefault(point[0], []).append(point)
+        requests = 0
+        for key, group in by_key.items():
+            try:
+                requests += mlflow_store.log_metric_points(self.mlflow, self.run_id, group)
+            except Exception as exc:
+                if not refused(exc):
+                    raise
+                reason = mlflow_store.first_line(exc)
+                self.warnings.append(f"MLflow refused {len(group)} point(s) of metric {key[:80]!r}: {reason}")
+        return requests
+
+    # -- the end of a run ---------------------------------------------------------------------------
+    def conclude(self, record: dict[str, Any], artifact_file: str, pending_points: int,
+                 end_tags: dict[str, Any], status: str, end_ms: int) -> list[str]:  # fmt: skip
+        """Write the record (saying what is not stored), the end tags, then close the run with `status`
+        unless something is still pending. Returns what the store lacks (empty: complete)."""
+        self.annotate(record, pending_points)
+        spool.write_json(self.ledger.run_dir / spool.RECORD_FILE, record)
+        self.ledger.update(stage="final")
+        self.do(record_op(artifact_file))
+        self.do(tags_op("end", end_tags))
+        if not pending_points and not self.pending():
+            self.do({"id": CLOSE_OP, "kind": CLOSE_OP, "status": status, "end_ms": end_ms})
+        return self.missing(pending_points)
+
+    def missing(self, pending_points: int) -> list[str]:
+        """What the store lacks, one line each (pending for `cascade sync`, or refused and why)."""
+        lines = [f"{op['id'].removeprefix('artifact:')}: {_why(op)}" for op in self.ledger.ops()
+                 if op.get("state") != STORED]  # fmt: skip
+        if pending_points:
+            reason = f" (the store did not answer: {self.down})" if self.down else ""
+            lines.insert(0, f"{pending_points} metric point(s) pending (`cascade sync`){reason}")
+        return lines
+
+    # -- what the record says about it ------------------------------------------------------------
+    def annotate(self, record: dict[str, Any], pending_points: int) -> dict[str, Any]:
+        """Mark in the record every artifact it names that is not stored, and list what is missing."""
+        states = {op["id"]: op for op in self.ledger.ops()}
+        git = record.get("git") if isinstance(record.get("git"), dict) else {}
+        patch = git.get("patch") if git else None
+        if isinstance(patch, dict) and patch.get("artifact"):
+            patch.update(_stored(states.get(f"artifact:{patch['artifact']}")))
+        untracked_op = states.get("artifact:cascade/untracked")
+        lost = untracked_op is not None and untracked_op.get("state") != STORED
+        for item in (git or {}).get("untracked") or []:
+            if lost and item.get("stored") and item.get("symlink_target") is None:
+                item["stored"] = False
+                item["reason"] = _why(untracked_op or {})
+        trace = record.get("trace")
+        if isinstance(trace, dict) and trace.get("artifact"):
+            trace.update(_stored(states.get(f"artifact:{trace['artifact']}")))
+        missing = [
+            f"{op['id'].removeprefix('artifact:')}: {_why(op)}"
+            for op in states.values()
+            if op.get("state") != STORED and op["id"] not in (RECORD_OP, CLOSE_OP)
+        ]
+        if pending_points:
+            missing.append(f"metrics: {pending_points} point(s) not in the store yet")
+        outcome = record.get("outcome")
+        if isinstance(outcome, dict):
+            if missing:
+                outcome["undelivered"] = missing
+            else:
+                outcome.pop("undelivered", None)
+        return record
+
+
+def _stored(op: dict[str, Any] | None) -> dict[str, Any]:
+    if op is None:
+        return {"stored": False, "error": "never sent: the recording stopped before it"}
+    if op.get("state") == STORED:
+        return {"stored": True}
+    return {"stored": False, "error": _why(op)}
+
+
+def _why(op: dict[str, Any]) -> str:
+    if op.get("state") == FAILED:
+        return f"refused by the store: {op.get('error')}"
+    if op.get("error"):
+        return f"pending (`cascade sync`): the store did not answer: {op['error']}"
+    return "pending (`cascade sync`): not sent yet"
+
+
+def summary_of(points: Any, keys: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Fold points into per-key count, last, min and max (NaN never becomes a min or max)."""
+    import math
+
+    for key, value, _, _ in points:
+        stats = keys.setdefault(key, {"count": 0, "last": value, "min": value, "max": value})
+        stats["count"] += 1
+        stats["last"] = value
+        if not math.isnan(value):
+            stats["min"] = value if math.isnan(stats["min"]) else min(stats["min"], value)
+            stats["max"] = value if math.isnan(stats["max"]) else max(stats["max"], value)
+    return keys

@@ -1,0 +1,125 @@
+"""Defect 4: SIGKILL of the `cascade` parent (OOM killer, closed terminal, preempted node).
+
+The child must stop (its files stay), and the next cascade command in the project must deliver what
+was written and close the run: 0 runs left RUNNING, every flushed point in MLflow, a readable record
+that says what happened and what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Project
+from tests.faults.helpers import (
+    Background,
+    add_faults_script,
+    marker,
+    points_in,
+    process_gone,
+    statuses,
+    stored_points,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _kill_before_the_run_opens(project: Project) -> tuple[Background, str]:
+    run = Background(project, "faults.py", "--early", "100", "--steps", "5")
+    run.wait_for(lambda: marker(project, "started").exists(), "the script's start")
+    spool = run.run_dir()
+    assert spool is not None and not (spool / "mlflow_run_id").exists(), "the run opened too early"
+    run.kill()
+    return run, "KILLED"
+
+
+def _kill_during_capture(project: Project) -> tuple[Background, str]:
+    with open(project.root / "big.bin", "wb") as handle:  # untracked, sparse: hashing it takes seconds
+        handle.truncate(6 << 30)
+    run = Background(project, "faults.py", "--early", "50", "--steps", "30", "--step-sleep", "0.2")
+    run.wait_for(lambda: (run.run_dir() or Path("/nonexistent")).joinpath("mlflow_run_id").exists(),
+                 "the run to open")  # fmt: skip
+    run_id = (run.run_dir() / "mlflow_run_id").read_text()  # type: ignore[operator]
+    assert not project.client().get_run(run_id).data.params, "capture finished before the test could kill"
+    run.kill()
+    return run, "KILLED"
+
+
+def _kill_mid_training(project: Project) -> tuple[Background, str]:
+    run = Background(project, "faults.py", "--steps", "20", "--hold-at", "8")
+    run.wait_for(lambda: marker(project, "hold").exists(), "step 8")
+    spool = run.run_dir()
+    assert spool is not None
+    run.wait_for(lambda: (spool / "mlflow_run_id").exists(), "the run to open")
+    time.sleep(2.0)  # capture done, the early record written, some points delivered
+    run.kill()
+    return run, "KILLED"
+
+
+def _kill_during_finish(project: Project) -> tuple[Background, str]:
+    project.write("cascade.yaml", "metrics_flush_s: 600\n")
+    project.commit("slow flush")
+    run = Background(project, "faults.py", "--steps", "3", "--bulk", "60000")
+    run.wait_for(lambda: marker(project, "done").exists(), "the script's end")
+    spool = run.run_dir()
+    assert spool is not None
+    # The parent has seen the script end (the spool's outbox says so) and is writing 60,000 points.
+    run.wait_for(lambda: "ended" in json.loads((spool / "delivery.json").read_text()), "the finish")
+    run.kill()
+    return run, "FINISHED"
+
+
+def _kill_during_push(project: Project) -> tuple[Background, str]:
+    project.cascade("init", check=True)
+    project.commit("cascade init")
+    run = Background(project, "faults.py", "--steps", "3", "--checkpoint")
+    run.wait_for(lambda: run.said("to the DVC remote"), "the push")
+    run.kill()
+    return run, "FINISHED"
+
+
+MOMENTS = {
+    "before-the-run-opens": _kill_before_the_run_opens,
+    "during-capture": _kill_during_capture,
+    "mid-training": _kill_mid_training,
+    "during-finish": _kill_during_finish,
+    "during-push": _kill_during_push,
+}
+
+
+@pytest.mark.parametrize("moment", list(MOMENTS))
+def test_sigkill_of_the_parent_is_recovered_by_the_next_command(project: Project, moment: str) -> None:
+    add_faults_script(project)
+    run, expected_status = MOMENTS[moment](project)
+    spool = run.run_dir()
+    assert spool is not None, "the run directory (the spool) must survive the parent"
+    child = int(marker(project, "started").read_text())
+    assert process_gone(child, 20), "the script went on running without its parent"
+    flushed = points_in(spool / "events.jsonl")
+    assert flushed, "the script flushed points before the kill"
+
+    listed = project.cascade("ls", "--json")  # any command that touches the store recovers
+    assert listed.returncode == 0, listed.stderr
+    assert "recovered" in listed.stderr
+    assert statuses(project) == [expected_status]
+    assert "RUNNING" not in listed.stdout
+    assert [r["status"] for r in json.loads(listed.stdout)["data"]] == [expected_status]
+    run_id = project.only_run().info.run_id
+    assert stored_points(project, run_id, list(flushed)) == flushed
+    manifest = project.manifest(run_id)
+    assert manifest["outcome"]["status"] == expected_status
+    assert "the cascade process died" in json.dumps(manifest["outcome"])
+    assert manifest["metrics"]["points"] >= sum(flushed.values())
+    assert not spool.exists(), "a delivered spool is removed"
+    shown = project.cascade("show", run_id[:8])
+    assert shown.returncode == 0, shown.stderr
+    if moment in ("before-the-run-opens", "during-capture"):
+        assert any("capture" in item for item in manifest["outcome"]["missing"])
+    if moment == "mid-training":
+        assert manifest["git"]["commit"]  # the early record's capture is kept
+        assert manifest["trace"]["steps"] >= 9
+    again = project.cascade("ls")
+    assert "recovered" not in again.stderr  # nothing left to do

@@ -1,0 +1,52 @@
+"""The run directory's disk fills up while the script runs: the script is never blocked, the run is
+closed, and the record says what is missing instead of a silent success."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.conftest import Project
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = """
+import sys
+import cascade_repro
+for i in range(4000):
+    print(f"line {i:05d} " + "x" * 100)
+    cascade_repro.log_metrics({"m": float(i)}, step=i)
+print("the end", flush=True)
+"""
+
+
+@pytest.fixture
+def full_runs_dir(project: Project) -> Iterator[Path]:
+    """`.cascade/runs` on a 96 KiB tmpfs (root only; where mounting is not allowed the test says so)."""
+    runs = project.root / ".cascade" / "runs"
+    runs.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(runs)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"a small filesystem cannot be mounted here: {mounted.stderr.strip()}")
+    try:
+        yield runs
+    finally:
+        subprocess.run(["umount", "-l", str(runs)], check=False)
+
+
+def test_a_full_run_directory_never_blocks_the_script_and_the_run_says_it_is_incomplete(
+    project: Project, full_runs_dir: Path
+) -> None:
+    project.write("chatty.py", SCRIPT)
+    project.commit("chatty")
+    result = project.cascade("run", "chatty.py", timeout=240)  # hung until killed before the fix
+    assert "the end" in result.stdout  # the terminal got every line although the log could not
+    assert result.returncode == 4, (result.returncode, result.stderr)
+    assert "output log is incomplete" in result.stderr and "No space left" in result.stderr
+    (run,) = project.runs()
+    assert run.info.status != "RUNNING"
+    assert run.data.tags.get("cascade.incomplete"), run.data.tags
