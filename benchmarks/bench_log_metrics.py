@@ -1,6 +1,6 @@
 """Per-step metric logging: cascade.log_metrics vs mlflow.log_metrics, on a small CPU model.
 
-Targets (DESIGN.md): step time with logging / without ≤ 1.03; one log_metrics call (5 scalars)
+Targets (README, Benchmarks): step time with logging / without ≤ 1.03; one log_metrics call (5 scalars)
 ≤ 10 µs; MLflow requests for N points = ceil(N / 1000).
 """
 

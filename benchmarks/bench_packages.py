@@ -1,6 +1,6 @@
 """Package capture (what `cascade run` records) vs `pip freeze`, on this environment.
 
-Target (DESIGN.md): ≤ 0.1.
+Target (README, Benchmarks): ≤ 0.1.
 """
 
 from __future__ import annotations

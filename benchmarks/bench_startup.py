@@ -1,6 +1,6 @@
 """Time from `cascade run` to the script's first line, minus the same for bare `python`.
 
-Target (DESIGN.md): ≤ 0.3 s. Capture and the MLflow run open concurrently with the child.
+Target (README, Benchmarks): ≤ 0.3 s. Capture and the MLflow run open concurrently with the child.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Per-step trace cost on the reference MLP (~1.9M params, CPU), and verification cost per step.
 
-Targets (DESIGN.md): step time with the trace on / off ≤ 1.03, beside hashing the same tensors
+Targets (README, Benchmarks): step time with the trace on / off ≤ 1.03, beside hashing the same tensors
 with hashlib md5 and sha256 in the same process; verification time per step / step time ≤ 0.001.
 
 The tracer is cascade's own (`cascade_repro.child.trace.StepTracer`, as `cascade run` installs

@@ -1,6 +1,6 @@
 """Wall time of `cascade run` / bare `python` on the digits example (about 15 s here).
 
-Target (DESIGN.md): ≤ 1.05 for recording (issue: cascade run); measured with the step trace off and,
+Target (README, Benchmarks): ≤ 1.05 for recording (issue: cascade run); measured with the step trace off and,
 beside it, with the trace on (its own target is per step, see bench_trace.py).
 """
 

@@ -1,7 +1,7 @@
 """Two run records → what differs, section by section, ordered by what matters for reproduction.
 
 Pure: manifests (and an optional `git diff --stat` text) in, a frozen `Diff` out. Each change has
-the fingerprint class of DESIGN.md: A (bitwise equality impossible), B (a likely root cause), C
+the fingerprint class (docs/architecture.md): A (bitwise equality impossible), B (a likely root cause), C
 (informational); results (metrics, checkpoints) come last.
 """
 

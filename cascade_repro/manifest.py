@@ -13,7 +13,7 @@ ARTIFACT_PATH = "cascade/run.json"
 
 @dataclass(frozen=True)
 class Manifest:
-    """One run, as recorded. Sections are plain JSON-able mappings, documented in DESIGN.md."""
+    """One run, as recorded. Sections are plain JSON-able mappings, documented in the README."""
 
     run_id: str
     experiment: str
