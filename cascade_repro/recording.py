@@ -80,7 +80,10 @@ class Recording:
         self.peak_rss_mb = 0.0
         self.ledger = spool.Ledger.load(run_dir)
         self.tags = {**self._start_tags(), spool.SPOOL_TAG: run_dir.name}
-        self._spool_plan()
+        try:
+            self._spool_plan()
+        except OSError as exc:  # recording goes on; only a recovery after our death would miss it
+            self.warnings.append(f"the run directory cannot hold the recovery plan ({exc.strerror or exc})")
 
     # -- while the child runs -------------------------------------------------------------
     def open(self) -> None:
@@ -102,9 +105,12 @@ class Recording:
             self.child.terminate()
             raise
         run_id = self.opened.run_id
-        (self.run_dir / protocol.RUN_ID_FILE).write_text(run_id, encoding="utf-8")
+        try:
+            (self.run_dir / protocol.RUN_ID_FILE).write_text(run_id, encoding="utf-8")
+        except OSError as exc:  # the script's own mlflow calls then get a run of their own
+            self.warnings.append(f"the run id could not be handed to the script: {exc}")
         self.ledger.update(run_id=run_id, experiment=self.opened.experiment)
-        self.delivery = delivery = Delivery(self.mlflow, run_id, self.ledger)
+        self.delivery = delivery = Delivery(self.mlflow, run_id, self.ledger, plan.settings.tracking_uri)
         self.writer = MetricsWriter(
             delivery,
             self.run_dir,
@@ -128,7 +134,7 @@ class Recording:
                                     "mlflow.source.git.repoURL": git.remotes.get("origin")}))  # fmt: skip
         self._log_dirty_state(git)
         early = self._manifest(captured, facts={})  # kept if the parent dies before finish()
-        spool.write_json(self.run_dir / spool.RECORD_FILE, delivery.annotate(early.to_dict(), 0))
+        delivery.keep_record(delivery.annotate(early.to_dict(), 0))
         self.ledger.update(stage="captured")
         delivery.do(record_op(ARTIFACT_PATH))
 
@@ -190,12 +196,14 @@ class Recording:
         missing = self.delivery.conclude(manifest.to_dict(), ARTIFACT_PATH, metrics["pending"], end_tags,
                                          status, end_ms)  # fmt: skip
         self.warnings.extend(dict.fromkeys(self.delivery.warnings))
+        if self.ledger.unsaved:
+            self.warnings.append(f"the run directory cannot hold the delivery state ({self.ledger.unsaved})")
         kept = bool(metrics["pending"] or self.delivery.pending())
         if kept:  # the spool holds what the store lacks: `cascade sync` delivers it
             self.ledger.update(parent="exited")
         else:
             shutil.rmtree(self.run_dir, ignore_errors=True)
-        record = Manifest.from_dict(spool.read_json(self.run_dir / spool.RECORD_FILE)) if kept else manifest
+        record = Manifest.from_dict(self.delivery.record) if self.delivery.record else manifest
         return RunResult(
             run_id, status, ended.exit_code, self.plan.settings.tracking_uri, self.opened.experiment,
             record, tuple(self.warnings), incomplete=tuple(missing),
@@ -207,7 +215,8 @@ class Recording:
         """What a recoverer needs if this process dies: how to open the run, and a skeleton record
         (replaced once capture is done) that says what was never captured."""
         plan = self.plan
-        spool.write_json(self.run_dir / spool.PLAN_FILE, {
+        write = spool.write_json
+        write(self.run_dir / spool.PLAN_FILE, {
             "tracking_uri": plan.settings.tracking_uri, "experiment": plan.settings.experiment,
             "artifact_root": plan.settings.artifact_root, "run_name": plan.run_name, "tags": self.tags,
             "start_ms": self.start_ms, "existing_run_id": plan.environ.get("MLFLOW_RUN_ID") or None,
@@ -219,7 +228,7 @@ class Recording:
         for section in ("git", "python", "hardware", "environment", "container"):
             skeleton[section] = {"unavailable": NOT_CAPTURED}
         skeleton["data"] = []
-        spool.write_json(self.run_dir / spool.RECORD_FILE, skeleton)
+        write(self.run_dir / spool.RECORD_FILE, skeleton)
 
     def _flat_params(self) -> dict[str, Any]:
         flat = flatten(self.plan.params.values)

@@ -88,7 +88,7 @@ def _deliver(run_dir: Path, settings: Settings, notify: Notify, command: str, di
         ledger.update(parent="gone" if died else ledger.parent)
         notify(f"run directory {run_dir.name} not delivered: {exc.message}; `cascade sync` tries again")
         return Delivered(str(run_dir), None, PENDING_SYNC, 0, (exc.message,), died)
-    delivery = Delivery(client, run_id, ledger)
+    delivery = Delivery(client, run_id, ledger, str(plan.get("tracking_uri") or settings.tracking_uri))
     delivery.retry(skip=(RECORD_OP, END_TAGS_OP, CLOSE_OP))
     if died and delivery.state("params") is None and plan.get("params"):
         delivery.do({"id": "params", "kind": "params", "params": plan["params"]})

@@ -118,6 +118,7 @@ def run_result(result: RunResult) -> None:
     shown = ", ".join(f"{k}={_num(v['last'])}" for k, v in list(metrics.items())[:4])
     notice(
         f"run {result.run_id} {result.status} in {duration:.1f}s (exit {result.exit_code})"
+        + (" · record incomplete" if result.incomplete else "")
         + (f" · {shown}" if shown else "")
     )
     for warning in result.warnings:
@@ -187,6 +188,9 @@ def run_record(record: RunRecord) -> None:
         ("cwd", m.command.get("cwd", "")),
         ("outcome", f"exit {outcome.get('exit_code')} after {outcome.get('duration_s')}s"),
         ("error", _error(outcome.get("error"))),
+        ("recovered", str(outcome.get("recovered") or "")),
+        ("missing", "; ".join(map(str, outcome.get("missing") or []))),
+        ("not stored", "; ".join(map(str, outcome.get("undelivered") or []))),
         ("commit", f"{m.git.get('commit')} ({m.git.get('branch') or 'detached'})"),
         ("dirty", _dirty(m.git)),
         ("remotes", ", ".join(f"{k} {v}" for k, v in m.git.get("remotes", {}).items())),

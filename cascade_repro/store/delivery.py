@@ -9,6 +9,7 @@ try would wait out MLflow's whole retry budget) until a write succeeds again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,8 @@ log = logging.getLogger(__name__)
 
 RECORD_OP = "record"
 CLOSE_OP = "close"
-END_TAGS_OP = "tags:end"
+END_TAGS_OP = "tags:end"  # sent after the record (a projection of it): never listed in it
+ARTIFACT_KINDS = frozenset({"file", "dir", "text", RECORD_OP})
 
 
 refused = mlflow_store.refused
@@ -58,12 +60,27 @@ def tags_op(name: str, tags: dict[str, Any]) -> dict[str, Any]:
 class Delivery:
     """The store writes of one run: `do` an operation, `retry` what is pending, `send` metric points."""
 
-    def __init__(self, mlflow: MlflowClient, run_id: str, ledger: Ledger) -> None:
+    def __init__(self, mlflow: MlflowClient, run_id: str, ledger: Ledger, tracking_uri: str = "") -> None:
         self.mlflow = mlflow
         self.run_id = run_id
         self.ledger = ledger
-        self.down: str | None = None  # why the store last did not answer; cleared by a success
+        # Behind a tracking server, artifacts and the database answer or not together; a local
+        # store's database and artifact directory may fail apart (one disk full, not the other).
+        self._apart = not tracking_uri.startswith(("http:", "https:"))
+        self._down: dict[str, str] = {}  # why each part last did not answer; cleared by a success
         self.warnings: list[str] = []
+        self.record: dict[str, Any] | None = None  # the newest record, when this process made it
+        if not logging.getLogger("cascade_repro").isEnabledFor(logging.DEBUG):
+            # MLflow logs a database error with its traceback before raising it; we say it in one line.
+            logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+
+    @property
+    def down(self) -> str | None:
+        """Why the store last did not answer (None: it did)."""
+        return next(iter(self._down.values()), None)
+
+    def _part(self, kind: str) -> str:
+        return "artifacts" if self._apart and kind in ARTIFACT_KINDS else "database"
 
     # -- operations ------------------------------------------------------------------------------
     def do(self, op: dict[str, Any]) -> bool:
@@ -91,7 +108,8 @@ class Delivery:
         return [op for op in self.ledger.ops() if op.get("state") == FAILED]
 
     def _attempt(self, op: dict[str, Any]) -> bool:
-        if self.down is not None:
+        part = self._part(op["kind"])
+        if part in self._down:
             return False
         try:
             self._run(op)
@@ -102,10 +120,10 @@ class Delivery:
                 self.ledger.put({**op, "state": FAILED, "error": reason})
             else:
                 log.warning("the store did not take %s: %s", op["id"], reason)
-                self.down = reason
+                self._down[part] = reason
                 self.ledger.put({**op, "state": WAITING, "error": reason})
             return False
-        self.down = None
+        self._down.pop(part, None)
         stored = {k: v for k, v in op.items() if k != "error"}
         self.ledger.put({**stored, "state": STORED})
         return True
@@ -123,7 +141,7 @@ class Delivery:
         elif kind == "text":
             mlflow.log_text(run_id, op["text"], op["file"])
         elif kind == RECORD_OP:
-            record = spool.read_json(self.ledger.run_dir / spool.RECORD_FILE)
+            record = self.record or spool.read_json(self.ledger.run_dir / spool.RECORD_FILE)
             mlflow_store.log_json(mlflow, run_id, record, op["file"])
         elif kind == CLOSE_OP:
             mlflow_store.finish_run(mlflow, run_id, op["status"], int(op["end_ms"]))
@@ -138,10 +156,10 @@ class Delivery:
             requests = mlflow_store.log_metric_points(self.mlflow, self.run_id, points)
         except Exception as exc:
             if not refused(exc):
-                self.down = mlflow_store.first_line(exc)
+                self._down["database"] = mlflow_store.first_line(exc)
                 raise
             requests = self._send_by_key(points, exc)
-        self.down = None
+        self._down.pop("database", None)
         return requests
 
     def _send_by_key(self, points: list[Point], first: BaseException) -> int:
@@ -164,8 +182,7 @@ class Delivery:
                  end_tags: dict[str, Any], status: str, end_ms: int) -> list[str]:  # fmt: skip
         """Write the record (saying what is not stored), the end tags, then close the run with `status`
         unless something is still pending. Returns what the store lacks (empty: complete)."""
-        self.annotate(record, pending_points)
-        spool.write_json(self.ledger.run_dir / spool.RECORD_FILE, record)
+        self.keep_record(self.annotate(record, pending_points))
         self.ledger.update(stage="final")
         self.do(record_op(artifact_file))
         self.do(tags_op("end", end_tags))
@@ -173,10 +190,16 @@ class Delivery:
             self.do({"id": CLOSE_OP, "kind": CLOSE_OP, "status": status, "end_ms": end_ms})
         return self.missing(pending_points)
 
+    def keep_record(self, record: dict[str, Any]) -> None:
+        """The record to send: kept in memory, and in the spool where the disk allows."""
+        self.record = record
+        with contextlib.suppress(OSError):
+            spool.write_json(self.ledger.run_dir / spool.RECORD_FILE, record)
+
     def missing(self, pending_points: int) -> list[str]:
         """What the store lacks, one line each (pending for `cascade sync`, or refused and why)."""
         lines = [f"{op['id'].removeprefix('artifact:')}: {_why(op)}" for op in self.ledger.ops()
-                 if op.get("state") != STORED]  # fmt: skip
+                 if op.get("state") != STORED and op["id"] != END_TAGS_OP]  # fmt: skip
         if pending_points:
             reason = f" (the store did not answer: {self.down})" if self.down else ""
             lines.insert(0, f"{pending_points} metric point(s) pending (`cascade sync`){reason}")
@@ -202,7 +225,7 @@ class Delivery:
         missing = [
             f"{op['id'].removeprefix('artifact:')}: {_why(op)}"
             for op in states.values()
-            if op.get("state") != STORED and op["id"] not in (RECORD_OP, CLOSE_OP)
+            if op.get("state") != STORED and op["id"] not in (RECORD_OP, END_TAGS_OP, CLOSE_OP)
         ]
         if pending_points:
             missing.append(f"metrics: {pending_points} point(s) not in the store yet")

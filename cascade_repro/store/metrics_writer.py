@@ -52,6 +52,8 @@ class MetricsWriter:
         }
         self._read = dict(self._delivered)
         self._batch: list[Point] = []
+        self._unspooled: list[Point] = []  # the parent's own points its spool file could not take
+        self._batch_in_memory = False  # the batch is such points (not in any file)
         self._batch_since: float | None = None
         self._failures = 0
         self._failed_at = 0.0
@@ -70,11 +72,16 @@ class MetricsWriter:
         return self
 
     def add(self, values: dict[str, float], step: int = 0) -> None:
-        """Points from the parent itself (resource figures), spooled like the child's."""
-        if values:
-            spool.append_event(
-                self._run_dir / PARENT_EVENTS_FILE, {k: float(v) for k, v in values.items()}, step
-            )
+        """Points from the parent itself (resource figures), spooled like the child's (kept in
+        memory, and sent with the next batch, where the disk is full)."""
+        if not values:
+            return
+        floats = {k: float(v) for k, v in values.items()}
+        try:
+            spool.append_event(self._run_dir / PARENT_EVENTS_FILE, floats, step)
+        except OSError:
+            now = int(time.time() * 1000)
+            self._unspooled.extend((k, v, now, step) for k, v in floats.items())
 
     def stop(self) -> None:
         """Deliver what is left of the events files (one more try if the store was failing); safe
@@ -99,7 +106,7 @@ class MetricsWriter:
 
     def pending(self) -> int:
         """Points written to the spool and not yet in the store (counted from the files)."""
-        count = 0
+        count = len(self._unspooled) + (len(self._batch) if self._batch_in_memory else 0)
         for name in EVENT_FILES:
             offset = self._delivered[name]
             while True:
@@ -131,6 +138,10 @@ class MetricsWriter:
 
     def _top_up(self) -> None:
         """Read whole lines into the batch until it holds 1000 points (never more than one batch)."""
+        if self._unspooled and self._batch_since is None:  # a batch of its own: resent as it is
+            self._batch, self._unspooled = self._unspooled, []
+            self._batch_since, self._batch_in_memory = time.monotonic(), True
+            return
         for name in EVENT_FILES:
             room = mlflow_store.MAX_METRICS_PER_BATCH - len(self._batch)
             if room <= 0:
@@ -165,11 +176,14 @@ class MetricsWriter:
         self.points += len(batch)
         summary_of(batch, self.summary)
         self._delivered = dict(self._read)
-        self._batch, self._batch_since = [], None
-        spool.write_json(
-            self._run_dir / spool.OFFSETS_FILE,
-            {"offsets": self._delivered, "points": self.points, "requests": self.requests},
-        )
+        self._batch, self._batch_since, self._batch_in_memory = [], None, False
+        try:
+            spool.write_json(
+                self._run_dir / spool.OFFSETS_FILE,
+                {"offsets": self._delivered, "points": self.points, "requests": self.requests},
+            )
+        except OSError:  # a full disk: this process goes on from memory
+            pass
         log.debug("wrote %d metric points (%d so far)", len(batch), self.points)
         return True
 

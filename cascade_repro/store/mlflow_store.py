@@ -367,7 +367,7 @@ def _limited(key: str) -> str:
         return key
     import hashlib
 
-    return key[: MAX_KEY - 10] + "~" + hashlib.sha256(key.encode()).hexdigest()[:8]
+    return key[: MAX_KEY - 10] + "-" + hashlib.sha256(key.encode()).hexdigest()[:8]
 
 
 def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:

@@ -249,6 +249,7 @@ class Ledger:
     def __init__(self, run_dir: Path, data: dict[str, Any]) -> None:
         self.run_dir = run_dir
         self.data = data
+        self.unsaved: str | None = None  # why the last save failed
         self._lock = threading.Lock()
 
     @classmethod
@@ -302,7 +303,13 @@ class Ledger:
             self._save()
 
     def _save(self) -> None:
-        write_json(self.run_dir / LEDGER_FILE, self.data)
+        # The live parent works from memory; the file is for a recoverer. A full disk must not stop
+        # the delivery (the run then cannot be recovered if this process dies too: said once).
+        try:
+            write_json(self.run_dir / LEDGER_FILE, self.data)
+            self.unsaved = None
+        except OSError as exc:
+            self.unsaved = f"{exc.strerror or exc}"
 
 
 # -- metric points on disk --------------------------------------------------------------------------
