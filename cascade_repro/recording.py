@@ -168,6 +168,10 @@ class Recording:
             "duration_s": round((end_ms - self.start_ms) / 1000, 3),
             "error": facts.get("exception"),
         }
+        if facts.get("errors"):  # parts of the child's exit facts it could not take: named, not lost
+            outcome["child_errors"] = facts["errors"]
+            lost = "; ".join(f"{part} ({error})" for part, error in facts["errors"].items())
+            self.warnings.append(f"the script's exit facts are incomplete: {lost}")
         try:
             captured = self.capture.value()
         except Exception as exc:  # the run still gets closed with its outcome

@@ -252,16 +252,24 @@ def _record_uncaught_exceptions(facts: Facts, determinism: dict[str, Any]) -> No
 
 
 def _record_at_exit(facts: Facts, env_names: set[str]) -> None:
-    values: dict[str, Any] = {
-        "ended_at": time.time(),
-        "environment_read": env_reads.values_read(set(env_names)),
-    }
-    torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "__version__"):
+    """Each part of the exit facts on its own: one that fails is named in `errors` (the parent puts
+    it in the record), never keeps the others out and never prints a traceback after the script's."""
+    values: dict[str, Any] = {"ended_at": time.time()}
+    parts: dict[str, Callable[[], Any]] = {"environment_read": lambda: env_reads.values_read(set(env_names))}
+    module = sys.modules.get("torch")
+    if module is not None and hasattr(module, "__version__"):
         from cascade_repro.child.torch_probe import gpu_memory, torch_stack
 
-        values["torch"] = torch_stack(torch)
-        values["gpu_memory"] = gpu_memory(torch)
+        torch: ModuleType = module
+        parts.update(torch=lambda: torch_stack(torch), gpu_memory=lambda: gpu_memory(torch))
+    errors: dict[str, str] = {}
+    for name, part in parts.items():
+        try:
+            values[name] = part()
+        except Exception as exc:  # reported in the record, not on the terminal
+            errors[name] = f"{type(exc).__name__}: {exc}"[:500]
+    if errors:
+        values["errors"] = errors
     facts.update(**values)
 
 

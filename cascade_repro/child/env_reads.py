@@ -41,7 +41,10 @@ def record_reads() -> set[str]:
                 iterated.popleft()
             else:
                 iterated.clear()
-                names.add(key)
+                # os.get_exec_path() (any subprocess of a bare program name) tries
+                # os.environ[b"PATH"], which always fails: bytes keys live in os.environb.
+                if isinstance(key, str):
+                    names.add(key)
             return str(base.__getitem__(self, key))
 
         def __iter__(self) -> Iterator[str]:
@@ -60,8 +63,8 @@ def values_read(names: set[str]) -> dict[str, str | None]:
     decode = os.environ.decodevalue
     encode = os.environ.encodekey
     out: dict[str, str | None] = {}
-    for name in sorted(names):
-        if not isinstance(name, str) or name in MACHINE_SPECIFIC or name.startswith(NOT_RECORDED_PREFIXES):
+    for name in sorted(n for n in names if isinstance(n, str)):
+        if name in MACHINE_SPECIFIC or name.startswith(NOT_RECORDED_PREFIXES):
             continue
         raw = data.get(encode(name))
         out[name] = None if raw is None else redact_variable(name, decode(raw))
