@@ -168,6 +168,8 @@ class Recording:
             "duration_s": round((end_ms - self.start_ms) / 1000, 3),
             "error": facts.get("exception"),
         }
+        if ended.log_error:  # the run directory's disk filled up: the terminal got all of it, the log not
+            outcome["output_log"] = f"incomplete: {ended.log_error}"
         if facts.get("errors"):  # parts of the child's exit facts it could not take: named, not lost
             outcome["child_errors"] = facts["errors"]
             lost = "; ".join(f"{part} ({error})" for part, error in facts["errors"].items())
@@ -200,6 +202,10 @@ class Recording:
         missing = self.delivery.conclude(manifest.to_dict(), ARTIFACT_PATH, metrics["pending"], end_tags,
                                          status, end_ms)  # fmt: skip
         self.warnings.extend(dict.fromkeys(self.delivery.warnings))
+        if ended.log_error:
+            missing.append(f"the run directory's disk filled up ({ended.log_error}): the output log is "
+                           "incomplete (the terminal showed all of it) and metric points logged after "
+                           "that may be lost (the script's stderr says when dropping began)")  # fmt: skip
         if self.ledger.unsaved:
             self.warnings.append(f"the run directory cannot hold the delivery state ({self.ledger.unsaved})")
         kept = bool(metrics["pending"] or self.delivery.pending())

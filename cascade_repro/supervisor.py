@@ -23,6 +23,7 @@ class ChildExit:
     exit_code: int  # shell convention: 128 + N when killed by signal N
     signal_received: int | None  # a signal the parent got (Ctrl-C, SIGTERM) while the child ran
     killed_by_signal: int | None  # the signal that ended the child, if any
+    log_error: str | None = None  # why the output log stopped short (a full disk), if it did
 
 
 class RunningChild(Protocol):
@@ -44,6 +45,8 @@ class Child:
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> None:
         self._log = open_private(log_path, "ab")  # closed in wait()
         self._log_lock = threading.Lock()
+        self._log_error: str | None = None
+        self._logged = 0
         self.process = subprocess.Popen(
             list(argv), env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
@@ -79,7 +82,7 @@ class Child:
         with self._log_lock:
             self._log.close()
         killed = -code if code < 0 else None
-        return ChildExit(128 + killed if killed else code, self._received, killed)
+        return ChildExit(128 + killed if killed else code, self._received, killed, self._log_error)
 
     def restore_signals(self) -> None:
         for sig, handler in self._previous_handlers.items():
@@ -104,6 +107,18 @@ class Child:
             return
         self.process.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
 
+    def _write_log(self, chunk: bytes) -> None:
+        """Append to the log; a full disk ends the log, never the relay (the script must not block
+        on a pipe nobody drains)."""
+        try:
+            self._log.write(chunk)
+            self._log.flush()
+            self._logged += len(chunk)
+        except OSError as exc:
+            self._log_error = f"{exc.strerror or exc} after {self._logged} bytes"
+            with contextlib.suppress(OSError):
+                self._log.close()
+
     def _pump(self, source: IO[bytes] | None, sink: IO[str]) -> None:
         if source is None:
             return
@@ -117,9 +132,8 @@ class Child:
             if not chunk:
                 break
             with self._log_lock:
-                if not self._log.closed:  # a grandchild may hold the pipe after the child is gone
-                    self._log.write(chunk)
-                    self._log.flush()
+                if not self._log.closed and self._log_error is None:  # a grandchild may outlive the child
+                    self._write_log(chunk)
             if target is not None:
                 try:
                     target.write(chunk)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -29,6 +31,7 @@ class EventSink:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._auto_step = 0
+        self.lost = 0  # points dropped because the run directory could not be written (a full disk)
         self._thread = threading.Thread(target=self._loop, name="cascade-events", daemon=True)
         self._thread.start()
         atexit.register(self.close)
@@ -57,13 +60,23 @@ class EventSink:
                     break
                 lines.append(json.dumps([ts, step, values]))
             if lines:
-                self._file.write("\n".join(lines) + "\n")
-                self._file.flush()
+                self._write(lines)
+
+    def _write(self, lines: list[str]) -> None:
+        """A write that fails (disk full) drops its points and says so once: the training goes on
+        and memory stays bounded, and the parent records the run as incomplete."""
+        try:
+            self._file.write("\n".join(lines) + "\n")
+            self._file.flush()
+        except OSError as exc:
+            if not self.lost:
+                sys.stderr.write(f"cascade: metric points are being dropped: {exc.strerror or exc}\n")
+            self.lost += len(lines)
 
     def close(self) -> None:
         self._closed.set()
         self.flush()
-        with self._lock:
+        with self._lock, contextlib.suppress(OSError):  # a full disk: the loss was counted already
             self._file.close()
 
     def _loop(self) -> None:

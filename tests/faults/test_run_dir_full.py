@@ -46,7 +46,11 @@ def test_a_full_run_directory_never_blocks_the_script_and_the_run_says_it_is_inc
     result = project.cascade("run", "chatty.py", timeout=240)  # hung until killed before the fix
     assert "the end" in result.stdout  # the terminal got every line although the log could not
     assert result.returncode == 4, (result.returncode, result.stderr)
-    assert "output log is incomplete" in result.stderr and "No space left" in result.stderr
+    assert "the run directory's disk filled up (No space left" in result.stderr
+    assert "output log is incomplete" in result.stderr and "metric points are being dropped" in result.stderr
     (run,) = project.runs()
-    assert run.info.status != "RUNNING"
-    assert run.data.tags.get("cascade.incomplete"), run.data.tags
+    assert run.info.status == "FINISHED"  # the script's work is recorded, and its record says what is not
+    record = project.manifest(run.info.run_id)
+    assert record["outcome"]["output_log"].startswith("incomplete: No space left on device after")
+    history = project.client().get_metric_history(run.info.run_id, "m")
+    assert len(history) <= 4000 and record["metrics"]["keys"].get("m", {}).get("count", 0) == len(history)

@@ -101,3 +101,26 @@ def test_metrics_are_written_in_batches_of_at_most_1000(project: Project) -> Non
     assert manifest["metrics"]["requests"] == math.ceil(points / 1000)
     assert manifest["metrics"]["keys"]["extra"] == {"count": 2500, "last": 2499.0, "min": 0.0, "max": 2499.0}
     assert run.data.metrics["cascade.peak_rss_mb"] > 10
+
+
+def test_a_script_that_ignores_ctrl_c_and_finishes_is_finished_not_killed(project: Project) -> None:
+    project.write(
+        "stubborn.py",
+        "import signal, time, pathlib\nimport cascade_repro\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "pathlib.Path('out').mkdir(exist_ok=True)\npathlib.Path('out/ready').write_text('1')\ntime.sleep(4)\n"
+        "cascade_repro.log_metrics({'done': 1.0}, step=0)\n",
+    )
+    project.commit("stubborn")
+    process = subprocess.Popen([*CASCADE, "run", "stubborn.py"], cwd=project.root, env=dict(os.environ),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (project.root / "out" / "ready").exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr
+    run = project.only_run()
+    manifest = project.manifest(run.info.run_id)
+    assert run.info.status == "FINISHED" and manifest["outcome"]["status"] == "FINISHED"
+    assert manifest["outcome"]["signal"] == signal.SIGINT and run.data.metrics["done"] == 1.0
