@@ -153,10 +153,15 @@ def owner_alive(run_dir: Path) -> bool:
 
 
 def last_heartbeat(run_dir: Path) -> float:
+    """When the parent was last known alive: parent.json's mtime, else the newest file's."""
     try:
         return (run_dir / OWNER_FILE).stat().st_mtime
     except OSError:
-        return 0.0
+        pass
+    try:
+        return max((entry.stat().st_mtime for entry in os.scandir(run_dir)), default=run_dir.stat().st_mtime)
+    except OSError:
+        return time.time()
 
 
 def _running(pid: int, start_ticks: Any) -> bool:

@@ -123,3 +123,21 @@ def test_sigkill_of_the_parent_is_recovered_by_the_next_command(project: Project
         assert manifest["trace"]["steps"] >= 9
     again = project.cascade("ls")
     assert "recovered" not in again.stderr  # nothing left to do
+
+
+def test_cascade_recover_says_what_it_delivered(project: Project) -> None:
+    add_faults_script(project)
+    run, _ = _kill_mid_training(project)
+    spool = run.run_dir()
+    assert spool is not None
+    assert process_gone(int(marker(project, "started").read_text()), 20)
+    flushed = points_in(spool / "events.jsonl")
+
+    recovered = project.cascade("recover", "--json")
+    assert recovered.returncode == 0, recovered.stderr
+    (item,) = json.loads(recovered.stdout)["data"]
+    assert item["status"] == "KILLED" and item["recovered"] is True and item["missing"] == []
+    assert item["points"] == sum(flushed.values())
+    assert stored_points(project, item["run_id"], list(flushed)) == flushed
+    again = project.cascade("recover", "--json")
+    assert json.loads(again.stdout)["data"] == [] and again.returncode == 0

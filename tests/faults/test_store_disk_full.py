@@ -77,8 +77,10 @@ def test_a_full_store_disk_is_said_and_synced_later(project: Project, small_disk
     manifest = json.loads(shown.stdout)["data"]["manifest"]
     claimed = (manifest.get("metrics") or {}).get("keys", {}).get("bulk", {}).get("count", 0)
     assert claimed <= stored  # never more points than the store has
-    print(f"\nstore disk full: {sum(logged.values())} logged, {stored} of {BULK} bulk stored, status "
-          f"{run.info.status}, exit {result.returncode}, show claims {claimed}\n{result.stderr}")
+    print(
+        f"\nstore disk full: {sum(logged.values())} logged, {stored} of {BULK} bulk stored, status "
+        f"{run.info.status}, exit {result.returncode}, show claims {claimed}\n{result.stderr}"
+    )
     if manifest["outcome"].get("undelivered"):
         assert any("metric" in line for line in manifest["outcome"]["undelivered"])
     listed = json.loads(project.cascade("ls", "--json").stdout)["data"]
