@@ -26,6 +26,7 @@ RECORD_OP = "record"
 CLOSE_OP = "close"
 END_TAGS_OP = "tags:end"  # sent after the record (a projection of it): never listed in it
 ARTIFACT_KINDS = frozenset({"file", "dir", "text", RECORD_OP})
+INCOMPLETE_TAG = "cascade.incomplete"  # what the store lacks, while it lacks something
 
 
 refused = mlflow_store.refused
@@ -143,6 +144,8 @@ class Delivery:
         elif kind == RECORD_OP:
             record = self.record or spool.read_json(self.ledger.run_dir / spool.RECORD_FILE)
             mlflow_store.log_json(mlflow, run_id, record, op["file"])
+        elif kind == "untag":
+            mlflow.delete_tag(run_id, op["key"])
         elif kind == CLOSE_OP:
             mlflow_store.finish_run(mlflow, run_id, op["status"], int(op["end_ms"]))
         else:
@@ -185,7 +188,14 @@ class Delivery:
         self.keep_record(self.annotate(record, pending_points))
         self.ledger.update(stage="final")
         self.do(record_op(artifact_file))
-        self.do(tags_op("end", end_tags))
+        earlier = self.state(END_TAGS_OP) or {}
+        lacking = self.missing(pending_points)
+        tags = {k: v for k, v in end_tags.items() if k != INCOMPLETE_TAG}
+        if lacking:  # the MLflow UI says it too, where the store takes tags
+            tags[INCOMPLETE_TAG] = "; ".join(lacking)[: mlflow_store.MAX_TAG_VALUE]
+        elif INCOMPLETE_TAG in (earlier.get("tags") or {}) and earlier.get("state") == STORED:
+            self.do({"id": "untag:incomplete", "kind": "untag", "key": INCOMPLETE_TAG})
+        self.do(tags_op("end", tags))
         if not pending_points and not self.pending():
             self.do({"id": CLOSE_OP, "kind": CLOSE_OP, "status": status, "end_ms": end_ms})
         return self.missing(pending_points)
@@ -198,8 +208,9 @@ class Delivery:
 
     def missing(self, pending_points: int) -> list[str]:
         """What the store lacks, one line each (pending for `cascade sync`, or refused and why)."""
-        lines = [f"{op['id'].removeprefix('artifact:')}: {_why(op)}" for op in self.ledger.ops()
-                 if op.get("state") != STORED and op["id"] != END_TAGS_OP]  # fmt: skip
+        lines = [
+            f"{_name(op)}: {_why(op)}" for op in self.ledger.ops() if op.get("state") != STORED and _data(op)
+        ]
         if pending_points:
             reason = f" (the store did not answer: {self.down})" if self.down else ""
             lines.insert(0, f"{pending_points} metric point(s) pending (`cascade sync`){reason}")
@@ -225,7 +236,7 @@ class Delivery:
         missing = [
             f"{op['id'].removeprefix('artifact:')}: {_why(op)}"
             for op in states.values()
-            if op.get("state") != STORED and op["id"] not in (RECORD_OP, END_TAGS_OP, CLOSE_OP)
+            if op.get("state") != STORED and _data(op) and op["id"] != RECORD_OP
         ]
         if pending_points:
             missing.append(f"metrics: {pending_points} point(s) not in the store yet")
@@ -236,6 +247,18 @@ class Delivery:
             else:
                 outcome.pop("undelivered", None)
         return record
+
+
+def _data(op: dict[str, Any]) -> bool:
+    """Whether the operation stores part of the run (not the end tags, a projection of the record,
+    nor closing it or clearing a tag)."""
+    return op["id"] not in (END_TAGS_OP, CLOSE_OP) and op["kind"] != "untag"
+
+
+def _name(op: dict[str, Any]) -> str:
+    if op["kind"] == RECORD_OP:
+        return f"{op.get('file')} (the record)"
+    return str(op["id"]).removeprefix("artifact:")
 
 
 def _stored(op: dict[str, Any] | None) -> dict[str, Any]:

@@ -108,7 +108,12 @@ def test_sigkill_of_the_parent_is_recovered_by_the_next_command(project: Project
     assert "RUNNING" not in listed.stdout
     assert [r["status"] for r in json.loads(listed.stdout)["data"]] == [expected_status]
     run_id = project.only_run().info.run_id
-    assert stored_points(project, run_id, list(flushed)) == flushed
+    stored = stored_points(project, run_id, list(flushed))
+    print(
+        f"\nFIGURES parent SIGKILL {moment}: logged {flushed}, stored {stored}, status {statuses(project)}, "
+        f"cascade ls exit {listed.returncode}"
+    )
+    assert stored == flushed
     manifest = project.manifest(run_id)
     assert manifest["outcome"]["status"] == expected_status
     assert "the cascade process died" in json.dumps(manifest["outcome"])

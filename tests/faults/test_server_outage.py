@@ -111,9 +111,15 @@ def test_points_output_and_record_wait_in_the_spool_until_the_server_returns(
     client = _client(server.uri)
     run_id = (spool / "mlflow_run_id").read_text() if spool.exists() else row["run_id"]
     assert not spool.exists()
-    assert stored_points(project, run_id, list(logged), client) == logged
+    stored = stored_points(project, run_id, list(logged), client)
+    print(
+        f"\nFIGURES server outage: logged {logged}, stored after sync {stored}, run exit {code}, "
+        f"sync exit {synced.returncode}, status {client.get_run(run_id).info.status}\n{output}"
+    )
+    assert stored == logged
     stored = client.get_run(run_id)
     assert stored.info.status == "FINISHED"
+    assert "cascade.incomplete" not in stored.data.tags
     local = client.download_artifacts(run_id, "cascade/run.json", str(project.root / ".dl"))
     manifest = json.loads(Path(local).read_text())
     assert manifest["outcome"]["status"] == "FINISHED"

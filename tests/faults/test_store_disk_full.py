@@ -78,7 +78,7 @@ def test_a_full_store_disk_is_said_and_synced_later(project: Project, small_disk
     claimed = (manifest.get("metrics") or {}).get("keys", {}).get("bulk", {}).get("count", 0)
     assert claimed <= stored  # never more points than the store has
     print(
-        f"\nstore disk full: {sum(logged.values())} logged, {stored} of {BULK} bulk stored, status "
+        f"\nFIGURES store disk full: {sum(logged.values())} logged, {stored} of {BULK} bulk stored, status "
         f"{run.info.status}, exit {result.returncode}, show claims {claimed}\n{result.stderr}"
     )
     if manifest["outcome"].get("undelivered"):
@@ -91,6 +91,7 @@ def test_a_full_store_disk_is_said_and_synced_later(project: Project, small_disk
     assert synced.returncode == 0, synced.stderr
     assert stored_points(project, run_id, ["bulk", "loss"], client) == {"bulk": BULK, "loss": 3}
     assert client.get_run(run_id).info.status == "FINISHED"
+    assert "cascade.incomplete" not in client.get_run(run_id).data.tags
     final = json.loads(project.cascade("show", run_id[:8], "--json").stdout)["data"]["manifest"]
     assert final["metrics"]["keys"]["bulk"]["count"] == BULK
     assert "undelivered" not in final["outcome"]
