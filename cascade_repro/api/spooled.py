@@ -35,9 +35,12 @@ def finish_dead_runs(settings: Settings, notify: Notify | None = None) -> None:
     One listing of .cascade/runs when there are none; never fails the command (a run that cannot
     be delivered now stays spooled for `cascade sync`)."""
     entries = spool.scan(settings.runs_dir)
+    say = notify or (lambda message: log.warning("%s", message))
+    waiting = sum(entry.state == spool.PENDING for entry in entries)
+    if waiting and notify is not None:  # `cascade run` says it; `cascade ls` shows them PENDING-SYNC
+        say(f"{waiting} earlier run(s) still have records pending delivery: `cascade sync` delivers them")
     if not any(entry.state == spool.DEAD for entry in entries):
         return
-    say = notify or (lambda message: log.warning("%s", message))
     try:
         from cascade_repro.recovery import recover_dead
 
