@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from cascade_repro.diff import diff_records
+from cascade_repro.determinism.record_compare import compare_records, record_gpus
 
 BITWISE = "BITWISE_REPRODUCIBLE"
 TOLERANCE = "WITHIN_TOLERANCE_ONLY"
@@ -38,7 +38,7 @@ class CheckReport:
 
 def check_against(record: Mapping[str, Any], here: Mapping[str, Any]) -> CheckReport:
     findings = _not_runnable(record, here)
-    stack = next(s for s in diff_records(record, here, only=("stack",)).sections)
+    stack = compare_records(record, here, only=("stack",)).section("stack")
     for change in stack.changes:
         if change.klass == "A":
             findings.append(
@@ -56,8 +56,7 @@ def check_against(record: Mapping[str, Any], here: Mapping[str, Any]) -> CheckRe
 def _not_runnable(record: Mapping[str, Any], here: Mapping[str, Any]) -> list[Finding]:
     out: list[Finding] = []
     torch_r, torch_h = record.get("torch") or {}, here.get("torch") or {}
-    gpus_r = torch_r.get("gpus") or (record.get("hardware") or {}).get("gpus") or []
-    gpus_h = torch_h.get("gpus") or (here.get("hardware") or {}).get("gpus") or []
+    gpus_r, gpus_h = record_gpus(record), record_gpus(here)
     if torch_r.get("version") and not torch_h.get("version"):
         out.append(Finding("not_runnable", "torch is not installed here",
                            f"pip install torch=={torch_r['version'].split('+')[0]}"))  # fmt: skip

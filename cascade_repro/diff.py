@@ -1,8 +1,10 @@
 """Two run records → what differs, section by section, ordered by what matters for reproduction.
 
-Pure: manifests (and an optional `git diff --stat` text) in, a frozen `Diff` out. Each change has
-the fingerprint class (docs/architecture.md): A (bitwise equality impossible), B (a likely root cause), C
-(informational); results (metrics, checkpoints) come last.
+Pure: manifests (and an optional `git diff --stat` text) in, a frozen `Diff` out. The record's
+sections come from the one comparator (`determinism.record_compare`), which `verify`, `check` and
+restore read as well; each change has its fingerprint class (docs/architecture.md): A (bitwise
+equality impossible), B (a likely root cause), C (informational). Results (metrics, checkpoints,
+the trace) are added here and come last.
 """
 
 from __future__ import annotations
@@ -10,47 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from cascade_repro.manifest import data_objects
-from cascade_repro.params import flatten
+from cascade_repro.determinism import record_compare
+from cascade_repro.determinism.record_compare import CLASS_ORDER, MISSING, Change, Section, compare_records
 
-SECTIONS = (
-    "stack", "code", "params", "seed", "packages", "environment", "data", "container", "machine",
-    "metrics", "checkpoints", "trace",
-)  # fmt: skip
-CLASS_ORDER = {"A": 0, "B": 1, "C": 2, "R": 3}  # R: results
-TORCH_CLASS_A = (
-    "version", "git_version", "cuda", "hip", "cudnn", "nccl", "cpu_capability", "mkl_version",
-    "onednn_version", "debug", "cxx_abi",
-)  # fmt: skip
-MISSING = None
-OWN_VARIABLES = ("CASCADE_", "MLFLOW_", "PYTHONHASHSEED")
-
-
-@dataclass(frozen=True)
-class Change:
-    key: str
-    a: Any
-    b: Any
-    klass: str  # A, B, C or R (results)
-    note: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "a": self.a, "b": self.b, "class": self.klass, "note": self.note}
-
-
-@dataclass(frozen=True)
-class Section:
-    name: str
-    changes: tuple[Change, ...]
-    equal: int  # how many compared items are the same
-
-    @property
-    def klass(self) -> str:
-        return min((c.klass for c in self.changes), key=CLASS_ORDER.__getitem__, default="C")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "class": self.klass, "equal": self.equal,
-                "changes": [c.to_dict() for c in self.changes]}  # fmt: skip
+RECORD_SECTIONS = record_compare.SECTIONS
+SECTIONS = (*RECORD_SECTIONS, "metrics", "checkpoints", "trace")
+__all__ = ["SECTIONS", "Change", "Diff", "Section", "diff_records"]
 
 
 @dataclass(frozen=True)
@@ -83,21 +50,17 @@ def diff_records(a: Mapping[str, Any], b: Mapping[str, Any], only: tuple[str, ..
     unknown = sorted(set(only) - set(SECTIONS))
     if unknown:
         raise ValueError(f"unknown section(s) {', '.join(unknown)}; sections: {', '.join(SECTIONS)}")
-    builders: dict[str, Callable[[], Section]] = {
-        "stack": lambda: _stack(a, b),
-        "code": lambda: _code(a, b, code_stat),
-        "params": lambda: _mapping("params", _params(a), _params(b), "B"),
-        "seed": lambda: _seed(a, b),
-        "packages": lambda: _mapping("packages", _packages(a), _packages(b), "B"),
-        "environment": lambda: _environment(a, b),
-        "data": lambda: _mapping("data", _data(a), _data(b), "B"),
-        "container": lambda: _mapping("container", _container(a), _container(b), "B"),
-        "machine": lambda: _machine(a, b),
+    record_only = tuple(name for name in only if name in RECORD_SECTIONS)
+    sections = [] if only and not record_only else list(compare_records(a, b, record_only).sections)
+    code = next((i for i, s in enumerate(sections) if s.name == "code"), None)
+    if code is not None:
+        sections[code] = _with_stat(sections[code], code_stat)
+    results: dict[str, Callable[[], Section]] = {
         "metrics": lambda: _metrics(a, b),
         "checkpoints": lambda: _mapping("checkpoints", _checkpoints(a), _checkpoints(b), "R"),
         "trace": lambda: _trace(trace_note),
     }
-    sections = [builders[name]() for name in SECTIONS if not only or name in only]
+    sections += [build() for name, build in results.items() if not only or name in only]
     sections.sort(key=lambda s: (CLASS_ORDER[s.klass] if s.changes else 9, SECTIONS.index(s.name)))
     experiments = (str(a.get("experiment")), str(b.get("experiment")))
     notes = []
@@ -106,8 +69,7 @@ def diff_records(a: Mapping[str, Any], b: Mapping[str, Any], only: tuple[str, ..
     return Diff(str(a.get("run_id")), str(b.get("run_id")), experiments, tuple(sections), tuple(notes))
 
 
-def _mapping(name: str, a: Mapping[str, Any], b: Mapping[str, Any], klass: str,
-             classify: Callable[[str], str] | None = None) -> Section:  # fmt: skip
+def _mapping(name: str, a: Mapping[str, Any], b: Mapping[str, Any], klass: str) -> Section:
     changes, equal = [], 0
     for key in sorted(set(a) | set(b)):
         va, vb = a.get(key, MISSING), b.get(key, MISSING)
@@ -115,111 +77,19 @@ def _mapping(name: str, a: Mapping[str, Any], b: Mapping[str, Any], klass: str,
             equal += 1
             continue
         note = "added" if key not in a else "removed" if key not in b else None
-        changes.append(Change(key, va, vb, classify(key) if classify else klass, note))
-    changes.sort(key=lambda c: CLASS_ORDER[c.klass])
+        changes.append(Change(key, va, vb, klass, note))
     return Section(name, tuple(changes), equal)
 
 
-def _params(m: Mapping[str, Any]) -> dict[str, Any]:
-    values = flatten((m.get("params") or {}).get("values") or {})
-    values.pop("seed", None)
-    return values
-
-
-def _seed(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
-    def view(m: Mapping[str, Any]) -> dict[str, Any]:
-        determinism = m.get("determinism") or {}
-        out = {"seed": (m.get("params") or {}).get("seed"), "determinism.mode": determinism.get("mode")}
-        if both_have_flags:  # `current` has not imported torch: its flags are unknown, not absent
-            for key, value in (determinism.get("flags_at_start") or {}).items():
-                out[f"flags.{key}"] = value
-        return out
-
-    both_have_flags = all((m.get("determinism") or {}).get("flags_at_start") for m in (a, b))
-
-    return _mapping("seed", view(a), view(b), "B")
-
-
-def _packages(m: Mapping[str, Any]) -> dict[str, Any]:
-    packages = (m.get("python") or {}).get("packages") or {}
-    return {
-        name: (info.get("version") if isinstance(info, dict) else info) for name, info in packages.items()
-    }
-
-
-def _stack(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
-    def view(m: Mapping[str, Any]) -> dict[str, Any]:
-        torch = m.get("torch") or {}
-        out = {f"torch.{k}": torch.get(k) for k in (*TORCH_CLASS_A, "num_threads", "num_interop_threads")}
-        gpus = torch.get("gpus") or (m.get("hardware") or {}).get("gpus") or []
-        out["gpus"] = [g.get("name") for g in gpus] if isinstance(gpus, list) else []
-        out["cpu.model"] = ((m.get("hardware") or {}).get("cpu") or {}).get("model")
-        out["python"] = (m.get("python") or {}).get("version")
-        return {k: v for k, v in out.items() if v is not None}
-
-    def classify(key: str) -> str:
-        return "B" if key.endswith("threads") else "A"
-
-    return _mapping("stack", view(a), view(b), "A", classify)
-
-
-def _code(a: Mapping[str, Any], b: Mapping[str, Any], stat: str | None) -> Section:
-    def view(m: Mapping[str, Any]) -> dict[str, Any]:
-        git = m.get("git") or {}
-        command = m.get("command") or {}
-        out: dict[str, Any] = {"commit": git.get("commit"), "patch": (git.get("patch") or {}).get("sha256")}
-        if both_have_commands:  # `current` runs nothing: it has no command to compare
-            out.update(script=command.get("script"), argv=command.get("argv"))
-        for item in git.get("untracked") or []:
-            out[f"untracked:{item.get('path')}"] = item.get("sha256")
-        return out
-
-    both_have_commands = all(m.get("command") for m in (a, b))
-    section = _mapping("code", view(a), view(b), "B")
-    if stat and any(c.key == "commit" for c in section.changes):
-        changes = tuple(
-            Change(c.key, c.a, c.b, c.klass, stat.strip()) if c.key == "commit" else c
-            for c in section.changes
-        )
-        return Section("code", changes, section.equal)
-    return section
-
-
-def _environment(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
-    def view(m: Mapping[str, Any]) -> dict[str, Any]:
-        # cascade's own variables (run dir, store) differ by design; PYTHONHASHSEED follows the seed
-        out = {k: v for k, v in (m.get("environment") or {}).items() if not k.startswith(OWN_VARIABLES)}
-        for key, value in (m.get("environment_read") or {}).items():
-            out[f"read:{key}"] = value
-        return out
-
-    return _mapping("environment", view(a), view(b), "B")
-
-
-def _data(m: Mapping[str, Any]) -> dict[str, Any]:
-    return dict(data_objects(m.get("data") or []))
-
-
-def _container(m: Mapping[str, Any]) -> dict[str, Any]:
-    container = m.get("container") or {}
-    return {
-        k: container.get(k)
-        for k in ("image", "image_id", "repo_digest", "dockerfile_sha256")
-        if container.get(k)
-    }
-
-
-def _machine(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
-    def view(m: Mapping[str, Any]) -> dict[str, Any]:
-        hardware = m.get("hardware") or {}
-        return {
-            "hostname": hardware.get("hostname"),
-            "memory_mb": hardware.get("memory_mb"),
-            "cpu.count": (hardware.get("cpu") or {}).get("count"),
-            "os": (hardware.get("os") or {}).get("release"),
-        }
-
-    return _mapping("machine", view(a), view(b), "C")
+def _with_stat(section: Section, stat: str | None) -> Section:
+    """The code section with the `git diff --stat` between the commits as the commit's note."""
+    if not stat or not any(c.key == "commit" for c in section.changes):
+        return section
+    changes = tuple(
+        Change(c.key, c.a, c.b, c.klass, stat.strip(), c.kind) if c.key == "commit" else c
+        for c in section.changes
+    )
+    return Section(section.name, changes, section.equal)
 
 
 def _metrics(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:

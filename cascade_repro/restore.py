@@ -19,7 +19,8 @@ from typing import Any, Callable, Mapping
 
 from cascade_repro import confined
 from cascade_repro.capture.git import capture_git, has_commit, sha256_of
-from cascade_repro.determinism.explain import THREAD_VARS, Difference
+from cascade_repro.determinism.explain import Difference
+from cascade_repro.determinism.record_compare import compare_records
 from cascade_repro.errors import RestoreRefused, UnsafeRecord
 from cascade_repro.redaction import SecretSlot, is_redacted, secret_slots
 from cascade_repro.store import mlflow_store
@@ -182,35 +183,22 @@ def recorded_environment(recorded: Mapping[str, str], environ: Mapping[str, str]
 
 
 def machine_differences(manifest: Mapping[str, Any], here: Mapping[str, Any]) -> list[Difference]:
-    """This machine (`here`: a partial record made without importing torch) against the record.
-
-    Class A means bitwise equality is not expected here; class B variables are set by restore.
+    """This machine (`here`: a partial record made without importing torch) against the record, as
+    the one comparator (`record_compare`) sees them: one line per kind. Class A means bitwise equality
+    is not expected here; class B variables are set by restore.
     """
-    out: list[Difference] = []
-    recorded_torch = (manifest.get("torch") or {}).get("version")
-    here_torch = (here.get("torch") or {}).get("version")
-    if recorded_torch and here_torch != recorded_torch:
-        out.append(Difference("torch", "A", f"torch {recorded_torch} recorded, {here_torch or 'none'} here"))
-    cpu_recorded = ((manifest.get("hardware") or {}).get("cpu") or {}).get("model")
-    cpu_here = ((here.get("hardware") or {}).get("cpu") or {}).get("model")
-    if cpu_recorded and cpu_recorded != cpu_here:
-        out.append(Difference("cpu", "A", f"CPU {cpu_recorded} recorded, {cpu_here} here"))
-    recorded_gpus = (manifest.get("torch") or {}).get("gpus") or (manifest.get("hardware") or {}).get("gpus")
-    gpus_recorded, gpus_here = _gpu_names(recorded_gpus), _gpu_names((here.get("hardware") or {}).get("gpus"))
-    if gpus_recorded != gpus_here:
-        out.append(
-            Difference("gpu", "A", f"GPUs {gpus_recorded or 'none'} recorded, {gpus_here or 'none'} here")
-        )
-    python_recorded = (manifest.get("python") or {}).get("version")
-    python_here = (here.get("python") or {}).get("version")
-    if python_recorded and python_here and python_recorded != python_here:
-        out.append(Difference("python", "A", f"Python {python_recorded} recorded, {python_here} here"))
-    env_recorded, env_here = manifest.get("environment") or {}, here.get("environment") or {}
-    env = sorted(
-        k for k in set(env_recorded) | set(env_here)
-        if (k in THREAD_VARS or k.startswith(("NCCL_", "TORCH", "CUDA_"))) and k != "PYTHONHASHSEED"
-        and env_recorded.get(k) != env_here.get(k)
-    )  # fmt: skip
+    compared = compare_records(manifest, here, only=("stack", "environment"))
+    words = {"torch.version": "torch", "gpus": "GPUs", "cpu.model": "CPU", "python": "Python"}
+    lines: dict[str, list[str]] = {}
+    for c in compared.section("stack").changes:
+        if c.klass == "A":
+            word = words.get(c.key, c.key.replace(".", " "))
+            lines.setdefault(c.kind, []).append(f"{word} {_shown(c.a)} recorded, {_shown(c.b)} here")
+    out = [Difference(kind, "A", "; ".join(found)) for kind, found in lines.items()]
+    env = [
+        c.key for c in compared.section("environment").changes
+        if c.kind == "environment" and not is_redacted(c.a)
+    ]  # fmt: skip
     if env:
         out.append(
             Difference("environment", "B", "set to the recorded values for the re-run: " + ", ".join(env))
@@ -218,8 +206,8 @@ def machine_differences(manifest: Mapping[str, Any], here: Mapping[str, Any]) ->
     return out
 
 
-def _gpu_names(gpus: Any) -> list[str]:
-    return [str(g.get("name")) for g in gpus] if isinstance(gpus, list) else []
+def _shown(value: Any) -> str:
+    return "none" if value is None or value == [] else str(value)
 
 
 # -- paths from an untrusted record -------------------------------------------------------------

@@ -1,43 +1,56 @@
-"""Why two runs differ: manifest differences by fingerprint class, and ranked likely causes.
+"""Why two runs differ: the record comparison summed up per cause, and causes ranked by the trace.
 
-Class A differences make bitwise equality impossible (another torch build, CPU capability, GPU);
-class B differences should never exist in a faithful rerun and are likely root causes (params,
-seed, code, flags, threads, environment). The trace adds what the manifests cannot know (e.g.
-the RNG already differs at step 0).
+The record differences are those of the one comparator (`record_compare`), which `cascade diff`
+shows too. Class A differences make bitwise equality impossible (another torch build, CPU
+capability, GPU); class B differences should never exist in a faithful rerun and are likely root
+causes (params, seed, code, flags, threads, environment). The trace adds what the records cannot
+know, and its first divergent facet says which of them come first: the RNG already differing at
+step 0 implicates the seed before a learning rate that only acts later.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from cascade_repro.determinism.compare import FACET_WORDS, TraceComparison
-from cascade_repro.params import flatten
+from cascade_repro.determinism.record_compare import Change, compare_records
 from cascade_repro.redaction import is_redacted
 
-CLASS_A_TORCH = (
-    "version",
-    "git_version",
-    "cuda",
-    "cudnn",
-    "nccl",
-    "hip",
-    "cpu_capability",
-    "mkl_version",
-    "onednn_version",
-)
-THREAD_VARS = (
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "CUBLAS_WORKSPACE_CONFIG",
-    "PYTHONHASHSEED",
-    "ATEN_CPU_CAPABILITY",
-)
+# The order differences are listed in (class B, then class A), and causes where the trace says nothing.
+KINDS = (
+    "params", "seed", "code", "command", "determinism", "threads", "environment", "environment_read",
+    "data", "packages", "image", "torch", "gpu", "cpu", "python",
+)  # fmt: skip
+_NONDETERMINISM = ("nondeterministic_ops", "nondeterministic", "determinism", "threads", "torch", "cpu",
+                   "gpu", "python", "environment", "packages", "image")  # fmt: skip
+# What the first divergent facet implicates, most likely first: kinds of record differences and of
+# causes read from the trace. Kinds not named rank after these, in their usual order.
+IMPLICATED: dict[str, tuple[str, ...]] = {
+    # the RNG differs before any batch or weight: what seeds it (or a generator only one side has)
+    "rng": ("installed_in_one", "seed", "unseeded", "code", "command", "environment_read", "secrets",
+            "environment", "packages", "image"),
+    # the same RNG, another batch: the data, then what orders it (seeded workers, the loader's code)
+    "batch": ("data", "seed", "batch", "code", "command", "params", "environment_read", "secrets",
+              "environment"),
+    # the first weights differ: what builds and initializes the model
+    "params_before": ("seed", "code", "command", "params", "data", "environment_read", "secrets",
+                      "environment", "packages"),
+    # the same batch and weights give another loss or gradient: nondeterministic computation
+    "loss": (*_NONDETERMINISM, "code", "command", "params", "environment_read", "secrets"),
+    "grads": (*_NONDETERMINISM, "code", "command", "params", "environment_read", "secrets"),
+    # only the weights after the step: the update itself (an optimizer param), or a write outside it
+    "params_after": ("params", "environment_read", "secrets", "outside_write", "code", "command",
+                     "determinism", "nondeterministic_ops", "threads", "environment"),
+}  # fmt: skip
+_INPUTS = {"seed", "code", "params", "command"}  # differences that explain any divergence by themselves
 
 
 @dataclass(frozen=True)
 class Difference:
-    kind: str  # params seed code determinism threads environment command packages image torch gpu cpu
+    """One cause-sized difference of two records: all changes of one kind, summed up."""
+
+    kind: str  # one of KINDS
     klass: str  # "A" or "B"
     summary: str
 
@@ -56,195 +69,234 @@ class Cause:
 
 
 def manifest_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Difference]:
-    out: list[Difference] = []
-    pa, pb = flatten(a.get("params", {}).get("values", {})), flatten(b.get("params", {}).get("values", {}))
-    changed = sorted(k for k in set(pa) | set(pb) if k != "seed" and pa.get(k) != pb.get(k))
-    if changed:
-        listed = ", ".join(f"{k} {pa.get(k, '—')} → {pb.get(k, '—')}" for k in changed[:6])
-        out.append(Difference("params", "B", f"params differ: {listed}"))
-    sa, sb = a.get("params", {}).get("seed"), b.get("params", {}).get("seed")
-    if sa != sb:
-        out.append(Difference("seed", "B", f"seed {sa} → {sb}"))
-    ga, gb = a.get("git", {}), b.get("git", {})
-    if ga.get("commit") != gb.get("commit"):
-        out.append(
-            Difference("code", "B", f"commit {str(ga.get('commit'))[:12]} → {str(gb.get('commit'))[:12]}")
-        )
-    if _patch(ga) != _patch(gb) or _untracked(ga) != _untracked(gb):
-        out.append(Difference("code", "B", "uncommitted changes differ (patch or untracked files)"))
-    ca, cb = a.get("command", {}), b.get("command", {})
-    if (ca.get("script"), ca.get("argv")) != (cb.get("script"), cb.get("argv")):
-        out.append(Difference("command", "B", f"command differs: {ca.get('argv')} → {cb.get('argv')}"))
-    da, db = a.get("determinism", {}), b.get("determinism", {})
-    if da.get("mode") != db.get("mode"):
-        out.append(Difference("determinism", "B", f"determinism mode {da.get('mode')} → {db.get('mode')}"))
-    fa, fb = da.get("flags_at_start", {}), db.get("flags_at_start", {})
-    flags = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
-    if flags:
-        out.append(Difference("determinism", "B", "flags differ: " + ", ".join(flags)))
-    ta, tb = a.get("torch", {}), b.get("torch", {})
-    if ta.get("num_threads") != tb.get("num_threads"):
-        out.append(
-            Difference("threads", "B", f"torch threads {ta.get('num_threads')} → {tb.get('num_threads')}")
-        )
-    ea, eb = a.get("environment", {}), b.get("environment", {})
-    env = sorted(
-        k
-        for k in set(ea) | set(eb)
-        if k in THREAD_VARS or k.startswith(("NCCL_", "TORCH", "CUDA_"))
-        if ea.get(k) != eb.get(k)
-    )
-    if env:
-        out.append(Difference("environment", "B", "environment differs: " + ", ".join(env)))
-    ra, rb = a.get("environment_read") or {}, b.get("environment_read") or {}
-    read = sorted(k for k in set(ra) & set(rb) if ra[k] != rb[k])
-    if read:
-        listed = ", ".join(f"{k} {_shown(ra[k])} → {_shown(rb[k])}" for k in read[:5])
-        out.append(
-            Difference("environment", "B", f"the script read environment variables that differ: {listed}")
-        )
-    changed, only_a, only_b = _package_changes(a.get("python") or {}, b.get("python") or {})
-    if changed or only_a or only_b:
-        parts = [_listed(changed, 6)] if changed else []
-        for which, names in (("first", only_a), ("second", only_b)):
-            if names:
-                parts.append(f"{len(names)} only in the {which} ({_listed(names, 4)})")
-        out.append(Difference("packages", "B", "packages differ: " + "; ".join(parts)))
-    ia, ib = _image(a), _image(b)
-    if ia != ib:
-        none = "none (not in Docker)"
-        out.append(Difference("image", "B", f"image {ia or none} → {ib or none}"))
-    torch_changed = [k for k in CLASS_A_TORCH if ta.get(k) != tb.get(k) and (ta.get(k) or tb.get(k))]
-    if torch_changed:
-        listed = ", ".join(f"{k} {ta.get(k)} → {tb.get(k)}" for k in torch_changed)
-        out.append(Difference("torch", "A", f"torch stack differs: {listed}"))
-    gpus_a, gpus_b = _gpus(a), _gpus(b)
-    if gpus_a != gpus_b:
-        out.append(Difference("gpu", "A", f"GPUs {gpus_a or 'none'} → {gpus_b or 'none'}"))
-    cpu_a = a.get("hardware", {}).get("cpu", {}).get("model")
-    cpu_b = b.get("hardware", {}).get("cpu", {}).get("model")
-    if cpu_a != cpu_b:
-        out.append(Difference("cpu", "A", f"CPU {cpu_a} → {cpu_b}"))
+    """The class A and B changes of `compare_records(a, b)`, one `Difference` per kind."""
+    by_kind: dict[str, list[Change]] = {}
+    for change in compare_records(a, b).changes:
+        if change.klass in ("A", "B"):
+            by_kind.setdefault(change.kind, []).append(change)
+    out = []
+    for kind in sorted(by_kind, key=lambda k: KINDS.index(k) if k in KINDS else len(KINDS)):
+        changes = by_kind[kind]
+        summary = _SUMMARIES.get(kind, _generic)(changes, a, b)
+        out.append(Difference(kind, min(c.klass for c in changes), summary))
     return out
 
 
 def likely_causes(
     a: Mapping[str, Any], b: Mapping[str, Any], comparison: TraceComparison, differences: list[Difference]
 ) -> list[Cause]:
-    """Most likely first: what differs in the record, then what the trace itself shows."""
-    causes: list[Cause] = []
+    """Most likely first: ranked by what the first divergent facet implicates (`IMPLICATED`)."""
     kinds = {d.kind for d in differences}
     step = comparison.step
+    facets = comparison.facets() if step is not None else []
+    first = facets[0] if facets else None
     fixes = {
         "params": "rerun with the recorded params (cascade restore does), or accept the change as intended",
-        "seed": "rerun with the recorded seed: --seed " + str(a.get("params", {}).get("seed")),
+        "seed": "rerun with the recorded seed: --seed " + str((a.get("params") or {}).get("seed")),
         "code": "rerun the recorded commit and patch (cascade restore materializes them)",
         "command": "pass the same script arguments",
         "determinism": f"rerun with --deterministic {_mode(a)} and the same flags",
         "threads": "pin the thread count (OMP_NUM_THREADS / torch.set_num_threads) to the recorded value",
-        "environment": "export the recorded values of those variables",
+        "environment": "export the recorded values of those variables (cascade restore sets them)",
+        "environment_read": "export the recorded values of those variables (cascade restore sets them)",
+        "data": "check out the recorded data (dvc checkout at the recorded commit; cascade restore does)",
         "packages": "install the recorded versions (cascade restore --docker reuses the recorded image)",
         "image": "run in the recorded image: cascade restore --docker",
     }
-    for difference in differences:
-        if difference.klass == "B":
-            causes.append(Cause(difference.summary, "the two run records differ", fixes[difference.kind]))
-    facets = comparison.facets()
-    missing = _installed_in_one(a, b, comparison.differences[0].names) if step is not None and facets else []
-    if step is not None and facets and facets[0] == "rng" and missing:
-        causes.insert(0, Cause(
+    candidates: list[tuple[str, Cause]] = [
+        (d.kind, Cause(d.summary, "the two run records differ", fixes[d.kind]))
+        for d in differences
+        if d.klass == "B"
+    ]
+    if first is not None:
+        candidates += _from_the_trace(a, b, comparison, first, kinds)
+    candidates += _secrets(a, b, step)
+    candidates += _nondeterministic_ops(a, b)
+    candidates += [
+        (d.kind, Cause(d.summary, "bitwise equality is not expected across this difference",
+                       "compare within tolerance (--rtol/--atol), or rerun where the record was made"))
+        for d in differences
+        if d.klass == "A"
+    ]  # fmt: skip
+    if first is not None:
+        order = IMPLICATED[first]
+        ranked = sorted(enumerate(candidates), key=lambda ic: (_rank(order, ic[1][0]), ic[0]))
+        candidates = [candidate for _, candidate in ranked]
+    return [cause for _, cause in candidates]
+
+
+def _rank(order: Sequence[str], kind: str) -> int:
+    return order.index(kind) if kind in order else len(order)
+
+
+def _from_the_trace(a: Mapping[str, Any], b: Mapping[str, Any], comparison: TraceComparison, first: str,
+                    kinds: set[str]) -> list[tuple[str, Cause]]:  # fmt: skip
+    """Causes the trace shows where the records are silent on them."""
+    step, facets = comparison.step, comparison.facets()
+    names = comparison.differences[0].names
+    out: list[tuple[str, Cause]] = []
+    missing = _installed_in_one(a, b, names) if first == "rng" else []
+    if missing:
+        out.append(("installed_in_one", Cause(
             f"{', '.join(missing)} is installed in only one of the two environments",
             f"the RNG state of {', '.join(missing)} exists in one trace only: cascade seeds and fingerprints "
             "a generator only where its library is installed",
             "install the same packages in both (a lock file for the image, or cascade restore --docker)",
-        ))  # fmt: skip
-    elif step is not None and facets and facets[0] == "rng" and not kinds & {"seed", "code", "params"}:
-        streams = ", ".join(comparison.differences[0].names)
-        causes.append(
-            Cause(
-                f"unseeded randomness: the RNG state ({streams}) already differs at step {step}",
-                f"{FACET_WORDS['rng']} differs before any batch or weight",
-                "seed every generator (cascade run seeds by default; do not pass --seed random or reseed "
-                "from "
-                "the clock in the script)",
-            )
-        )
-    if step is not None and facets and facets[0] == "batch" and not kinds & {"seed", "code", "params"}:
-        causes.append(
-            Cause(
-                f"the data differs at step {step}: order or content of the batch",
-                "the batch fingerprint differs while the RNG state is equal",
-                "check the data files (DVC md5s) and DataLoader worker seeding",
-            )
-        )
-    if step is not None and facets == ["params_after"] and not kinds & {"seed", "code", "params", "command"}:
-        names = ", ".join(comparison.differences[0].names[:3])
+        )))  # fmt: skip
+    elif first == "rng" and not kinds & _INPUTS:
+        out.append(("unseeded", Cause(
+            f"unseeded randomness: the RNG state ({', '.join(names)}) already differs at step {step}",
+            f"{FACET_WORDS['rng']} differs before any batch or weight",
+            "seed every generator (cascade run seeds by default; do not pass --seed random or reseed from "
+            "the clock in the script)",
+        )))  # fmt: skip
+    if first == "batch" and not kinds & {*_INPUTS, "data"}:
+        out.append(("batch", Cause(
+            f"the data differs at step {step}: order or content of the batch",
+            "the batch fingerprint differs while the RNG state is equal",
+            "check the data files (DVC md5s) and DataLoader worker seeding",
+        )))  # fmt: skip
+    if first in ("loss", "grads") and not kinds & {*_INPUTS, *_NONDETERMINISM}:
+        out.append(("nondeterministic", Cause(
+            f"nondeterministic computation: the same batch and weights gave another {FACET_WORDS[first]} "
+            f"at step {step}",
+            "the RNG state, the batch and the weights before the step are equal",
+            "rerun with --deterministic strict (it stops at an op without a deterministic implementation) "
+            "and pin the thread count",
+        )))  # fmt: skip
+    if facets == ["params_after"] and not kinds & _INPUTS:
         grads_hashed = all((m.get("trace") or {}).get("grads", True) for m in (a, b))
-        causes.append(
-            Cause(
-                f"a write outside the optimizer changed {names} after step {step} (a hook, an EMA, an "
-                "in-place edit), or nondeterministic code between steps"
-                + ("" if grads_hashed else ", or a nondeterministic backward or optimizer step"),
-                "loss and gradients are equal at that step; only the weights after it differ"
-                if grads_hashed
-                else "the loss is equal at that step and the weights after it differ; gradients were not "
-                "hashed (trace_grads: auto skips them on CPU for models over 1 MiB)",
-                "look for code that writes parameters between optimizer steps"
-                + ("" if grads_hashed else "; set trace_grads: true in cascade.yaml to tell the two apart"),
-            )
-        )
+        out.append(("outside_write", Cause(
+            f"a write outside the optimizer changed {', '.join(names[:3])} after step {step} (a hook, an "
+            "EMA, an in-place edit), or nondeterministic code between steps"
+            + ("" if grads_hashed else ", or a nondeterministic backward or optimizer step"),
+            "loss and gradients are equal at that step; only the weights after it differ"
+            if grads_hashed
+            else "the loss is equal at that step and the weights after it differ; gradients were not "
+            "hashed (trace_grads: auto skips them on CPU for models over 1 MiB)",
+            "look for code that writes parameters between optimizer steps"
+            + ("" if grads_hashed else "; set trace_grads: true in cascade.yaml to tell the two apart"),
+        )))  # fmt: skip
+    return out
+
+
+def _secrets(a: Mapping[str, Any], b: Mapping[str, Any], step: int | None) -> list[tuple[str, Cause]]:
     read_a, read_b = a.get("environment_read") or {}, b.get("environment_read") or {}
-    secrets = sorted(
-        k for k in {**read_a, **read_b} if is_redacted(read_a.get(k)) or is_redacted(read_b.get(k))
-    )
-    if step is not None and secrets:
-        causes.append(
-            Cause(
-                "the script read secret-looking variables whose values are not recorded: "
-                + ", ".join(secrets[:5]),
-                "their names are recorded, their values are redacted, so neither verify nor restore can "
-                "compare or set them",
-                "make sure they hold the same values for both runs, or pass such settings as params",
-            )
-        )
-    for ops in (
-        a.get("determinism", {}).get("nondeterministic_ops"),
-        b.get("determinism", {}).get("nondeterministic_ops"),
-    ):
+    both = {**read_a, **read_b}
+    secrets = sorted(k for k in both if is_redacted(read_a.get(k)) or is_redacted(read_b.get(k)))
+    if step is None or not secrets:
+        return []
+    return [("secrets", Cause(
+        "the script read secret-looking variables whose values are not recorded: " + ", ".join(secrets[:5]),
+        "their names are recorded, their values are redacted, so neither verify nor restore can compare or "
+        "set them",
+        "make sure they hold the same values for both runs, or pass such settings as params",
+    ))]  # fmt: skip
+
+
+def _nondeterministic_ops(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[str, Cause]]:
+    for manifest in (a, b):
+        ops = (manifest.get("determinism") or {}).get("nondeterministic_ops")
         if ops:
-            causes.append(
-                Cause(
-                    f"nondeterministic ops ran: {', '.join(ops[:5])}",
-                    "torch reported them under use_deterministic_algorithms(warn_only=True)",
-                    "rerun with --deterministic strict to find where they are called, and replace them",
-                )
-            )
-            break
-    for difference in differences:
-        if difference.klass == "A":
-            causes.append(
-                Cause(
-                    difference.summary,
-                    "bitwise equality is not expected across this difference",
-                    "compare within tolerance (--rtol/--atol), or rerun where the record was made",
-                )
-            )
-    return causes
+            return [("nondeterministic_ops", Cause(
+                f"nondeterministic ops ran: {', '.join(ops[:5])}",
+                "torch reported them under use_deterministic_algorithms(warn_only=True)",
+                "rerun with --deterministic strict to find where they are called, and replace them",
+            ))]  # fmt: skip
+    return []
 
 
-def _package_changes(pa: Mapping[str, Any], pb: Mapping[str, Any]) -> tuple[list[str], list[str], list[str]]:
-    """Versions that changed (`name a → b`), and names installed only in the first / only in the second.
+# -- one summary per kind of difference ---------------------------------------------------------
+Summary = Callable[[list[Change], Mapping[str, Any], Mapping[str, Any]], str]
 
-    torch is class A (see the torch section) and cascade itself is not a cause.
-    """
-    a, b = pa.get("packages") or {}, pb.get("packages") or {}
-    if not a or not b:
-        return [], [], []  # a record without a package list cannot say what changed
-    ignored = {"cascade-repro", "torch", "pip", "setuptools", "wheel"}
-    both = sorted((set(a) & set(b)) - ignored)
-    changed = [f"{n} {a[n].get('version')} → {b[n].get('version')}" for n in both
-               if a[n].get("version") != b[n].get("version")]  # fmt: skip
-    return changed, sorted(set(a) - set(b) - ignored), sorted(set(b) - set(a) - ignored)
+
+def _pairs(changes: list[Change], limit: int, key: Callable[[Change], str] = lambda c: c.key,
+           shown: Callable[[Any], str] = lambda v: "—" if v is None else str(v)) -> str:  # fmt: skip
+    return _listed([f"{key(c)} {shown(c.a)} → {shown(c.b)}" for c in changes], limit)
+
+
+def _generic(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    return f"{changes[0].kind} differs: " + _pairs(changes, 6)
+
+
+def _code(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    parts = [f"commit {str(c.a)[:12]} → {str(c.b)[:12]}" for c in changes if c.key == "commit"]
+    if any(c.key != "commit" for c in changes):
+        parts.append("uncommitted changes differ (patch or untracked files)")
+    return "; ".join(parts)
+
+
+def _command(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    ca, cb = a.get("command") or {}, b.get("command") or {}
+    return f"command differs: {ca.get('argv')} → {cb.get('argv')}"
+
+
+def _determinism(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    parts = [f"determinism mode {c.a} → {c.b}" for c in changes if c.key == "determinism.mode"]
+    flags = [c.key.removeprefix("flags.") for c in changes if c.key.startswith("flags.")]
+    if flags:
+        parts.append("flags differ: " + ", ".join(flags))
+    return "; ".join(parts)
+
+
+def _threads(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    words = {"torch.num_threads": "torch threads", "torch.num_interop_threads": "torch interop threads"}
+    return "; ".join(f"{words.get(c.key, c.key)} {c.a} → {c.b}" for c in changes)
+
+
+def _packages(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    changed = [c for c in changes if c.note is None]
+    only_a = [c.key for c in changes if c.note == "removed"]
+    only_b = [c.key for c in changes if c.note == "added"]
+    parts = [_pairs(changed, 6)] if changed else []
+    for which, names in (("first", only_a), ("second", only_b)):
+        if names:
+            parts.append(f"{len(names)} only in the {which} ({_listed(names, 4)})")
+    return "packages differ: " + "; ".join(parts)
+
+
+def _image(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    def image(manifest: Mapping[str, Any]) -> str:
+        container = manifest.get("container") or {}
+        return str(container.get("image_id") or container.get("image") or "") or "none (not in Docker)"
+
+    return f"image {image(a)} → {image(b)}"
+
+
+def _environment_read(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    listed = _pairs(changes, 5, key=lambda c: c.key.removeprefix("read:"), shown=_shown)
+    return f"the script read environment variables that differ: {listed}"
+
+
+def _torch(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    listed = _pairs(changes, 11, key=lambda c: c.key.removeprefix("torch."), shown=str)
+    return f"torch stack differs: {listed}"
+
+
+def _one_line(word: str) -> Summary:
+    def shown(value: Any) -> str:
+        return "none" if value is None or value == [] else str(value)
+
+    return lambda changes, a, b: "; ".join(f"{word} {shown(c.a)} → {shown(c.b)}" for c in changes)
+
+
+_SUMMARIES: dict[str, Summary] = {
+    "params": lambda changes, a, b: "params differ: " + _pairs(changes, 6),
+    "seed": _one_line("seed"),
+    "code": _code,
+    "command": _command,
+    "determinism": _determinism,
+    "threads": _threads,
+    "environment": lambda changes, a, b: "environment differs: " + _pairs(changes, 5, shown=_shown),
+    "environment_read": _environment_read,
+    "data": lambda changes, a, b: "data differs: " + _pairs(changes, 4, shown=lambda v: str(v or "none")[:8]),
+    "packages": _packages,
+    "image": _image,
+    "torch": _torch,
+    "gpu": _one_line("GPUs"),
+    "cpu": _one_line("CPU"),
+    "python": _one_line("Python"),
+}
 
 
 def _listed(items: list[str], limit: int) -> str:
@@ -260,27 +312,9 @@ def _installed_in_one(a: Mapping[str, Any], b: Mapping[str, Any], streams: Any) 
     return [s for s in streams if s not in ("torch", "python", "cuda") and (s in pa) != (s in pb)]
 
 
-def _image(manifest: Mapping[str, Any]) -> str | None:
-    container = manifest.get("container") or {}
-    return str(container.get("image_id") or container.get("image") or "") or None
-
-
 def _shown(value: str | None) -> str:
     return "unset" if value is None else repr(value)
 
 
 def _mode(manifest: Mapping[str, Any]) -> str:
     return str(manifest.get("determinism", {}).get("mode"))
-
-
-def _patch(git: Mapping[str, Any]) -> Any:
-    return (git.get("patch") or {}).get("sha256")
-
-
-def _untracked(git: Mapping[str, Any]) -> Any:
-    return sorted((u.get("path"), u.get("sha256")) for u in git.get("untracked") or [])
-
-
-def _gpus(manifest: Mapping[str, Any]) -> list[str]:
-    gpus = manifest.get("torch", {}).get("gpus") or manifest.get("hardware", {}).get("gpus") or []
-    return [str(g.get("name")) for g in gpus] if isinstance(gpus, list) else []

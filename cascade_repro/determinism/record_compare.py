@@ -1,0 +1,286 @@
+"""The one comparison of two run records: each field that decides reproduction, with its class.
+
+`cascade diff` shows it, `cascade verify` ranks its changes as likely causes, `cascade check` and
+restore's machine report read its stack and environment. Pure: two records in, a `RecordDiff` out.
+
+Classes (docs/architecture.md, "the fingerprint"): A, bitwise equality is impossible across the
+change (another torch build, CPU, GPU); B, it should not differ in a faithful rerun (a likely root
+cause); C, informational. Each change also has a kind (params, seed, torch, ...): the unit that
+`verify` names a cause in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from cascade_repro.manifest import data_objects
+from cascade_repro.params import flatten
+
+SECTIONS = ("stack", "code", "params", "seed", "packages", "environment", "data", "container", "machine")
+CLASS_ORDER = {"A": 0, "B": 1, "C": 2, "R": 3}  # R: results (metrics, checkpoints, trace), shown by diff
+# The torch stack: class A, except the thread counts (class B: restore sets them as recorded).
+TORCH_CLASS_A = (
+    "version", "git_version", "cuda", "hip", "cudnn", "nccl", "cpu_capability", "mkl_version",
+    "onednn_version", "debug", "cxx_abi",
+)  # fmt: skip
+TORCH_CLASS_B = ("num_threads", "num_interop_threads")
+# Not compared as environment: cascade's own variables differ by design (run dir, store), and the
+# seed-derived ones are set from the seed by `cascade run`: part of the seed, never a cause of their own.
+OWN_VARIABLES = ("CASCADE_", "MLFLOW_")
+SEED_DERIVED = ("PYTHONHASHSEED",)
+# Installed packages that cannot change results (class C). torch is compared in the stack, with its build.
+TOOLING_PACKAGES = frozenset({"cascade-repro", "pip", "setuptools", "wheel"})
+CONTAINER_FIELDS = ("image", "image_id", "repo_digest", "dockerfile_sha256")
+MISSING = None
+
+
+@dataclass(frozen=True)
+class Change:
+    """One field that differs. `a`/`b` are None where a record lacks it (`note` says which)."""
+
+    key: str
+    a: Any
+    b: Any
+    klass: str  # A, B, C or R (results)
+    note: str | None = None
+    kind: str = ""  # the cause it belongs to: params, seed, code, torch, environment, ...
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "a": self.a, "b": self.b, "class": self.klass, "note": self.note}
+
+
+@dataclass(frozen=True)
+class Section:
+    """The changes of one section of the record, and how many compared fields are equal."""
+
+    name: str
+    changes: tuple[Change, ...]
+    equal: int
+
+    @property
+    def klass(self) -> str:
+        return min((c.klass for c in self.changes), key=CLASS_ORDER.__getitem__, default="C")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "class": self.klass, "equal": self.equal,
+                "changes": [c.to_dict() for c in self.changes]}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RecordDiff:
+    """Every compared section of two records, in `SECTIONS` order."""
+
+    sections: tuple[Section, ...]
+
+    @property
+    def changes(self) -> tuple[Change, ...]:
+        return tuple(c for s in self.sections for c in s.changes)
+
+    def section(self, name: str) -> Section:
+        return next(s for s in self.sections if s.name == name)
+
+
+def compare_records(a: Mapping[str, Any], b: Mapping[str, Any], only: tuple[str, ...] = ()) -> RecordDiff:
+    """Compare two records (or a record and a partial one of this machine); `only`: sections to keep.
+
+    >>> [c.key for c in compare_records(run_a, run_b, only=("params",)).changes]
+    ['optimizer.lr']
+    """
+    unknown = sorted(set(only) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"unknown section(s) {', '.join(unknown)}; sections: {', '.join(SECTIONS)}")
+    builders: dict[str, Callable[[], Section]] = {
+        "stack": lambda: _stack(a, b),
+        "code": lambda: _code(a, b),
+        "params": lambda: _mapping("params", _params(a), _params(b), _kind("B", "params")),
+        "seed": lambda: _seed(a, b),
+        "packages": lambda: _packages(a, b),
+        "environment": lambda: _environment(a, b),
+        "data": lambda: _mapping("data", _data(a), _data(b), _kind("B", "data")),
+        "container": lambda: _mapping("container", _container(a), _container(b), _kind("B", "image")),
+        "machine": lambda: _mapping("machine", _machine(a), _machine(b), _kind("C", "machine")),
+    }
+    return RecordDiff(tuple(builders[name]() for name in SECTIONS if not only or name in only))
+
+
+def same_torch_version(a: Any, b: Any) -> bool:
+    """Whether two torch versions name the same build.
+
+    The public versions must be equal; the local label (`+cu130`, `+cpu`) counts only when both sides
+    have one. PyPI's CUDA wheels say `2.14.1` in their package metadata and `2.14.1+cu130` in
+    `torch.__version__`, so a missing label tells where the version was read, not which build it is;
+    the build itself is then told by the stack's cuda and hip fields, where both records have them.
+    """
+    if a == b:
+        return True
+    if not a or not b:
+        return False
+    public_a, _, label_a = str(a).partition("+")
+    public_b, _, label_b = str(b).partition("+")
+    return public_a == public_b and (not label_a or not label_b or label_a == label_b)
+
+
+def record_gpus(record: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The GPUs a run used: the ones torch saw, else the ones the machine has."""
+    gpus = (record.get("torch") or {}).get("gpus") or (record.get("hardware") or {}).get("gpus") or []
+    return [g for g in gpus if isinstance(g, dict)] if isinstance(gpus, list) else []
+
+
+def gpu_names(record: Mapping[str, Any]) -> list[str]:
+    return [str(g.get("name")) for g in record_gpus(record)]
+
+
+Classify = Callable[[str], tuple[str, str]]  # key → (class, kind)
+
+
+def _kind(klass: str, kind: str) -> Classify:
+    return lambda key: (klass, kind)
+
+
+def _mapping(name: str, a: Mapping[str, Any], b: Mapping[str, Any], classify: Classify,
+             same: Callable[[str, Any, Any], bool] | None = None) -> Section:  # fmt: skip
+    changes, equal = [], 0
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key, MISSING), b.get(key, MISSING)
+        if va == vb or (same is not None and key in a and key in b and same(key, va, vb)):
+            equal += 1
+            continue
+        note = "added" if key not in a else "removed" if key not in b else None
+        klass, kind = classify(key)
+        changes.append(Change(key, va, vb, klass, note, kind))
+    changes.sort(key=lambda c: CLASS_ORDER[c.klass])
+    return Section(name, tuple(changes), equal)
+
+
+def _stack(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
+    # A record made without importing torch (this machine before a restore, a run whose child could
+    # not probe it) knows only the installed version: then the version is all that is compared.
+    ta, tb = a.get("torch") or {}, b.get("torch") or {}
+    probed = all(set(t) - {"version", "probed"} for t in (ta, tb))
+    fields = [*TORCH_CLASS_A, *TORCH_CLASS_B] if probed else ["version"]
+
+    def view(m: Mapping[str, Any], torch: Mapping[str, Any]) -> dict[str, Any]:
+        out = {f"torch.{k}": torch.get(k) for k in fields}
+        out["gpus"] = gpu_names(m)
+        out["cpu.model"] = ((m.get("hardware") or {}).get("cpu") or {}).get("model")
+        out["python"] = (m.get("python") or {}).get("version")
+        return {k: v for k, v in out.items() if v is not None}
+
+    def classify(key: str) -> tuple[str, str]:
+        if key.startswith("torch."):
+            return ("B", "threads") if key.endswith("threads") else ("A", "torch")
+        return "A", {"gpus": "gpu", "cpu.model": "cpu"}.get(key, key)
+
+    def same(key: str, va: Any, vb: Any) -> bool:
+        return key == "torch.version" and same_torch_version(va, vb)
+
+    return _mapping("stack", view(a, ta), view(b, tb), classify, same)
+
+
+def _code(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
+    both_have_commands = all(m.get("command") for m in (a, b))  # `current` runs nothing
+
+    def view(m: Mapping[str, Any]) -> dict[str, Any]:
+        git = m.get("git") or {}
+        command = m.get("command") or {}
+        out: dict[str, Any] = {"commit": git.get("commit"), "patch": (git.get("patch") or {}).get("sha256")}
+        if both_have_commands:
+            out.update(script=command.get("script"), argv=command.get("argv"))
+        for item in git.get("untracked") or []:
+            out[f"untracked:{item.get('path')}"] = item.get("sha256")
+        return out
+
+    def classify(key: str) -> tuple[str, str]:
+        return "B", "command" if key in ("script", "argv") else "code"
+
+    return _mapping("code", view(a), view(b), classify)
+
+
+def _params(m: Mapping[str, Any]) -> dict[str, Any]:
+    values = flatten((m.get("params") or {}).get("values") or {})
+    values.pop("seed", None)  # the seed section's
+    return values
+
+
+def _seed(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
+    # `current` has not imported torch: its flags are unknown, not absent
+    both_have_flags = all((m.get("determinism") or {}).get("flags_at_start") for m in (a, b))
+
+    def view(m: Mapping[str, Any]) -> dict[str, Any]:
+        determinism = m.get("determinism") or {}
+        out = {"seed": (m.get("params") or {}).get("seed"), "determinism.mode": determinism.get("mode")}
+        if both_have_flags:
+            for key, value in (determinism.get("flags_at_start") or {}).items():
+                out[f"flags.{key}"] = value
+        return out
+
+    def classify(key: str) -> tuple[str, str]:
+        return "B", "seed" if key == "seed" else "determinism"
+
+    return _mapping("seed", view(a), view(b), classify)
+
+
+def _packages(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
+    def view(m: Mapping[str, Any]) -> dict[str, Any]:
+        packages = (m.get("python") or {}).get("packages") or {}
+        return {
+            name: (info.get("version") if isinstance(info, dict) else info)
+            for name, info in packages.items()
+            if name != "torch"
+        }
+
+    if not all((m.get("python") or {}).get("packages") for m in (a, b)):
+        return Section("packages", (), 0)  # a record without a package list cannot say what changed
+
+    def classify(name: str) -> tuple[str, str]:
+        return "C" if name in TOOLING_PACKAGES else "B", "packages"
+
+    return _mapping("packages", view(a), view(b), classify)
+
+
+def _environment(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
+    # What a script read is known only for records of runs (`current` and this machine ran nothing).
+    both_ran = all("environment_read" in m for m in (a, b))
+    read_a, read_b = (m.get("environment_read") or {} for m in (a, b))
+
+    def view(m: Mapping[str, Any]) -> dict[str, Any]:
+        environment = m.get("environment") or {}
+        out = {k: v for k, v in environment.items() if not k.startswith((*OWN_VARIABLES, *SEED_DERIVED))}
+        if both_ran:
+            for key, value in (m.get("environment_read") or {}).items():
+                out[f"read:{key}"] = value
+        return out
+
+    def classify(key: str) -> tuple[str, str]:
+        if not key.startswith("read:"):
+            return "B", "environment"
+        name = key.removeprefix("read:")
+        # read by one run only: its code differs, which the code section names
+        return ("B" if name in read_a and name in read_b else "C"), "environment_read"
+
+    section = _mapping("environment", view(a), view(b), classify)
+    changes = tuple(
+        Change(c.key, c.a, c.b, c.klass, "read by one run only", c.kind) if c.klass == "C" else c
+        for c in section.changes
+    )
+    return Section("environment", changes, section.equal)
+
+
+def _data(m: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(data_objects(m.get("data") or []))
+
+
+def _container(m: Mapping[str, Any]) -> dict[str, Any]:
+    container = m.get("container") or {}
+    return {k: container.get(k) for k in CONTAINER_FIELDS if container.get(k)}
+
+
+def _machine(m: Mapping[str, Any]) -> dict[str, Any]:
+    hardware = m.get("hardware") or {}
+    return {
+        "hostname": hardware.get("hostname"),
+        "memory_mb": hardware.get("memory_mb"),
+        "cpu.count": (hardware.get("cpu") or {}).get("count"),
+        "os": (hardware.get("os") or {}).get("release"),
+    }
