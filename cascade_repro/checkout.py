@@ -27,6 +27,34 @@ class Fetched:
         return {k: str(v) if isinstance(v, Path) else v for k, v in vars(self).items()}
 
 
+@dataclass(frozen=True)
+class Chosen:
+    entry: Mapping[str, Any]  # the checkpoint's entry in the record
+    why: str  # "best by val_loss", "last: no metric monitored", "step 3", ...
+
+
+def choose_checkpoint(checkpoints: Sequence[Mapping[str, Any]], which: str | None) -> Chosen:
+    """A checkpoint and why it was taken. `which` None (the default): the best by the monitored
+    metric when the run monitored one, else the last."""
+    kept = [c for c in checkpoints if c.get("status") == "kept" and c.get("md5")]
+    if which is None:
+        which = "best" if _monitored(kept) else "last"
+        if which == "last":
+            return Chosen(select_checkpoint(checkpoints, "last"), "last: no metric monitored")
+    entry = select_checkpoint(checkpoints, which)
+    if which == "best":
+        why = f"best by {entry['monitor']}"
+    elif which == "last":
+        why = "last"
+    else:
+        why = f"step {which}" if which.isdigit() else f"path {which}"
+    return Chosen(entry, why)
+
+
+def _monitored(kept: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [c for c in kept if c.get("monitor") and c["monitor"] in (c.get("metrics") or {})]
+
+
 def select_checkpoint(checkpoints: Sequence[Mapping[str, Any]], which: str) -> Mapping[str, Any]:
     """`best` (by the monitored metric), `last`, a step number, or a path."""
     kept = [c for c in checkpoints if c.get("status") == "kept" and c.get("md5")]
@@ -40,7 +68,7 @@ def select_checkpoint(checkpoints: Sequence[Mapping[str, Any]], which: str) -> M
     if which == "last":
         return max(kept, key=lambda c: (c.get("step") if c.get("step") is not None else -1, kept.index(c)))
     if which == "best":
-        monitored = [c for c in kept if c.get("monitor") and c["monitor"] in (c.get("metrics") or {})]
+        monitored = _monitored(kept)
         if not monitored:
             raise UsageError(
                 "no kept checkpoint has a monitored metric, so none is 'best'",
@@ -104,5 +132,6 @@ def deliver(fetched: Fetched, base: Path, relative: str, force: bool) -> Fetched
         raise UsageError(
             f"{destination} is a symlink", hint="pass --to DIR to write elsewhere, or --force to replace it"
         )
+    base.mkdir(parents=True, exist_ok=True)  # `--to DIR`: made once something verified goes into it
     written = confined.write_file(base, relative, fetched.object_path, f"the path {relative}")
     return replace(fetched, written_to=written)

@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -199,6 +199,10 @@ def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options
         request = api.RunRequest(script=script, args=script_args, git_tag=git_tag, **options)
         result = api.run(request, notify=render.notice)
         render.run_result(result)
+        if result.usage_error:
+            misplaced = _misplaced_options(script, script_args, result.usage_error)
+            if misplaced:
+                render.misplaced_options(misplaced.options, misplaced.command)
         if result.exit_code == 0 and result.incomplete:  # the script's own failure code wins
             from cascade_repro.errors import RecordIncomplete
 
@@ -206,6 +210,41 @@ def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options
         return result.exit_code
 
     _guard(body, ctx, fast_exit=True)
+
+
+@dataclass(frozen=True)
+class _Misplaced:
+    options: list[str]  # cascade's options that the script's argparse refused, e.g. ["--seed"]
+    command: str  # the command in the right order: `cascade run --seed 7 train.py`
+
+
+def _misplaced_options(script: str, script_args: tuple[str, ...], usage_error: str) -> _Misplaced | None:
+    """`cascade run train.py --seed 7`: the script's argparse refused `--seed`, an option of `cascade run`
+    that went to the script because it came after it. None when it refused none of cascade's."""
+    import re
+    import shlex
+
+    ours = {name: param for param in run.params if isinstance(param, click.Option)
+            for name in (*param.opts, *param.secondary_opts)}  # fmt: skip
+    refused = set(re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", usage_error))
+    moved: list[str] = []
+    kept: list[str] = []
+    index = 0
+    while index < len(script_args):
+        token = script_args[index]
+        name = token.split("=", 1)[0]
+        option = ours.get(name)
+        if option is None or name not in refused:
+            kept.append(token)
+            index += 1
+            continue
+        takes_value = not option.is_flag and "=" not in token
+        moved += script_args[index : index + 1 + takes_value]
+        index += 1 + takes_value
+    if not moved:
+        return None
+    names = list(dict.fromkeys(t.split("=", 1)[0] for t in moved if t.split("=", 1)[0] in ours))
+    return _Misplaced(names, shlex.join(["cascade", "run", *moved, script, *kept]))
 
 
 @main.group(name="image")
@@ -400,7 +439,8 @@ def restore(ctx: click.Context, ref: str, no_run: bool, steps: int | None, workd
 
 @main.command(name="checkout")
 @click.argument("ref", metavar="RUN|VERSION")
-@click.option("--checkpoint", metavar="best|last|STEP|PATH", help="Which checkpoint (default: best).")
+@click.option("--checkpoint", metavar="best|last|STEP|PATH",
+              help="Which checkpoint (default: best by the monitored metric, else the last).")  # fmt: skip
 @click.option("--data", is_flag=True, help="The DVC-tracked data the run read, as it read it.")
 @click.option("--to", type=click.Path(file_okay=False, path_type=Path), help="Write into DIR, not in place.")
 @click.option("--force", is_flag=True, help="Overwrite a file with other content.")
@@ -423,9 +463,11 @@ def checkout_command(ctx: click.Context, ref: str, checkpoint: str | None, data:
                 ref, checkpoint=checkpoint, data=data, to=to, force=force, progress=progress
             )
         if as_json:
-            render.emit_json(
-                "checkout", {"run_id": result.run_id, "items": [i.to_dict() for i in result.items]}
-            )
+            chosen = result.chosen
+            render.emit_json("checkout", {
+                "run_id": result.run_id, "items": [i.to_dict() for i in result.items],
+                "chosen": {"path": chosen.entry.get("path"), "why": chosen.why} if chosen else None,
+            })  # fmt: skip
         else:
             render.checkout_result(result)
 
@@ -560,9 +602,7 @@ def ui_command(ctx: click.Context, host: str, port: int) -> None:
 
         server = api.ui(host=host, port=port)
         signal.signal(signal.SIGTERM, _interrupt)  # stopped by a supervisor: stop the server too
-        render.notice(f"MLflow UI on {server.url}  (store: cascade's; log: {server.log}; Ctrl-C stops it)")
-        sys.stdout.write(server.url + "\n")
-        sys.stdout.flush()
+        render.ui_started(server.url, server.store, server.log)
         try:
             code = server.wait()
         except KeyboardInterrupt:

@@ -10,6 +10,20 @@ from pathlib import Path
 from cascade_repro.errors import CascadeError, NotAGitRepository
 
 IGNORE_ENTRIES = ("mlflow.db", "mlruns/", "mlartifacts/", ".cascade/")
+INIT_FILES = ("cascade.yaml", "hyperparameters.yaml", "Dockerfile.j2")
+
+
+@dataclass(frozen=True)
+class InitPreview:
+    """What `cascade init` would add to a project now (nothing: it was initialized)."""
+
+    ignore_entries: tuple[str, ...]
+    files: tuple[str, ...]
+    dvc_init: bool
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.ignore_entries or self.files or self.dvc_init)
 
 
 @dataclass(frozen=True)
@@ -56,14 +70,14 @@ def init_project(root: Path, checkpoints_dir: str = "checkpoints") -> InitResult
     """Idempotent: writes only what is missing, never overwrites a user's file."""
     created: list[str] = []
     kept: list[str] = []
-    for name in ("cascade.yaml", "hyperparameters.yaml", "Dockerfile.j2"):
+    for name in INIT_FILES:
         target = root / name
         if target.exists():
             kept.append(name)
             continue
         target.write_text(template_path(name).read_text(encoding="utf-8"), encoding="utf-8")
         created.append(name)
-    ignore_added = _add_ignores(root, (*IGNORE_ENTRIES, f"/{checkpoints_dir.strip('/')}/"))
+    ignore_added = _add_ignores(root, _ignore_entries(checkpoints_dir))
     dvc_initialized, remote = _init_dvc(root)
     return InitResult(root, tuple(created), tuple(kept), dvc_initialized, remote, ignore_added)
 
@@ -74,11 +88,30 @@ def default_remote_dir(root: Path) -> Path:
     return Path.home() / ".cascade" / "dvc-remote" / f"{root.name}-{digest}"
 
 
+def preview_init(root: Path, checkpoints_dir: str = "checkpoints") -> InitPreview:
+    """What `cascade init` would write here, without writing anything."""
+    path = root / ".gitignore"
+    text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+    return InitPreview(
+        ignore_entries=tuple(_missing_ignores(text, _ignore_entries(checkpoints_dir))),
+        files=tuple(name for name in INIT_FILES if not (root / name).exists()),
+        dvc_init=not (root / ".dvc").is_dir(),
+    )
+
+
+def _ignore_entries(checkpoints_dir: str) -> tuple[str, ...]:
+    return (*IGNORE_ENTRIES, f"/{checkpoints_dir.strip('/')}/")
+
+
+def _missing_ignores(text: str, entries: tuple[str, ...]) -> list[str]:
+    present = {line.strip() for line in text.splitlines()}
+    return [e for e in entries if e not in present and e.rstrip("/") not in present]
+
+
 def _add_ignores(root: Path, entries: tuple[str, ...]) -> tuple[str, ...]:
     path = root / ".gitignore"
     text = path.read_text(encoding="utf-8") if path.exists() else ""
-    present = {line.strip() for line in text.splitlines()}
-    missing = [e for e in entries if e not in present and e.rstrip("/") not in present]
+    missing = _missing_ignores(text, entries)
     if missing:
         prefix = "" if not text or text.endswith("\n") else "\n"
         block = "# cascade: local MLflow store, run scratch, checkpoints (DVC-tracked)\n"

@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -232,8 +233,9 @@ def child_environment(plan: RunPlan, run_dir: Path) -> dict[str, str]:
 
 
 def own_paths(settings: Settings) -> tuple[str, ...]:
-    """Root-relative paths of cascade's own files: never part of the user's dirty state."""
-    paths = [".cascade", "mlruns", "mlartifacts"]
+    """Root-relative paths of cascade's own files and of what runs write (the checkpoints directory,
+    DVC's cache): never part of the user's dirty state, whether or not `cascade init` ignored them."""
+    paths = [".cascade", "mlruns", "mlartifacts", ".dvc/cache", ".dvc/tmp"]
     db = sqlite_path(settings.tracking_uri)
     if db is not None:
         try:
@@ -241,4 +243,9 @@ def own_paths(settings: Settings) -> tuple[str, ...]:
             paths += [rel, f"{rel}-journal", f"{rel}-wal", f"{rel}-shm"]
         except ValueError:
             pass
-    return tuple(paths)
+    stores = [u for u in (settings.tracking_uri, settings.artifact_root) if u.startswith("file://")]
+    for where in (settings.checkpoints_dir, *(urllib.parse.unquote(u[len("file://") :]) for u in stores)):
+        rel = os.path.relpath(os.path.normpath(settings.root / where), settings.root)
+        if rel != "." and not rel.startswith(".."):  # never the whole tree, never outside it
+            paths.append(Path(rel).as_posix())
+    return tuple(dict.fromkeys(paths))

@@ -7,9 +7,10 @@ import datetime as dt
 import json
 import re
 import sys
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterator, cast
 
-from cascade_repro.redaction import fill_argv
+from cascade_repro.redaction import fill_argv, redact_text
 
 if TYPE_CHECKING:
     from cascade_repro.api.data import CheckoutResult
@@ -110,6 +111,12 @@ def init_result(result: InitResult) -> None:
 
 
 def run_result(result: RunResult) -> None:
+    if result.discarded:
+        notice(f"not kept: the script stopped in argument parsing (exit {result.exit_code}) before its "
+               f"first step; run {result.run_id[:8]} deleted from the store")  # fmt: skip
+        for warning in result.warnings:
+            notice(f"warning: {warning}")
+        return
     outcome = result.manifest.outcome or {}
     duration = outcome.get("duration_s")
     metrics = {
@@ -132,6 +139,13 @@ def run_result(result: RunResult) -> None:
     notice(
         f"see it: cascade show {result.run_id[:8]}  ·  mlflow ui --backend-store-uri {result.tracking_uri}"
     )
+
+
+def misplaced_options(options: list[str], command: str) -> None:
+    """`cascade run train.py --seed 7`: cascade's options after the script went to the script."""
+    named = f"{options[0]} is an option" if len(options) == 1 else f"{', '.join(options)} are options"
+    notice(f"{named} of `cascade run`: after the script, arguments go to the script. Put them before it:")
+    notice(f"  {command}")
 
 
 def sync_result(delivered: list[Delivered]) -> None:
@@ -321,7 +335,18 @@ def image_result(prepared: PreparedImage) -> None:
     print(f"{image.tag}  {image.image_id}  ({how})")
 
 
+def ui_started(url: str, store: str, log: Path) -> None:
+    """`cascade ui`: the store on stderr, the URL once, alone on stdout (scripts read that line)."""
+    notice(f"MLflow UI on the store {redact_text(store)} (log: {log}; Ctrl-C stops it)")
+    sys.stdout.write(url + "\n")
+    sys.stdout.flush()
+
+
 def checkout_result(result: CheckoutResult) -> None:
+    if result.chosen is not None:
+        entry = result.chosen.entry
+        step = f"step {entry['step']}; " if entry.get("step") is not None else ""
+        notice(f"took {entry.get('path')} ({step}{result.chosen.why})")
     for item in result.items:
         notice(f"{item.path} → {item.written_to} (md5 {item.md5[:12]} verified, from the {item.source})")
 
@@ -518,10 +543,17 @@ def _torch(torch: dict[str, Any]) -> str:
 
 
 def _container(container: dict[str, Any]) -> str:
+    if container.get("unavailable"):
+        return str(container["unavailable"])
     if not container.get("in_container"):
         return "no"
-    image = container.get("image") or "image not known (set CASCADE_IMAGE)"
     image_id = str(container.get("image_id") or "")
+    if not container.get("image") and not image_id:
+        # started by something else (a dev container, CI, Kubernetes): a fact, not a fault
+        evidence = ", ".join(map(str, container.get("evidence") or []))
+        return (f"yes{f' ({evidence})' if evidence else ''}, started outside cascade; to record its image, "
+                "set CASCADE_IMAGE (and CASCADE_IMAGE_ID) where it starts")  # fmt: skip
+    image = container.get("image") or "image not recorded"
     how = " · run by cascade --docker" if container.get("runtime") == "docker" else ""
     return f"{image}" + (f" ({image_id[7:19]})" if image_id.startswith("sha256:") else "") + how
 

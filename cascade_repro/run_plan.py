@@ -68,3 +68,5 @@ class RunResult:
     # What the store lacks (pending or refused), one line each: exit 4 when the script exited 0.
     incomplete: tuple[str, ...] = ()
     spool: str | None = None  # the run directory kept with what is pending, for `cascade sync`
+    usage_error: str | None = None  # argparse refused the script's arguments: the line it printed
+    discarded: bool = False  # it did so before the first step: the run was deleted from the store

@@ -8,17 +8,19 @@ import platform
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from cascade_repro.api.records import context, judge_runs, manifest_data
 from cascade_repro.check import CheckReport, check_against, check_machine
-from cascade_repro.diff import Diff, diff_records
+from cascade_repro.diff import SECTIONS, Diff, diff_records
 from cascade_repro.errors import CascadeError, UsageError
 from cascade_repro.settings import Settings
 from cascade_repro.store import mlflow_store
 
 CURRENT = "current"
+RESULT_SECTIONS = ("metrics", "checkpoints", "trace")  # what only a run has
 TORCH_PROBE = (
     "import json, torch\n"
     "from cascade_repro.child.torch_probe import torch_stack\n"
@@ -28,8 +30,19 @@ TORCH_PROBE = (
 
 def diff(ref_a: str, ref_b: str, only: tuple[str, ...] = (), cwd: Path | None = None,
          log_to: str | None = None) -> Diff:  # fmt: skip
-    """What differs between two runs (ids, names, versions, or "current": this machine and tree)."""
+    """What differs between two runs (ids, names, versions, or "current": this machine and tree).
+
+    `current` has run nothing: results (metrics, checkpoints, trace) are not compared against it."""
     settings = context(cwd)
+    against_current = CURRENT in (ref_a, ref_b)
+    if against_current:
+        asked = [name for name in only if name in RESULT_SECTIONS]
+        if asked:
+            raise UsageError(
+                f"{', '.join(asked)}: results are not compared against `current`, which has run nothing",
+                hint="compare two recorded runs, or leave those sections out",
+            )
+        only = only or tuple(name for name in SECTIONS if name not in RESULT_SECTIONS)
     client = None
     records = []
     for ref in (ref_a, ref_b):
@@ -52,6 +65,10 @@ def diff(ref_a: str, ref_b: str, only: tuple[str, ...] = (), cwd: Path | None = 
         result = diff_records(a, b, only, _code_stat(settings.root, a, b), trace_note)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if against_current:
+        results = ", ".join(RESULT_SECTIONS)
+        note = f"results ({results}) are not compared against `current`: it has run nothing"
+        result = replace(result, notes=(*result.notes, note))
     if log_to is not None:
         if client is None:
             client = mlflow_store.client(settings.tracking_uri)

@@ -13,7 +13,7 @@ from cascade_repro.settings import Settings
 from cascade_repro.store import mlflow_store
 
 if TYPE_CHECKING:
-    from cascade_repro.checkout import Fetched
+    from cascade_repro.checkout import Chosen, Fetched
 
 ProgressFactory = Callable[[str, "int | None"], "Callable[[int], None] | None"]  # (label, total bytes)
 
@@ -22,6 +22,7 @@ ProgressFactory = Callable[[str, "int | None"], "Callable[[int], None] | None"] 
 class CheckoutResult:
     run_id: str
     items: tuple[Fetched, ...]
+    chosen: Chosen | None = None  # the checkpoint taken, and why (`--checkpoint` or the default)
 
 
 def checkout(ref: str, checkpoint: str | None = None, data: bool = False, to: Path | None = None,
@@ -30,8 +31,6 @@ def checkout(ref: str, checkpoint: str | None = None, data: bool = False, to: Pa
     """Fetch a run's checkpoint and/or data from the DVC cache or remote, md5-verified, into place."""
     from cascade_repro import checkout as checking
 
-    if checkpoint is None and not data:
-        checkpoint = "best"
     settings = context(cwd)
     root = settings.root
     run_id, manifest = record_of(settings, ref)
@@ -39,11 +38,13 @@ def checkout(ref: str, checkpoint: str | None = None, data: bool = False, to: Pa
     wanted: list[tuple[str, str]] = []  # (path in the record, md5)
     flat: set[str] = set()  # checkpoints go straight into --to DIR; data keeps its relative path
     sizes: dict[str, int] = {}
-    if checkpoint is not None:
-        chosen = checking.select_checkpoint(manifest.get("checkpoints") or [], checkpoint)
-        wanted.append((str(chosen["path"]), str(chosen["md5"])))
-        flat.add(str(chosen["path"]))
-        sizes[str(chosen["md5"])] = int(chosen.get("size") or 0)
+    chosen = None
+    if checkpoint is not None or not data:  # no option: the default checkpoint (best, else last)
+        chosen = checking.choose_checkpoint(manifest.get("checkpoints") or [], checkpoint)
+        entry = chosen.entry
+        wanted.append((str(entry["path"]), str(entry["md5"])))
+        flat.add(str(entry["path"]))
+        sizes[str(entry["md5"])] = int(entry.get("size") or 0)
     if data:
         objects = data_objects(manifest.get("data") or [])
         if not objects:
@@ -58,7 +59,7 @@ def checkout(ref: str, checkpoint: str | None = None, data: bool = False, to: Pa
             items.append(checking.deliver(fetched, base, relative, force))
     finally:
         cache.close()
-    return CheckoutResult(run_id, tuple(items))
+    return CheckoutResult(run_id, tuple(items), chosen)
 
 
 def checkpoint_path(ref: str, which: str = "best", cwd: Path | None = None) -> Path:

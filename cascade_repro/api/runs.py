@@ -12,9 +12,9 @@ from cascade_repro import versions
 from cascade_repro.api.records import context
 from cascade_repro.api.spooled import finish_dead_runs
 from cascade_repro.capture.git import head_commit, is_dirty
-from cascade_repro.errors import DirtyTreeRefused, UsageError
+from cascade_repro.errors import CascadeError, DirtyTreeRefused, UsageError
 from cascade_repro.params import ResolvedParams, find_params_file, resolve_params
-from cascade_repro.project import InitResult, find_repo_root, init_project
+from cascade_repro.project import InitResult, find_repo_root, init_project, preview_init
 from cascade_repro.recorder import own_paths, record_run
 from cascade_repro.run_plan import ContainerPlan, Notify, RunPlan, RunResult
 from cascade_repro.settings import Settings, load_settings
@@ -78,7 +78,9 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
         settings = replace(settings, trace_interval=request.trace_interval)
     script = (cwd / request.script).resolve()
     if not script.is_file():
-        raise UsageError(f"script not found: {request.script}", hint=f"give a path relative to {cwd}")
+        close = _closest_script(root, cwd, request.script)
+        hint = f"did you mean {close}?" if close else f"give a path relative to {cwd}"
+        raise UsageError(f"script not found: {request.script}", hint=hint)
     try:
         script_rel = script.relative_to(root).as_posix()
     except ValueError:
@@ -134,8 +136,11 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
         extra_tags=dict(request.extra_tags or {}),
         container=container,
     )
+    if request.restored_params is None:  # a restore's worktree is not the user's project
+        _advise_init_once(settings, notify)
     result = record_run(plan, notify)
-    if request.version is None:
+    result = _after_usage_error(result, settings, restore=request.restored_params is not None)
+    if request.version is None or result.discarded:
         return result
     if result.status != "FINISHED":
         message = f"not tagged {request.version}: the run {result.status}; `cascade tag {result.run_id[:8]} "
@@ -148,6 +153,62 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
     tagged = versions.tag_run(client, root, client.get_run(result.run_id), request.version,
                               force=request.force_version, git_tag=request.git_tag)  # fmt: skip
     return replace(result, version=tagged.version)
+
+
+INIT_ADVISED = "init-advised"  # in .cascade/: the first run without `cascade init` said what it would add
+
+
+def _advise_init_once(settings: Settings, notify: Notify) -> None:
+    """The first run in a project without `cascade init` says what init would add, once."""
+    marker = settings.root / ".cascade" / INIT_ADVISED
+    if marker.exists():
+        return
+    preview = preview_init(settings.root, settings.checkpoints_dir)
+    if preview.is_empty:
+        return
+    adds = []
+    if preview.ignore_entries:
+        adds.append(f"add to .gitignore: {' '.join(preview.ignore_entries)}")
+    if preview.files:
+        adds.append(f"write {', '.join(preview.files)}")
+    if preview.dvc_init:
+        adds.append("run `dvc init` (checkpoints then go to the DVC cache)")
+    notify("no `cascade init` in this project (said once): git lists cascade's files as untracked; runs "
+           "leave them and earlier runs' outputs out of their dirty state all the same")  # fmt: skip
+    notify(f"`cascade init` would {'; '.join(adds)}")
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text("`cascade init` was suggested once; delete this file to see it again\n")
+    except OSError:
+        pass
+
+
+def _after_usage_error(result: RunResult, settings: Settings, restore: bool) -> RunResult:
+    """A script whose argparse refused its arguments (exit 2) before it took a step, logged a
+    metric or saved a checkpoint did nothing worth a record: its run is deleted from the store (the
+    MLflow UI and `cascade ls` do not show it; `mlflow gc` purges it). A restore's re-run is kept."""
+    error = (result.manifest.outcome or {}).get("error")
+    usage = error.get("usage_error") if isinstance(error, dict) and result.exit_code == 2 else None
+    if not isinstance(usage, str):
+        return result
+    result = replace(result, usage_error=usage)
+    manifest = result.manifest
+    worked = (
+        (manifest.trace or {}).get("steps")
+        or any(not key.startswith("cascade.") for key in (manifest.metrics.get("keys") or {}))
+        or manifest.checkpoints
+    )
+    if worked or restore or result.incomplete or result.spool:
+        return result
+    try:
+        client = mlflow_store.client(settings.tracking_uri)
+        why = f"argparse usage error before the first step: {usage}"
+        client.set_tag(result.run_id, "cascade.discarded", why)
+        client.delete_run(result.run_id)
+    except Exception as exc:  # the FAILED run stays, as it would have without this
+        message = f"the run of a script that stopped in argument parsing is kept: deleting it failed: {exc}"
+        return replace(result, warnings=(*result.warnings, message))
+    return replace(result, discarded=True)
 
 
 def _container_plan(request: RunRequest, settings: Settings, commit: str, exclude: tuple[str, ...],
@@ -188,6 +249,28 @@ def _check_version_free(settings: Settings, root: Path, request: RunRequest) -> 
     experiment = client.get_experiment_by_name(settings.experiment)
     versions.check_free(client, root, request.version, experiment.experiment_id if experiment else None,
                         None, request.force_version, request.git_tag)  # fmt: skip
+
+
+def _closest_script(root: Path, cwd: Path, wanted: str) -> str | None:
+    """The repository's Python file (tracked or untracked, not ignored) closest to `wanted`, as a path
+    relative to `cwd`, the way it was typed."""
+    import difflib
+
+    from cascade_repro.capture.git import git
+
+    try:
+        listed = git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "*.py")
+    except CascadeError:
+        return None
+    names = [name for name in listed.decode(errors="replace").split("\0") if name]
+    candidates = sorted({os.path.relpath(root / name, cwd) for name in names})
+    close = difflib.get_close_matches(wanted, candidates, n=1, cutoff=0.75)
+    if not close:  # the right name in another directory: `train.py` for examples/train.py
+        by_name: dict[str, str] = {}
+        for candidate in sorted(candidates, key=len):
+            by_name.setdefault(Path(candidate).name, candidate)
+        close = [by_name[n] for n in difflib.get_close_matches(Path(wanted).name, list(by_name), 1, 0.75)]
+    return close[0] if close else None
 
 
 def _dirty_data(root: Path) -> list[str]:

@@ -27,6 +27,7 @@ class UiServer:
     process: subprocess.Popen[bytes]
     url: str
     log: Path
+    store: str = ""  # the backend store URI it serves
 
     def wait(self) -> int:
         return self.process.wait()
@@ -55,7 +56,7 @@ def start(tracking_uri: str, artifact_root: str, host: str, port: int, log: Path
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    server = UiServer(process, f"http://{shown}:{port}", log)
+    server = UiServer(process, f"http://{shown}:{port}", log, tracking_uri)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from cascade_repro.checkout import select_checkpoint
+from cascade_repro.checkout import choose_checkpoint, select_checkpoint
 from cascade_repro.child.checkpoints import Policy, _Saved, _to_prune
 from cascade_repro.errors import DataError, UnsafeRecord, UsageError
 from cascade_repro.manifest import data_objects
@@ -87,3 +87,16 @@ def test_checkout_never_writes_outside_its_base(tmp_path: Path) -> None:
         with pytest.raises(UnsafeRecord, match="leads out of|through the symlink"):
             deliver(fetched, base, bad, force=False)
     assert list(outside.iterdir()) == []
+
+
+def test_the_default_is_the_best_when_monitored_else_the_last_and_says_why() -> None:
+    monitored = [_ckpt(1, 0.5), _ckpt(2, 0.2), _ckpt(4, 0.9)]
+    chosen = choose_checkpoint(monitored, None)
+    assert chosen.entry["step"] == 2 and chosen.why == "best by val_loss"
+    plain = [_ckpt(1, None), _ckpt(4, None), _ckpt(2, None)]
+    chosen = choose_checkpoint(plain, None)
+    assert chosen.entry["step"] == 4 and chosen.why == "last: no metric monitored"
+    assert choose_checkpoint(plain, "last").why == "last"
+    assert choose_checkpoint(plain, "2").why == "step 2"
+    with pytest.raises(UsageError, match="none is 'best'"):  # asked for by name: still refused
+        choose_checkpoint(plain, "best")
