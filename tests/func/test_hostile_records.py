@@ -228,3 +228,62 @@ def test_show_diff_and_verify_print_hostile_text_inert_and_refuse_malformed_reco
             assert result.returncode == 1, (args, malformed, result.stderr)
             assert "the run record is malformed" in result.stderr and named in result.stderr, result.stderr
             assert "Traceback" not in result.stderr
+
+
+def _plain_attacks(record: dict[str, Any], outside: Path) -> dict[str, dict[str, Any]]:
+    """Twelve records whose paths leave the worktree as text alone, each a copy of `record`."""
+
+    def edit(section: str, change: Callable[[Any], Any]) -> dict[str, Any]:
+        copy = json.loads(json.dumps(record))
+        copy[section] = change(copy[section])
+        return copy
+
+    untracked = {"size": 3, "stored": True, "sha256": hashlib.sha256(b"abc").hexdigest()}
+    return {
+        "untracked ../": edit(
+            "git", lambda g: {**g, "untracked": [{**untracked, "path": "../../../outside/u"}]}
+        ),
+        "untracked absolute": edit(
+            "git", lambda g: {**g, "untracked": [{**untracked, "path": str(outside / "u")}]}
+        ),
+        "untracked in .git": edit(
+            "git", lambda g: {**g, "untracked": [{**untracked, "path": ".git/hooks/x"}]}
+        ),
+        "untracked a/../../": edit("git", lambda g: {**g, "untracked": [{**untracked, "path": "a/../../u"}]}),
+        "symlink absolute": edit(
+            "git", lambda g: {**g, "untracked": [{**untracked, "path": "l", "symlink_target": str(outside)}]}
+        ),  # fmt: skip
+        "symlink ../": edit(
+            "git",
+            lambda g: {
+                **g,
+                "untracked": [{**untracked, "path": "d/l", "symlink_target": "../../../../outside"}],
+            },
+        ),  # fmt: skip
+        "data ../": edit("data", lambda d: [{**d[0], "path": "../../../outside/payload.bin"}]),
+        "data absolute": edit("data", lambda d: [{**d[0], "path": str(outside / "payload.bin")}]),
+        "checkpoint ../": edit(
+            "checkpoints", lambda c: [{**_checkpoint_entry(record, "../../../outside/c.pt")}]
+        ),
+        "checkpoint in .git": edit("checkpoints", lambda c: [{**_checkpoint_entry(record, ".git/c.pt")}]),
+        "script absolute": edit("command", lambda c: {**c, "script": str(outside / "s.py")}),
+        "cwd ../": edit("command", lambda c: {**c, "cwd": "../../.."}),
+    }
+
+
+def test_plain_path_traversal_records_are_refused_before_anything_is_written(
+    attacked: dict[str, Any],
+) -> None:
+    project, outside = attacked["project"], attacked["outside"]
+    attacks = _plain_attacks(attacked["record"], outside)
+    assert len(attacks) == 12
+    for name, record in attacks.items():
+        (attacked["artifacts"] / "run.json").write_text(json.dumps(record))
+        result = project.cascade("restore", "v1", "--no-run")
+        assert result.returncode == 1 and "unsafe record" in result.stderr, (name, result.stderr)
+        assert _bytes_under(outside) == 0 and not (project.root / ".cascade" / "restore" / "v1").exists(), (
+            name
+        )
+    assert (
+        not (project.root / ".git" / "hooks" / "x").exists() and not (project.root / ".git" / "c.pt").exists()
+    )
