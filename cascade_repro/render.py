@@ -492,8 +492,10 @@ def restore_dict(result: RestoreResult) -> dict[str, Any]:
 def _trace_summary(console: Any, t: Any) -> None:
     if t.algorithm is None:
         console.print(
-            _styled(("trace", "bold"), "  none: the script ran no optimizer step or backward(), "
-                    "or --trace-interval 0")
+            _styled(
+                ("trace", "bold"),
+                "  none: the script ran no optimizer step or backward(), or --trace-interval 0",
+            )
         )
         return
     span = f", steps {t.first_step}..{t.last_step}" if t.steps else ""

@@ -96,7 +96,8 @@ def restore(
     if execute and plan.secrets_missing:  # before anything is written
         raise RestoreRefused(
             f"the recorded command has {len(plan.secret_args)} redacted value(s); set "
-            + ", ".join(plan.secrets_missing) + " to re-run it",
+            + ", ".join(plan.secrets_missing)
+            + " to re-run it",
             hint="export each variable with the secret's value (or restore with --no-run)",
         )
     wanted = _restore_objects(plan, manifest, execute)

@@ -101,8 +101,11 @@ def main(argv: list[str]) -> None:
 
     ImportHooks(
         before={"mlflow": lambda: _wait_for_run_id(run_dir)},
-        after={"torch": after_torch, "numpy": after_numpy,
-               "argparse": lambda module: usage_errors.watch(module, lambda e: facts.update(exception=e))},
+        after={
+            "torch": after_torch,
+            "numpy": after_numpy,
+            "argparse": lambda module: usage_errors.watch(module, lambda e: facts.update(exception=e)),
+        },
     ).install()
 
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:

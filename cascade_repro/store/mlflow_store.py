@@ -196,8 +196,9 @@ def log_params(
     for key, value in flat.items():
         name = _valid_key(key)
         if len(key) > MAX_KEY:
-            warnings.append(f"param key {key[:60]}... is longer than MLflow's {MAX_KEY} characters: "
-                            f"stored as {name}")
+            warnings.append(
+                f"param key {key[:60]}... is longer than MLflow's {MAX_KEY} characters: stored as {name}"
+            )
         text = value if isinstance(value, str) else json.dumps(value, default=str)
         if len(text) > MAX_PARAM_VALUE:
             warnings.append(f"param {key} truncated to MLflow's {MAX_PARAM_VALUE} characters")
