@@ -602,8 +602,8 @@ def ui_command(ctx: click.Context, host: str, port: int) -> None:
 
         server = api.ui(host=host, port=port)
         signal.signal(signal.SIGTERM, _interrupt)  # stopped by a supervisor: stop the server too
-        render.ui_started(server.url, server.store, server.log)
-        try:
+        try:  # Ctrl-C right after the URL is printed stops the server as well
+            render.ui_started(server.url, server.store, server.log)
             code = server.wait()
         except KeyboardInterrupt:
             server.stop()

@@ -8,6 +8,7 @@ that says what happened and what is missing.
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from pathlib import Path
 
@@ -28,11 +29,20 @@ pytestmark = pytest.mark.slow
 
 
 def _kill_before_the_run_opens(project: Project) -> tuple[Background, str]:
-    run = Background(project, "faults.py", "--early", "100", "--steps", "5")
-    run.wait_for(lambda: marker(project, "started").exists(), "the script's start")
-    spool = run.run_dir()
-    assert spool is not None and not (spool / "mlflow_run_id").exists(), "the run opened too early"
-    run.kill()
+    # The store exists but is locked by another writer, so the parent cannot open the run however
+    # fast it imports MLflow (on a loaded machine it used to win the race against the script's start).
+    project.cascade("ls", check=True)
+    lock = sqlite3.connect(project.root / "mlflow.db", isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")
+    try:
+        run = Background(project, "faults.py", "--early", "100", "--steps", "5")
+        run.wait_for(lambda: marker(project, "started").exists(), "the script's start")
+        spool = run.run_dir()
+        assert spool is not None and not (spool / "mlflow_run_id").exists(), "the run opened too early"
+        run.kill()
+    finally:
+        lock.rollback()
+        lock.close()
     return run, "KILLED"
 
 
