@@ -143,7 +143,7 @@ class Recording:
         assert self.opened is not None and self.writer is not None and self.delivery is not None
         run_id = self.opened.run_id
         end_ms = int(time.time() * 1000)
-        facts = _read_json(self.run_dir / protocol.FACTS_FILE)
+        facts = spool.read_json(self.run_dir / protocol.FACTS_FILE)
         status = _status(ended)
         signal = ended.signal_received or ended.killed_by_signal
         self.ledger.update(ended={"status": status, "exit_code": ended.exit_code, "signal": signal,
@@ -230,6 +230,7 @@ class Recording:
             "tracking_uri": plan.settings.tracking_uri, "experiment": plan.settings.experiment,
             "artifact_root": plan.settings.artifact_root, "run_name": plan.run_name, "tags": self.tags,
             "start_ms": self.start_ms, "existing_run_id": plan.environ.get("MLFLOW_RUN_ID") or None,
+            "in_container": plan.container is not None,
             "params": self._flat_params(), "root": str(plan.settings.root),
             "dvc_remote": plan.settings.dvc_remote, "log_checkpoints": plan.settings.log_checkpoints,
             "env_allow_prefixes": list(plan.settings.env_allow_prefixes),
@@ -371,14 +372,6 @@ def _vm_hwm_mb(pid: int) -> float:
     except (OSError, ValueError):
         return 0.0
     return 0.0
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _relative(path: Path, root: Path) -> str:

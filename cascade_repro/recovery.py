@@ -81,6 +81,8 @@ def deliver(run_dir: Path, settings: Settings, notify: Notify, command: str) -> 
 def _deliver(run_dir: Path, settings: Settings, notify: Notify, command: str, died: bool) -> Delivered:
     ledger = spool.Ledger.load(run_dir)
     plan = spool.read_json(run_dir / spool.PLAN_FILE)
+    if died and plan.get("in_container"):
+        _stop_container(run_dir, notify)
     client = mlflow_store.client(str(plan.get("tracking_uri") or settings.tracking_uri))
     try:
         run_id = ledger.run_id or _open(client, plan, run_dir, settings, ledger)
@@ -127,6 +129,21 @@ def _deliver(run_dir: Path, settings: Settings, notify: Notify, command: str, di
     later = "" if complete else f"; still pending in {run_dir}: `cascade sync` when the store answers"
     notify(f"{how} run {run_id} ({why}{writer.points} metric points stored): {shown}{later}")
     return Delivered(str(run_dir), run_id, shown, writer.points, tuple(missing), died)
+
+
+def _stop_container(run_dir: Path, notify: Notify) -> None:
+    """A container's script gets no signal when its `cascade` dies (PR_SET_PDEATHSIG does not cross
+    into the container): stop it by its run-directory label before delivering what it wrote."""
+    try:
+        from cascade_repro.images import engine
+
+        docker = engine.connect()
+        for container in docker.containers.list(filters={"label": f"cascade.run_dir={run_dir}"}):
+            notify(f"stopping container {container.short_id}: its cascade process died")
+            container.stop(timeout=10)  # SIGTERM first: the script flushes what it logged
+            container.remove(force=True)
+    except Exception as exc:  # no engine here: the container cannot be running on this machine
+        log.debug("no container to stop for %s: %s", run_dir, exc)
 
 
 def _open(client: Any, plan: dict[str, Any], run_dir: Path, settings: Settings, ledger: spool.Ledger) -> str:

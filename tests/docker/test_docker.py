@@ -235,3 +235,30 @@ def test_docker_enabled_in_cascade_yaml_makes_it_the_default(docker_project: Pro
     assert drifted["mlflow"]["now"] is None  # on the host, not in the image: reported before the run
     assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL"  # same torch, numpy and xxhash inside
     assert project.manifest(data["run"]["run_id"])["container"]["image_id"] == data["image"]["image_id"]
+
+
+def test_sigkill_of_cascade_stops_the_container_and_the_next_command_recovers_the_run(
+    docker_project: Project, docker_client: Any
+) -> None:
+    """PR_SET_PDEATHSIG does not reach into a container: recovery stops it by its run-directory
+    label (SIGTERM, so the script flushes), removes it, and delivers what it wrote."""
+    project = docker_project
+    ready = project.root / "out" / "ready"
+    process = subprocess.Popen([*CASCADE, "run", "--docker", "train.py", "--hang"], cwd=project.root,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not ready.exists() and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.2)
+    assert ready.exists(), process.stderr.read() if process.poll() is not None else "script never got ready"
+    time.sleep(2.0)  # the parent opens the run meanwhile
+    process.kill()
+    process.wait(timeout=30)
+    assert docker_client.containers.list(filters={"label": "cascade.run_dir"})  # orphaned, still training
+    listed = project.cascade("ls")
+    assert listed.returncode == 0 and "stopping container" in listed.stderr, listed.stderr
+    assert docker_client.containers.list(all=True, filters={"label": "cascade.run_dir"}) == []
+    (run,) = project.runs()
+    assert run.info.status == "KILLED"
+    steps = [m.step for m in project.client().get_metric_history(run.info.run_id, "loss")]
+    assert steps == list(range(12))  # every step the script logged before it hung (steps: 12)
