@@ -213,6 +213,8 @@ def _recovered_record(run_dir: Path, ledger: spool.Ledger, plan: dict[str, Any],
             None if status == "FINISHED" else {"type": PARENT_DIED, "message": note}
         )
     outcome["missing"] = list(dict.fromkeys([*(record.get("outcome") or {}).get("missing", []), *missing]))
+    if facts.get("errors"):  # parts of the child's exit facts it could not take, as `finish` keeps them
+        outcome["child_errors"] = facts["errors"]
     record["outcome"] = outcome
     return record, status, end_ms
 
