@@ -47,9 +47,12 @@ class Delivered:
         return dict(vars(self))
 
 
-def recover_dead(settings: Settings, notify: Notify, command: str) -> list[Delivered]:
-    """Runs whose parent died, delivered and closed; costs one directory listing when there are none."""
-    dead = [entry for entry in spool.scan(settings.runs_dir) if entry.state == spool.DEAD]
+def recover_dead(settings: Settings, notify: Notify, command: str,
+                 entries: list[spool.SpoolEntry] | None = None) -> list[Delivered]:  # fmt: skip
+    """Runs whose parent died (among `entries`, a scan already made, else a new one), delivered and
+    closed; costs one directory listing when there are none."""
+    scanned = spool.scan(settings.runs_dir) if entries is None else entries
+    dead = [entry for entry in scanned if entry.state == spool.DEAD]
     return [found for entry in dead if (found := deliver(entry.path, settings, notify, command))]
 
 
@@ -206,7 +209,7 @@ def _recovered_record(run_dir: Path, ledger: spool.Ledger, plan: dict[str, Any],
     outcome = dict(record.get("outcome") or {})
     start = outcome.get("start_time") or plan.get("start_ms", end_ms) / 1000
     outcome.update(status=status, end_time=end_ms / 1000, duration_s=round(end_ms / 1000 - start, 3),
-                   recovered=note, missing=missing)  # fmt: skip
+                   recovered=note)  # fmt: skip
     outcome.setdefault("exit_code", ended.get("exit_code"))
     if not outcome.get("error"):
         outcome["error"] = facts.get("exception") or (

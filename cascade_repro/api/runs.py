@@ -67,7 +67,6 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
     environ = dict(os.environ if request.environ is None else request.environ)
     root = find_repo_root(cwd)
     settings = load_settings(root, environ)
-    finish_dead_runs(settings, notify)  # runs whose `cascade run` died: delivered and closed first
     if request.experiment:
         settings = replace(settings, experiment=request.experiment)
     if request.log_checkpoints:
@@ -138,7 +137,13 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
     )
     if request.restored_params is None:  # a restore's worktree is not the user's project
         _advise_init_once(settings, notify)
-    result = record_run(plan, notify)
+    # Runs whose `cascade run` died are delivered meanwhile, never delaying this script's start.
+    recovering = finish_dead_runs(settings, notify, background=True)
+    try:
+        result = record_run(plan, notify)
+    finally:
+        if recovering is not None:
+            recovering.join()
     result = _after_usage_error(result, settings, restore=request.restored_params is not None)
     if request.version is None or result.discarded:
         return result

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,22 +30,34 @@ def sync(cwd: Path | None = None, notify: Notify = lambda message: None,
     return deliver_all(settings, notify, f"`cascade {command}`")
 
 
-def finish_dead_runs(settings: Settings, notify: Notify | None = None) -> None:
+def finish_dead_runs(settings: Settings, notify: Notify | None = None,
+                     background: bool = False) -> threading.Thread | None:  # fmt: skip
     """Recover runs whose `cascade run` died, before a command uses the store.
 
     One listing of .cascade/runs when there are none; never fails the command (a run that cannot
-    be delivered now stays spooled for `cascade sync`)."""
+    be delivered now stays spooled for `cascade sync`). With `background` (`cascade run`: the new
+    script must not wait for an old run's delivery, which may wait out a store's retry budget) the
+    delivery runs in a thread the caller joins."""
     entries = spool.scan(settings.runs_dir)
     say = notify or (lambda message: log.warning("%s", message))
     waiting = sum(entry.state == spool.PENDING for entry in entries)
     if waiting and notify is not None:  # `cascade run` says it; `cascade ls` shows them PENDING-SYNC
         say(f"{waiting} earlier run(s) still have records pending delivery: `cascade sync` delivers them")
     if not any(entry.state == spool.DEAD for entry in entries):
-        return
-    try:
-        from cascade_repro.recovery import recover_dead
+        return None
 
-        recover_dead(settings, say, f"the next cascade command (pid {os.getpid()})")
-    except Exception as exc:  # the command itself must still run
-        say(f"could not recover the runs of dead cascade processes now ({type(exc).__name__}: {exc}); "
-            "`cascade recover` tries again")  # fmt: skip
+    def recover() -> None:
+        try:
+            from cascade_repro.recovery import recover_dead
+
+            recover_dead(settings, say, f"the next cascade command (pid {os.getpid()})", entries)
+        except Exception as exc:  # the command itself must still run
+            say(f"could not recover the runs of dead cascade processes now ({type(exc).__name__}: "
+                f"{exc}); `cascade recover` tries again")  # fmt: skip
+
+    if not background:
+        recover()
+        return None
+    thread = threading.Thread(target=recover, name="cascade-recover", daemon=True)
+    thread.start()
+    return thread

@@ -7,8 +7,6 @@ import os
 from collections import deque
 from typing import Any, Iterator
 
-from cascade_repro.redaction import redact_variable
-
 # cascade's own, or specific to a machine or a login:
 # restoring them would break the re-run, comparing them would only add noise.
 NOT_RECORDED_PREFIXES = (
@@ -59,6 +57,8 @@ def record_reads() -> set[str]:
 def values_read(names: set[str]) -> dict[str, str | None]:
     """Name → value at exit (None: unset), minus machine-specific names, secrets redacted here: the
     hand-off file outlives the child when the parent dies, so it never holds a secret."""
+    from cascade_repro.redaction import redact_variable  # at exit only: the script's start stays light
+
     data = os.environ._data  # type: ignore[attr-defined]  # raw, without recording these lookups
     decode = os.environ.decodevalue
     encode = os.environ.encodekey

@@ -31,7 +31,7 @@ class EventSink:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._auto_step = 0
-        self.lost = 0  # points dropped because the run directory could not be written (a full disk)
+        self.lost = 0  # points dropped on a full disk: counted to say it once (on stderr)
         self._thread = threading.Thread(target=self._loop, name="cascade-events", daemon=True)
         self._thread.start()
         atexit.register(self.close)
@@ -64,7 +64,8 @@ class EventSink:
 
     def _write(self, lines: list[str]) -> None:
         """A write that fails (disk full) drops its points and says so once: the training goes on
-        and memory stays bounded, and the parent records the run as incomplete."""
+        and memory stays bounded; the parent, whose log write fails on the same disk, records the
+        run as incomplete."""
         try:
             self._file.write("\n".join(lines) + "\n")
             self._file.flush()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import IO, Any
 
@@ -57,7 +58,7 @@ def open_private(path: Path, mode: str = "a") -> IO[Any]:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON so a reader never sees half a file (write a sibling, then rename), mode 0600."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # threads too
     with open_private(tmp, "w") as handle:
         handle.write(json.dumps(data, indent=2, sort_keys=True, default=str))
     os.replace(tmp, path)

@@ -105,9 +105,6 @@ class Delivery:
     def pending(self) -> list[dict[str, Any]]:
         return [op for op in self.ledger.ops() if op.get("state") == WAITING and op["id"] != CLOSE_OP]
 
-    def refused_ops(self) -> list[dict[str, Any]]:
-        return [op for op in self.ledger.ops() if op.get("state") == FAILED]
-
     def _attempt(self, op: dict[str, Any]) -> bool:
         part = self._part(op["kind"])
         if part in self._down:
@@ -161,11 +158,11 @@ class Delivery:
             if not refused(exc):
                 self._down["database"] = mlflow_store.first_line(exc)
                 raise
-            requests = self._send_by_key(points, exc)
+            requests = self._send_by_key(points)
         self._down.pop("database", None)
         return requests
 
-    def _send_by_key(self, points: list[Point], first: BaseException) -> int:
+    def _send_by_key(self, points: list[Point]) -> int:
         by_key: dict[str, list[Point]] = {}
         for point in points:
             by_key.setdefault(point[0], []).append(point)

@@ -401,11 +401,7 @@ def trace_section(run_dir: Path, header: dict[str, Any] | None) -> dict[str, Any
 # -- files -----------------------------------------------------------------------------------------
 def write_json(path: Path, data: Any) -> None:
     """Atomic, private (0600: plans and records may hold what the script was given)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=1, sort_keys=True, default=str)
-    os.replace(tmp, path)
+    protocol.write_json_atomic(path, data)
 
 
 def read_json(path: Path) -> dict[str, Any]:
