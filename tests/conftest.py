@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,16 @@ def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
 
 def git(root: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout
+
+
+def wait_for_file(path: Path, process: subprocess.Popen[str], timeout: float = 120) -> None:
+    """Until the background `cascade` process's script writes `path` (a marker); fails with its output
+    if it ends first or the time runs out."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"the script never wrote {path.name}"
+        time.sleep(0.1)
 
 
 @dataclass

@@ -53,4 +53,5 @@ def test_a_full_run_directory_never_blocks_the_script_and_the_run_says_it_is_inc
     record = project.manifest(run.info.run_id)
     assert record["outcome"]["output_log"].startswith("incomplete: No space left on device after")
     history = project.client().get_metric_history(run.info.run_id, "m")
-    assert len(history) <= 4000 and record["metrics"]["keys"].get("m", {}).get("count", 0) == len(history)
+    claimed = record["metrics"]["keys"].get("m", {}).get("count", 0)  # no key when none were stored
+    assert claimed == len(history) < 4000  # points were dropped (said above); the record claims no more

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.conftest import CASCADE, Project
+from tests.conftest import CASCADE, Project, wait_for_file
 
 pytestmark = pytest.mark.slow
 
@@ -54,12 +54,7 @@ def test_signal_is_killed_with_everything_recorded(
         [*CASCADE, "run", "train.py", "--hang"], cwd=project.root, env=dict(os.environ),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
-    ready = project.root / "out" / "ready"
-    deadline = time.monotonic() + 120
-    while not ready.exists():
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "script never got ready"
-        time.sleep(0.1)
+    wait_for_file(project.root / "out" / "ready", process)
     time.sleep(1.0)  # let the parent open the run and write the manifest
     if to_group:
         os.killpg(process.pid, sig)
@@ -113,10 +108,7 @@ def test_a_script_that_ignores_ctrl_c_and_finishes_is_finished_not_killed(projec
     project.commit("stubborn")
     process = subprocess.Popen([*CASCADE, "run", "stubborn.py"], cwd=project.root, env=dict(os.environ),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not (project.root / "out" / "ready").exists():
-        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
-        time.sleep(0.1)
+    wait_for_file(project.root / "out" / "ready", process)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 0, stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CASCADE, Project
+from tests.conftest import CASCADE, Project, wait_for_file
 
 pytestmark = pytest.mark.slow
 
@@ -195,12 +195,7 @@ def test_the_run_directory_is_private_while_the_script_runs_and_gone_after(proje
         [*CASCADE, "run", "train.py", "--hang", "--token", ARGV_SECRETS["--token"]], cwd=project.root,
         env={**os.environ, **ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    ready = project.root / "out" / "ready"
-    deadline = time.monotonic() + 120
-    while not ready.exists():
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "script never got ready"
-        time.sleep(0.1)
+    wait_for_file(project.root / "out" / "ready", process)
     time.sleep(1.0)  # the parent opens the run meanwhile
     (run_dir,) = [p for p in (project.root / ".cascade" / "runs").iterdir() if p.is_dir()]
     dir_mode = stat.S_IMODE(run_dir.stat().st_mode)
