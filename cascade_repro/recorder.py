@@ -26,6 +26,7 @@ from cascade_repro.child import protocol
 from cascade_repro.errors import CascadeError, StoreError
 from cascade_repro.recording import Recording, Worker
 from cascade_repro.redaction import redact_argv
+from cascade_repro.run_output import RunOutput
 from cascade_repro.run_plan import Notify, RunPlan, RunResult
 from cascade_repro.settings import Settings, sqlite_path
 from cascade_repro.store import spool
@@ -55,9 +56,12 @@ def _record(plan: RunPlan, notify: Notify, run_dir: Path, start_ms: int) -> RunR
     protocol.write_json_atomic(run_dir / protocol.PARAMS_FILE, plan.params.values)
     env = child_environment(plan, run_dir)
 
+    output = RunOutput(run_dir / protocol.OUTPUT_LOG, run_dir)
+    notify = output.wrap(notify)
     try:
-        child = _start_child(plan, env, run_dir)
+        child = _start_child(plan, env, run_dir, output)
     except BaseException:
+        output.close()
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing ran, nothing recorded: leave nothing behind
         raise
     if plan.container is None:  # pid reuse is told apart by the start time /proc gives
@@ -121,11 +125,11 @@ def _start_recording(plan: RunPlan, notify: Notify, child: RunningChild, env: di
     return recording, store
 
 
-def _start_child(plan: RunPlan, env: dict[str, str], run_dir: Path) -> RunningChild:
+def _start_child(plan: RunPlan, env: dict[str, str], run_dir: Path, output: RunOutput) -> RunningChild:
     bootstrap = ["-m", "cascade_repro.child.bootstrap", str(plan.script), *plan.args]
     if plan.container is None:
         env = {**env, protocol.ENV_PARENT_PID: str(os.getpid())}  # the child stops if we die
-        return Child([sys.executable, *bootstrap], env, plan.cwd, run_dir / protocol.OUTPUT_LOG)
+        return Child([sys.executable, *bootstrap], env, plan.cwd, output)
     from cascade_repro.images import engine
     from cascade_repro.images.container import (
         ContainerChild,
@@ -154,7 +158,7 @@ def _start_child(plan: RunPlan, env: dict[str, str], run_dir: Path) -> RunningCh
         network=plan.container.network,
         labels={"cascade.run_dir": str(run_dir)},
     )
-    return ContainerChild(plan.container.client or engine.connect(), spec, run_dir / protocol.OUTPUT_LOG)
+    return ContainerChild(plan.container.client or engine.connect(), spec, output)
 
 
 def _in_image(plan: RunPlan, captured: dict[str, Any]) -> dict[str, Any]:

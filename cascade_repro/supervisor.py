@@ -1,4 +1,4 @@
-"""Run the child process: stream its output live and to a log, forward signals, report how it ended."""
+"""Run the child process: relay its output (run_output.py), forward signals, report how it ended."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Callable, Iterator, Mapping, Protocol, Sequence
 
-from cascade_repro.child.protocol import open_private
+from cascade_repro.run_output import STDERR, STDOUT, RunOutput
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -40,19 +40,16 @@ class RunningChild(Protocol):
 
 
 class Child:
-    """The training process. Output goes to the terminal as it comes and to `log_path`."""
+    """The training process. Its output goes to `output` (the terminal and the run's log) as it comes."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> None:
-        self._log = open_private(log_path, "ab")  # closed in wait()
-        self._log_lock = threading.Lock()
-        self._log_error: str | None = None
-        self._logged = 0
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, output: RunOutput) -> None:
+        self._output = output  # closed in wait()
         self.process = subprocess.Popen(
             list(argv), env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
         self._pumps = [
-            threading.Thread(target=self._pump, args=(self.process.stdout, sys.stdout), daemon=True),
-            threading.Thread(target=self._pump, args=(self.process.stderr, sys.stderr), daemon=True),
+            threading.Thread(target=self._pump, args=(self.process.stdout, STDOUT), daemon=True),
+            threading.Thread(target=self._pump, args=(self.process.stderr, STDERR), daemon=True),
         ]
         for pump in self._pumps:
             pump.start()
@@ -79,10 +76,9 @@ class Child:
                     continue
         for pump in self._pumps:
             pump.join(timeout=10)
-        with self._log_lock:
-            self._log.close()
+        log_error = self._output.close()
         killed = -code if code < 0 else None
-        return ChildExit(128 + killed if killed else code, self._received, killed, self._log_error)
+        return ChildExit(128 + killed if killed else code, self._received, killed, log_error)
 
     def restore_signals(self) -> None:
         for sig, handler in self._previous_handlers.items():
@@ -107,23 +103,10 @@ class Child:
             return
         self.process.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
 
-    def _write_log(self, chunk: bytes) -> None:
-        """Append to the log; a full disk ends the log, never the relay (the script must not block
-        on a pipe nobody drains)."""
-        try:
-            self._log.write(chunk)
-            self._log.flush()
-            self._logged += len(chunk)
-        except OSError as exc:
-            self._log_error = f"{exc.strerror or exc} after {self._logged} bytes"
-            with contextlib.suppress(OSError):
-                self._log.close()
-
-    def _pump(self, source: IO[bytes] | None, sink: IO[str]) -> None:
+    def _pump(self, source: IO[bytes] | None, stream: int) -> None:
         if source is None:
             return
         fd = source.fileno()
-        target = getattr(sink, "buffer", None)
         while True:
             try:
                 chunk = os.read(fd, 65536)
@@ -131,15 +114,7 @@ class Child:
                 break
             if not chunk:
                 break
-            with self._log_lock:
-                if not self._log.closed and self._log_error is None:  # a grandchild may outlive the child
-                    self._write_log(chunk)
-            if target is not None:
-                try:
-                    target.write(chunk)
-                    target.flush()
-                except (OSError, ValueError):
-                    target = None  # the terminal went away; the log still gets everything
+            self._output.feed(stream, chunk)
         source.close()
 
 

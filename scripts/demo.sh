@@ -23,8 +23,8 @@ git add -A && git commit -qm "cascade init"
 step "cascade run --tag v1.0 train.py (recorded into MLflow at $demo/mlflow.db)"
 cascade run --tag v1.0 train.py
 
-step "cascade run --set optimizer.lr=0.02 train.py --epochs 5"
-cascade run --set optimizer.lr=0.02 train.py --epochs 5
+step "cascade run --set optimizer.lr=0.02 train.py"
+cascade run --set optimizer.lr=0.02 train.py
 
 step "cascade run train.py again: same code, same seed"
 cascade run train.py

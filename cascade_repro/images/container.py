@@ -19,8 +19,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Iterable, Mapping, Sequence
 
-from cascade_repro.child.protocol import open_private
 from cascade_repro.errors import DockerError
+from cascade_repro.run_output import STDERR, STDOUT, RunOutput
 from cascade_repro.supervisor import ChildExit, forwarding_signals
 
 log = logging.getLogger(__name__)
@@ -93,10 +93,10 @@ def mount_points(paths: Iterable[Path]) -> list[str]:
 class ContainerChild:
     """The training process inside a container. Output goes to the terminal as it comes and to `log_path`."""
 
-    def __init__(self, client: Any, spec: ContainerSpec, log_path: Path) -> None:
+    def __init__(self, client: Any, spec: ContainerSpec, output: RunOutput) -> None:
         import docker
 
-        self._log = open_private(log_path, "ab")  # closed in wait()
+        self._output = output  # closed in wait()
         requests = None
         if spec.gpus is not None:
             count = -1 if spec.gpus == "all" else int(spec.gpus)
@@ -124,7 +124,6 @@ class ContainerChild:
                 self.container.id, stdout=True, stderr=True, stream=True, logs=True, demux=True
             )
         except BaseException as exc:  # nothing may stay running: the run is not recorded
-            self._log.close()
             self.remove()
             if isinstance(exc, docker.errors.DockerException):  # API refusals, a bad --shm-size, no engine
                 raise _start_error(exc, spec) from None
@@ -153,7 +152,7 @@ class ContainerChild:
             while self._waiter.is_alive():
                 self._waiter.join(timeout=0.2)
         self._pump_thread.join(timeout=10)
-        self._log.close()
+        log_error = self._output.close()
         self.remove()
         code = int(self._exit.get("StatusCode", 1))
         if self._exit.get("error"):
@@ -164,7 +163,7 @@ class ContainerChild:
             if code > 128 and code - 128 in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
             else None
         )
-        return ChildExit(code, self._received, killed)
+        return ChildExit(code, self._received, killed, log_error)
 
     def restore_signals(self) -> None:
         for sig, handler in self._previous_handlers.items():
@@ -204,22 +203,11 @@ class ContainerChild:
             log.debug("signalling the container: %s", exc)
 
     def _pump(self) -> None:
-        sinks = [getattr(sys.stdout, "buffer", None), getattr(sys.stderr, "buffer", None)]
         try:
             for frame in self._stream:
-                for index, chunk in enumerate(frame):
-                    if not chunk:
-                        continue
-                    if not self._log.closed:
-                        self._log.write(chunk)
-                        self._log.flush()
-                    sink = sinks[index]
-                    if sink is not None:
-                        try:
-                            sink.write(chunk)
-                            sink.flush()
-                        except (OSError, ValueError):
-                            sinks[index] = None  # the terminal went away; the log still gets everything
+                for stream, chunk in zip((STDOUT, STDERR), frame, strict=True):
+                    if chunk:
+                        self._output.feed(stream, chunk)
         except Exception as exc:  # the stream ends with the container
             log.debug("container output stream: %s", exc)
 

@@ -209,11 +209,11 @@ def _revisions() -> tuple[str, frozenset[str]]:
 
 
 def _mlflow_db_utils() -> Any:
+    from mlflow.store.db import utils  # importing mlflow sets its loggers' levels: quieten them after
+
     if not logging.getLogger("cascade_repro").isEnabledFor(logging.DEBUG):
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # "Creating initial tables..." is noise
         logging.getLogger("alembic").setLevel(logging.WARNING)
-    from mlflow.store.db import utils
-
     return utils
 
 

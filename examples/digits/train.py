@@ -56,8 +56,8 @@ def main() -> None:
             val_loss = loss_fn(logits, y_val).item()
             val_acc = (logits.argmax(1) == y_val).float().mean().item()
         cascade_repro.log_metrics({"val_loss": val_loss, "val_acc": val_acc, "epoch": epoch}, step=step)
-        print(f"epoch {epoch:3d}  step {step:5d}  val_loss {val_loss:.4f}  val_acc {val_acc:.4f}")
-        if (epoch + 1) % 10 == 0:  # the best 3 by val_loss and the last stay; cascade puts them in DVC
+        if (epoch + 1) % 5 == 0:  # the best 3 by val_loss and the last stay; cascade puts them in DVC
+            print(f"epoch {epoch:3d}  step {step:5d}  val_loss {val_loss:.4f}  val_acc {val_acc:.4f}")
             state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch}
             cascade_repro.checkpoint(state, step=step, metrics={"val_loss": val_loss}, monitor="val_loss")
     print(f"trained {step} steps in {time.perf_counter() - started:.1f}s")

@@ -1,0 +1,56 @@
+"""The relay of the script's output and the progress line (run_output.py), on real files."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from cascade_repro.child import protocol
+from cascade_repro.run_output import STDERR, STDOUT, Progress, RunOutput
+
+
+def test_lines_are_relayed_whole_in_the_order_they_were_completed(tmp_path: Path) -> None:
+    output = RunOutput(tmp_path / "output.log", tmp_path, progress=False)
+    output.feed(STDOUT, b"step 1 ")
+    output.feed(STDERR, b"warning: x\n")
+    output.feed(STDOUT, b"done\nstep 2")
+    output.feed(STDOUT, b" done\n")
+    assert output.close() is None
+    assert (tmp_path / "output.log").read_bytes() == b"warning: x\nstep 1 done\nstep 2 done\n"
+
+
+def test_a_line_without_its_end_is_passed_on_after_a_moment(tmp_path: Path) -> None:
+    output = RunOutput(tmp_path / "output.log", tmp_path, progress=False)
+    output.feed(STDOUT, b"continue? [y/n] ")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not (tmp_path / "output.log").read_bytes():
+        time.sleep(0.02)
+    assert (tmp_path / "output.log").read_bytes() == b"continue? [y/n] "
+    output.feed(STDOUT, b"y\n")
+    output.feed(STDOUT, b"no newline at exit")
+    output.close()
+    assert (tmp_path / "output.log").read_bytes() == b"continue? [y/n] y\nno newline at exit"
+
+
+def test_progress_reads_the_last_traced_step_and_metric(tmp_path: Path) -> None:
+    progress = Progress(tmp_path)
+    assert progress.line(time.monotonic()).startswith("running · ")
+    assert not progress.moved()
+    (tmp_path / protocol.TRACE_FILE).write_text(
+        "".join(json.dumps({"step": k, "loss": {"value": 1.0}}) + "\n" for k in range(12))
+        + '{"step": 12, "lo'
+    )
+    (tmp_path / protocol.EVENTS_FILE).write_text(
+        json.dumps([1.0, 11, {"acc": 0.5, "train_loss": 0.25}])
+        + "\n"
+        + json.dumps([1.0, 11, {"lr": 0.1}])
+        + "\n"
+    )
+    line = progress.line(time.monotonic())
+    assert line.startswith("step 12 · lr 0.1 · ") and line.endswith("s")
+    assert progress.moved() and not progress.moved()
+    (tmp_path / protocol.EVENTS_FILE).write_text(
+        json.dumps([1.0, 11, {"acc": 0.5, "train_loss": 0.25}]) + "\n"
+    )
+    assert progress.line(time.monotonic()).startswith("step 12 · train_loss 0.25 · ")
