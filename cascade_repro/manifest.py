@@ -95,6 +95,9 @@ def check_shape(data: Mapping[str, Any], run_id: str | None = None) -> None:
     for where, value in (("command.script", command.get("script")), ("git.commit", git.get("commit"))):
         if not isinstance(value, (str, type(None))):
             refuse(where, value, "a string")
+    file = params.get("file")
+    if file is not None and not (isinstance(file, dict) and isinstance(file.get("values", {}), dict)):
+        refuse("params.file", file, "null or an object whose values are an object")
     seed = params.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
         refuse("params.seed", seed, "an integer from 0 to 2**64-1")

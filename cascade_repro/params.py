@@ -229,3 +229,75 @@ def _closest(key: str, flat: Mapping[str, Any]) -> str:
         leaf = key.rsplit(".", 1)[-1]
         matches = [k for k in keys if k.rsplit(".", 1)[-1] == leaf][:1]
     return f"; did you mean {matches[0]}?" if matches else ""
+
+
+# -- what the script used (issue 14.2) ---------------------------------------------------------------
+ARGS_PREFIX = "args."  # an argparse value whose name the params file also has: `args.<name>`
+CASCADE_PREFIX = "cascade."  # cascade's value of a param the script logged itself with another value
+
+
+def resolved_dict(resolved: ResolvedParams) -> dict[str, Any]:
+    """The resolved params as JSON (the plan a recoverer reads, the input of `used_params`)."""
+    return {"values": resolved.values, "source": resolved.source, "overrides": resolved.overrides,
+            "seed": resolved.seed, "seed_source": resolved.seed_source}  # fmt: skip
+
+
+def used_params(resolved: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[str, Any]:
+    """The record's `params` section: what the script used, from the resolved params file and what
+    the child noted (`params_read`: it called `cascade_repro.params()`; `argparse`: its namespace).
+
+    `values` holds the file's values only when the script read them, and the argparse namespace
+    (a name the file also has goes under `args.`, so neither value hides the other); `file` keeps
+    the resolved file for a restore, saying whether it was read; `seed` is the seed cascade applied
+    (from the file's `seed` key even when the script never read the file).
+    """
+    from cascade_repro.redaction import MARKER, redact_text, secret_option
+
+    read = bool(facts.get("params_read"))
+    file_values = dict(resolved.get("values") or {})
+    values: dict[str, Any] = copy.deepcopy(file_values) if read else {}
+    sources = [str(resolved.get("source"))] if read and resolved.get("source") else []
+    parsed = facts.get("argparse")
+    section: dict[str, Any] = {}
+    if isinstance(parsed, Mapping):
+        taken = set(flatten(values)) | set(values)
+        namespace = {
+            str(name): MARKER if secret_option(str(name)) and value is not None
+            else redact_text(value) if isinstance(value, str) else value
+            for name, value in list(parsed.items())[:MAX_PARAMS]
+        }  # fmt: skip
+        for name, value in namespace.items():
+            values[f"{ARGS_PREFIX}{name}" if name in taken else name] = value
+        section["argparse"] = namespace
+        sources.append("argparse")
+    path = resolved.get("source")
+    return {
+        "values": values,
+        "source": " + ".join(sources) or None,
+        "file": {"path": path, "read": read, "values": file_values} if path else None,
+        **section,
+        "overrides": dict(resolved.get("overrides") or {}),
+        "seed": resolved.get("seed", 0),
+        "seed_source": resolved.get("seed_source"),
+    }
+
+
+def mlflow_params(section: Mapping[str, Any]) -> dict[str, Any]:
+    """The MLflow params of a record's params section: its values flattened, and the seed cascade
+    applied as `seed` (as `cascade.seed` when the script's own `seed` differs)."""
+    flat = flatten(section.get("values") or {})
+    seed = section.get("seed", 0)
+    if "seed" not in flat:
+        flat["seed"] = seed
+    elif flat["seed"] != seed:
+        flat[f"{CASCADE_PREFIX}seed"] = seed
+    return flat
+
+
+def unused_overrides(section: Mapping[str, Any], script: str) -> list[str]:
+    """`--set`/`--add` keys of a params file the script never read: they changed nothing."""
+    file = section.get("file") or {}
+    if file.get("read") is not False:
+        return []
+    return [f"--set {key} has no effect: {script} never called cascade_repro.params()"
+            for key in section.get("overrides") or {} if key != "seed"]  # fmt: skip

@@ -25,12 +25,12 @@ from cascade_repro.capture.packages import installed_version
 from cascade_repro.capture.snapshot import empty_snapshot
 from cascade_repro.child import protocol
 from cascade_repro.manifest import ARTIFACT_PATH, Manifest, data_objects
-from cascade_repro.params import flatten
+from cascade_repro.params import resolved_dict, unused_overrides, used_params
 from cascade_repro.redaction import redact_argv
 from cascade_repro.run_plan import Notify, RunPlan, RunResult
 from cascade_repro.store import mlflow_store, spool
 from cascade_repro.store.checkpoint_keeper import CheckpointKeeper, CheckpointsRecorded, finish_checkpoints
-from cascade_repro.store.delivery import Delivery, dir_op, file_op, record_op, tags_op
+from cascade_repro.store.delivery import Delivery, dir_op, file_op, params_op, record_op, tags_op
 from cascade_repro.store.metrics_writer import MetricsWriter
 from cascade_repro.supervisor import ChildExit, RunningChild
 
@@ -127,9 +127,8 @@ class Recording:
                     delivery.do(file_op(self.run_dir / name, "cascade"))
         captured = self.capture.value()
         git: GitState = captured["git"]
-        params = {"id": "params", "kind": "params", "params": self._flat_params(),
-                  "existing": self.opened.existing_params}  # fmt: skip
-        delivery.do(params)
+        # Params wait for the end (finish): only then is it known what the script used, and the
+        # script's own mlflow.log_params have landed first, so none of its batches meets ours.
         delivery.do(tags_op("git", {"cascade.dirty": str(git.dirty).lower(),
                                     "mlflow.source.git.repoURL": git.remotes.get("origin")}))  # fmt: skip
         self._log_dirty_state(git)
@@ -154,6 +153,9 @@ class Recording:
                 f"--deterministic strict stopped the script: torch has no deterministic implementation of "
                 f"{refused}. Replace that op, or run with --deterministic warn to record it and go on"
             )
+        params = used_params(resolved_dict(self.plan.params), facts)
+        self.warnings.extend(unused_overrides(params, self.plan.script_rel))
+        self.delivery.do(params_op(params))
         resources = self._resources(facts)
         self.writer.add(resources)
         self.writer.stop()
@@ -231,7 +233,7 @@ class Recording:
             "artifact_root": plan.settings.artifact_root, "run_name": plan.run_name, "tags": self.tags,
             "start_ms": self.start_ms, "existing_run_id": plan.environ.get("MLFLOW_RUN_ID") or None,
             "in_container": plan.container is not None,
-            "params": self._flat_params(), "root": str(plan.settings.root),
+            "resolved_params": resolved_dict(plan.params), "root": str(plan.settings.root),
             "dvc_remote": plan.settings.dvc_remote, "log_checkpoints": plan.settings.log_checkpoints,
             "env_allow_prefixes": list(plan.settings.env_allow_prefixes),
         })  # fmt: skip
@@ -240,11 +242,6 @@ class Recording:
             skeleton[section] = {"unavailable": NOT_CAPTURED}
         skeleton["data"] = []
         write(self.run_dir / spool.RECORD_FILE, skeleton)
-
-    def _flat_params(self) -> dict[str, Any]:
-        flat = flatten(self.plan.params.values)
-        flat.setdefault("seed", self.plan.params.seed)
-        return flat
 
     def _start_tags(self) -> dict[str, str]:
         plan = self.plan
@@ -316,13 +313,7 @@ class Recording:
                 "invocation": redact_argv(plan.invocation),
                 "run_name": plan.run_name,
             },
-            params={
-                "values": plan.params.values,
-                "source": plan.params.source,
-                "overrides": plan.params.overrides,
-                "seed": plan.params.seed,
-                "seed_source": plan.params.seed_source,
-            },
+            params=used_params(resolved_dict(plan.params), facts),
             determinism=determinism,
             git=captured["git"].to_dict(),
             python=captured["python"],

@@ -21,10 +21,11 @@ from typing import Any
 from cascade_repro.child import protocol
 from cascade_repro.errors import CascadeError
 from cascade_repro.manifest import ARTIFACT_PATH, SCHEMA
+from cascade_repro.params import used_params
 from cascade_repro.run_plan import Notify
 from cascade_repro.settings import Settings
 from cascade_repro.store import mlflow_store, spool
-from cascade_repro.store.delivery import CLOSE_OP, END_TAGS_OP, RECORD_OP, Delivery, file_op
+from cascade_repro.store.delivery import CLOSE_OP, END_TAGS_OP, RECORD_OP, Delivery, file_op, params_op
 from cascade_repro.store.metrics_writer import MetricsWriter, full_summary
 
 log = logging.getLogger(__name__)
@@ -95,8 +96,8 @@ def _deliver(run_dir: Path, settings: Settings, notify: Notify, command: str, di
         return Delivered(str(run_dir), None, PENDING_SYNC, 0, (exc.message,), died)
     delivery = Delivery(client, run_id, ledger, str(plan.get("tracking_uri") or settings.tracking_uri))
     delivery.retry(skip=(RECORD_OP, END_TAGS_OP, CLOSE_OP))
-    if died and delivery.state("params") is None and plan.get("params"):
-        delivery.do({"id": "params", "kind": "params", "params": plan["params"]})
+    if died and delivery.state("params") is None:  # the dead parent had not logged them (finish does)
+        _deliver_params(run_dir, plan, delivery)
     writer = MetricsWriter(delivery, run_dir)
     writer.stop()  # every point in the spool, from where the last writer stopped
     end_tags = dict((delivery.state(END_TAGS_OP) or {}).get("tags") or {})
@@ -169,6 +170,15 @@ def _open(client: Any, plan: dict[str, Any], run_dir: Path, settings: Settings, 
     return run_id
 
 
+def _deliver_params(run_dir: Path, plan: dict[str, Any], delivery: Delivery) -> None:
+    """The params the script used, as `finish` would have logged them, from the plan and child.json."""
+    if isinstance(plan.get("resolved_params"), dict):
+        facts = spool.read_json(run_dir / protocol.FACTS_FILE)
+        delivery.do(params_op(used_params(plan["resolved_params"], facts)))
+    elif plan.get("params"):  # a spool of an earlier cascade: the flat params it planned to log
+        delivery.do({"id": "params", "kind": "params", "params": plan["params"]})
+
+
 def _recovered_record(run_dir: Path, ledger: spool.Ledger, plan: dict[str, Any], settings: Settings,
                       delivery: Delivery, notify: Notify,
                       command: str) -> tuple[dict[str, Any], str, int]:  # fmt: skip
@@ -185,6 +195,8 @@ def _recovered_record(run_dir: Path, ledger: spool.Ledger, plan: dict[str, Any],
             "capture: git state, packages, system and environment (the cascade process died first)"
         )
     if ledger.stage != "final":
+        if isinstance(plan.get("resolved_params"), dict):  # what the script used, as finish() says it
+            record["params"] = used_params(plan["resolved_params"], facts)
         if facts.get("torch"):
             record["torch"] = facts["torch"]
         if facts.get("determinism"):

@@ -102,7 +102,11 @@ def current_record(settings: Settings) -> dict[str, Any]:
         "run_id": CURRENT,
         "experiment": settings.experiment,
         "command": {},
-        "params": {"values": params.values, "seed": params.seed},
+        "params": {
+            "values": params.values,
+            "seed": params.seed,
+            "file": {"path": params.source, "values": params.values} if params.source else None,
+        },
         "determinism": {"mode": settings.determinism},
         "git": capture_git(root, own_paths(settings), settings.untracked_max_bytes).to_dict(),
         **machine_record(settings, os.environ, probe_torch=True),

@@ -256,10 +256,16 @@ def _restore_objects(plan: RestorePlan, manifest: Mapping[str, Any], execute: bo
 
 
 def _recorded_params(manifest: Mapping[str, Any]) -> ResolvedParams:
+    """The params file as the run resolved it (`params.file`; a record before issue 14.2 has only
+    `values` and `source`), so that `cascade_repro.params()` returns the same in the re-run."""
     params = manifest.get("params") or {}
+    if "file" in params:
+        file = params["file"] or {}  # null: the run had no params file
+    else:
+        file = {"values": params.get("values"), "path": params.get("source")}
     return ResolvedParams(
-        values=dict(params.get("values") or {}),
-        source=params.get("source"),
+        values=dict(file.get("values") or {}),
+        source=file.get("path"),
         overrides=dict(params.get("overrides") or {}),
         seed=int(params.get("seed", 0)),
         seed_source="restored",

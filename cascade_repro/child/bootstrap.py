@@ -18,7 +18,7 @@ from pathlib import Path
 from types import FrameType, ModuleType, TracebackType
 from typing import Any, Callable
 
-from cascade_repro.child import env_reads, protocol, seeding, usage_errors
+from cascade_repro.child import env_reads, framework_logging, protocol, seeding, usage_errors
 from cascade_repro.child.checkpoints import install_torch_save_hook
 from cascade_repro.child.hooks import ImportHooks
 from cascade_repro.child.runtime import checkpoint_log
@@ -102,6 +102,8 @@ def main(argv: list[str]) -> None:
     ImportHooks(
         before={"mlflow": lambda: _wait_for_run_id(run_dir)},
         after={
+            "mlflow": framework_logging.after_mlflow,
+            **dict.fromkeys(framework_logging.LIGHTNING_MLFLOW_MODULES, framework_logging.after_lightning_mlflow),
             "torch": after_torch,
             "numpy": after_numpy,
             "argparse": lambda module: usage_errors.watch(module, lambda e: facts.update(exception=e)),

@@ -38,8 +38,7 @@ class ImportHooks(importlib.abc.MetaPathFinder):
         before = self._before.pop(fullname, None)
         if before is not None:
             before()
-        after = self._after.pop(fullname, None)
-        if after is None:
+        if fullname not in self._after:
             return None
         self._local.busy = True
         try:
@@ -48,8 +47,15 @@ class ImportHooks(importlib.abc.MetaPathFinder):
             self._local.busy = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        spec.loader = _with_callback(spec.loader, after)
+        spec.loader = _with_callback(spec.loader, lambda module: self._run_after(fullname, module))
         return spec
+
+    def _run_after(self, fullname: str, module: ModuleType) -> None:
+        """Once, when the module is executed: a spec only looked up (`importlib.util.find_spec`, as
+        transformers does to see what is installed) must not use the callback up."""
+        after = self._after.pop(fullname, None)
+        if after is not None:
+            after(module)
 
     def install(self) -> None:
         # Modules already imported (e.g. numpy pulled in by a sitecustomize) get their callback now.

@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from cascade_repro.child import protocol
 from cascade_repro.child.checkpoints import CheckpointLog, Policy, save
@@ -25,6 +25,7 @@ _lock = threading.Lock()
 _sink: list[EventSink] = []
 _params: list[dict[str, Any]] = []
 _checkpoints: list[CheckpointLog] = []
+_on_read: list[Callable[[], None]] = []  # the child's bootstrap: the script read its params file
 
 
 def run_dir() -> Path | None:
@@ -41,7 +42,15 @@ def params() -> dict[str, Any]:
     with _lock:
         if not _params:
             _params.append(_load_params())
+            for note in _on_read:
+                note()
         return copy.deepcopy(_params[0])
+
+
+def on_params_read(note: Callable[[], None]) -> None:
+    """Call `note` when the script first reads its params (under `cascade run`, the parent then
+    records the params file as part of what the script used)."""
+    _on_read.append(note)
 
 
 def log_metrics(metrics: Mapping[str, Any], step: int | None = None) -> None:

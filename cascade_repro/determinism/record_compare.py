@@ -93,7 +93,7 @@ def compare_records(a: Mapping[str, Any], b: Mapping[str, Any], only: tuple[str,
     builders: dict[str, Callable[[], Section]] = {
         "stack": lambda: _stack(a, b),
         "code": lambda: _code(a, b),
-        "params": lambda: _mapping("params", _params(a), _params(b), _kind("B", "params")),
+        "params": lambda: _mapping("params", *_params(a, b), _kind("B", "params")),
         "seed": lambda: _seed(a, b),
         "packages": lambda: _packages(a, b),
         "environment": lambda: _environment(a, b),
@@ -197,10 +197,19 @@ def _code(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
     return _mapping("code", view(a), view(b), classify)
 
 
-def _params(m: Mapping[str, Any]) -> dict[str, Any]:
-    values = flatten((m.get("params") or {}).get("values") or {})
-    values.pop("seed", None)  # the seed section's
-    return values
+def _params(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What each run's script used; against `current` (which runs nothing, so knows no argparse
+    namespace and no read) the params files, as resolved."""
+    both_ran = all(m.get("command") for m in (a, b))
+
+    def view(m: Mapping[str, Any]) -> dict[str, Any]:
+        params = m.get("params") or {}
+        file = params.get("file") if "file" in params else {"values": params.get("values")}
+        values = flatten((params if both_ran else file or {}).get("values") or {})
+        values.pop("seed", None)  # the seed section's
+        return values
+
+    return view(a), view(b)
 
 
 def _seed(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:

@@ -54,6 +54,13 @@ def record_op(artifact_file: str) -> dict[str, Any]:
     return {"id": RECORD_OP, "kind": RECORD_OP, "file": artifact_file}
 
 
+def params_op(section: dict[str, Any]) -> dict[str, Any]:
+    """The MLflow params of a record's params section (logged beside what the script logged itself)."""
+    from cascade_repro.params import mlflow_params
+
+    return {"id": "params", "kind": "params", "params": mlflow_params(section)}
+
+
 def tags_op(name: str, tags: dict[str, Any]) -> dict[str, Any]:
     return {"id": f"tags:{name}", "kind": "tags", "tags": {k: v for k, v in tags.items() if v is not None}}
 

@@ -181,32 +181,40 @@ def _experiment_id(mlflow: MlflowClient, name: str, artifact_root: str) -> str:
 def log_params(
     mlflow: MlflowClient, run_id: str, flat: Mapping[str, Any], existing: Mapping[str, str] | None = None
 ) -> list[str]:
-    """Log flattened params in batches of 100; returns warnings (truncated keys or values, conflicts,
-    params the store refused).
+    """Log flattened params in batches of 100; returns warnings (truncated keys or values, params
+    kept under another name, params the store refused).
 
-    MLflow refuses to change a logged param, so on a run someone else opened (`mlflow run`), a
-    key already logged with another value is left as it is and reported; the manifest has ours.
+    MLflow refuses to change a logged param, and the run may have some already: the script's own
+    `mlflow.log_params` (or a framework's), or whoever opened it (`mlflow run`). Theirs stay under
+    their names; ours of a key they logged with another value goes under `cascade.<key>`, and the
+    warning says so (`existing`: the run's params, read from the store when not given).
     A batch the store refuses is sent again one param at a time, so one bad param costs only itself;
     a store that does not answer raises (the caller keeps the params for later).
     """
     from mlflow.entities import Param
 
+    if existing is None:
+        existing = dict(mlflow.get_run(run_id).data.params)
     warnings = []
     items = []
     for key, value in flat.items():
+        full = value if isinstance(value, str) else json.dumps(value, default=str)
+        text = full if len(full) <= MAX_PARAM_VALUE else full[: MAX_PARAM_VALUE - 3] + "..."
         name = _valid_key(key)
+        if name in existing and existing[name] not in (text, str(value)):
+            renamed = _valid_key(f"cascade.{key}")
+            held = existing[name][:80]
+            warnings.append(f"param {key}={text[:80]} logged as {renamed}: the run already has {key}={held} "
+                            "(from the script, or whoever opened the run)")  # fmt: skip
+            key, name = f"cascade.{key}", renamed
+        if name in existing:
+            continue  # the same value, or a cascade.<key> already there (a retried delivery)
         if len(key) > MAX_KEY:
             warnings.append(
                 f"param key {key[:60]}... is longer than MLflow's {MAX_KEY} characters: stored as {name}"
             )
-        text = value if isinstance(value, str) else json.dumps(value, default=str)
-        if len(text) > MAX_PARAM_VALUE:
+        if text != full:
             warnings.append(f"param {key} truncated to MLflow's {MAX_PARAM_VALUE} characters")
-            text = text[: MAX_PARAM_VALUE - 3] + "..."
-        if existing and name in existing:
-            if existing[name] != text:
-                warnings.append(f"param {key}={text} not logged: the run already has {key}={existing[name]}")
-            continue
         items.append(Param(name, text))
     for batch in _chunks(items, MAX_PER_BATCH):
         warnings += _each_on_refusal(batch, lambda part: mlflow.log_batch(run_id, params=part), "param")

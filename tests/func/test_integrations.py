@@ -28,7 +28,8 @@ def test_records_into_a_run_opened_by_someone_else(project: Project) -> None:
     assert run.info.run_id == outer.info.run_id and run.info.run_name == "opened-by-mlflow-run"
     assert run.info.status == "FINISHED"
     assert run.data.params["seed"] == "99"  # MLflow never changes a logged param...
-    assert "param seed=3 not logged: the run already has seed=99" in result.stderr  # ...so we say so
+    assert run.data.params["cascade.seed"] == "3"  # ...so ours is kept beside it, and we say so
+    assert "param seed=3 logged as cascade.seed: the run already has seed=99" in result.stderr
     manifest = project.manifest(run.info.run_id)
     assert manifest["experiment"] == "outer" and manifest["params"]["seed"] == 3
     assert run.data.params["optimizer.lr"] == "0.1"

@@ -1,0 +1,68 @@
+"""Unmodified framework scripts (issue 14, item 4): Lightning's MLFlowLogger and the Hugging Face
+Trainer's MLflowCallback log into the cascade run, with nothing dropped and no second run; the
+Lightning run verifies and restores bit for bit. Real frameworks, tiny models, synthetic data."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import SCRIPTS, Project
+
+lightning = pytest.importorskip("lightning", reason="lightning is a test extra (pip install -e '.[dev]')")
+transformers = pytest.importorskip("transformers", reason="transformers is a test extra")
+
+FRAMEWORKS = SCRIPTS / "frameworks"
+
+
+def _runs_everywhere(project: Project) -> list[dict]:
+    listed = project.cascade("ls", "--all", "--json", check=True)
+    return json.loads(listed.stdout)["data"]
+
+
+def test_lightning_mlflow_logger_lands_in_the_cascade_run_and_restores(project: Project) -> None:
+    project.write("train_lightning.py", (FRAMEWORKS / "train_lightning.py").read_text())
+    project.commit("a Lightning script")
+    first = project.record("train_lightning.py", "--epochs", "3")
+    runs = _runs_everywhere(project)
+    assert [run["run_id"] for run in runs] == [first]  # no run of its own in experiment "lightning"
+    run = project.client().get_run(first)
+    assert run.data.params["hidden"] == "16" and run.data.params["lr"] == "0.05"  # save_hyperparameters
+    assert "lightning MLFlowLogger" in run.data.tags["cascade.framework_logger"]
+    history = project.client().get_metric_history(first, "val_loss")
+    assert len(history) == 3  # one validation per epoch, as Lightning logged it
+    second = project.record("train_lightning.py", "--epochs", "3")
+    verdict = project.cascade("verify", first, second)
+    assert verdict.returncode == 0 and verdict.stdout.startswith("BITWISE_IDENTICAL"), verdict.stdout
+    project.cascade("tag", first, "v1.0.0", check=True)
+    restored = project.cascade("restore", "v1.0.0")
+    assert restored.returncode == 0 and "BITWISE_IDENTICAL" in restored.stdout, restored.stdout + restored.stderr
+    worktree = project.root / ".cascade" / "restore" / "v1.0.0"
+    assert not (worktree / "mlflow.db").exists() and not (worktree / "mlruns").exists()
+    assert len(_runs_everywhere(project)) == 3  # the two runs and the restored one; nothing else
+
+
+def test_hf_trainer_params_and_evaluate_land_in_the_cascade_run(project: Project) -> None:
+    project.write("train_hf.py", (FRAMEWORKS / "train_hf.py").read_text())
+    project.commit("an HF Trainer script")
+    run_id = project.record("train_hf.py")
+    assert [run["run_id"] for run in _runs_everywhere(project)] == [run_id]  # evaluate() opened no run
+    run = project.client().get_run(run_id)
+    # What MLflowCallback logs: the model config and TrainingArguments, less values over 250 chars.
+    expected = json.loads(subprocess.run(
+        [sys.executable, "-c", "import json, train_hf; print(json.dumps({k: str(v) for k, v in {"
+         "**train_hf.tiny_gpt2().config.to_dict(), **train_hf.training_arguments().to_dict()}.items()}))"],
+        cwd=project.root, capture_output=True, text=True, check=True,
+    ).stdout.splitlines()[-1])  # fmt: skip
+    expected = {k: v for k, v in expected.items() if len(v) <= 250}
+    params = run.data.params
+    missing = {k: v for k, v in expected.items() if params.get(k) != v and params.get(f"script/{k}") != v}
+    assert not missing, f"{len(missing)} of {len(expected)} params dropped: {sorted(missing)[:10]}"
+    if params.get("seed") != "42":  # the run's own seed param (3) stays; the script's is beside it
+        assert params["script/seed"] == "42"
+        assert f"seed: run {params['seed']}, script 42" in run.data.tags["cascade.renamed_params"]
+    evals = project.client().get_metric_history(run_id, "eval_loss")
+    assert len(evals) == 3  # at steps 10 and 20, and the evaluate() after train()

@@ -1,0 +1,161 @@
+"""Params are what the script used (issue 14, item 2): the params file only when the script read it,
+its parsed argparse namespace, and what it logged to MLflow itself, nothing dropped or shadowed.
+
+Each test drives the real `cascade run` in a real git repository with a real MLflow store.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import Project, git
+
+pytestmark = pytest.mark.slow
+
+ARGPARSE_ONLY = """\
+import argparse
+from pathlib import Path
+
+cli = argparse.ArgumentParser()
+cli.add_argument("--lr", type=float, default=0.1)
+cli.add_argument("--batch-size", type=int, default=64)
+cli.add_argument("--epochs", type=int, default=5)
+cli.add_argument("--amp", action="store_true")
+cli.add_argument("--layers", type=int, nargs="+", default=[8, 8])
+cli.add_argument("--out", type=Path, default=Path("out"))
+args = cli.parse_args()
+# Parsers of other lists are not the script's configuration.
+other = argparse.ArgumentParser()
+other.add_argument("--inner", default="x")
+other.parse_args(["--inner", "y"])
+print("lr", args.lr, "batch", args.batch_size, flush=True)
+"""
+
+FILE_ONLY = """\
+import cascade_repro
+
+hp = cascade_repro.params()
+print("lr", hp["optimizer"]["lr"], flush=True)
+"""
+
+BOTH = """\
+import argparse
+
+import cascade_repro
+
+hp = cascade_repro.params()
+cli = argparse.ArgumentParser()
+cli.add_argument("--steps", type=int, default=hp["steps"])  # the file has `steps` too
+cli.add_argument("--width", type=int, default=4)
+args = cli.parse_args()
+print("steps", args.steps, flush=True)
+"""
+
+LOGS_ITSELF = """\
+import argparse
+
+import mlflow
+
+import cascade_repro
+
+hp = cascade_repro.params()
+cli = argparse.ArgumentParser()
+cli.add_argument("--seed", type=int, default=42)
+args = cli.parse_args()
+# What a framework does: its own batch of params, one of them a key cascade also logs (seed).
+mlflow.log_params({"seed": args.seed, "learning_rate": 0.5, "from_script": "yes"})
+print("logged", flush=True)
+"""
+
+NOTHING = """\
+print("no params, no argparse", flush=True)
+"""
+
+
+def _run(project: Project, script: str, text: str, *args: str) -> tuple[dict[str, str], dict, str]:
+    project.write(script, text)
+    project.commit(f"add {script}")
+    result = project.cascade("run", script, *args, check=True)
+    run = project.runs()[0]
+    return dict(run.data.params), project.manifest(run.info.run_id)["params"], result.stderr
+
+
+def test_an_argparse_script_records_its_namespace_not_the_params_file(project: Project) -> None:
+    params, record, _ = _run(project, "args.py", ARGPARSE_ONLY, "--lr", "0.01", "--batch-size", "32", "--amp")
+
+    # The parsed namespace: defaults and the command line, as the script saw them.
+    assert params == {
+        "lr": "0.01", "batch_size": "32", "epochs": "5", "amp": "true", "layers": "[8, 8]",
+        "out": "PosixPath('out')", "seed": "3",  # the seed cascade applied: `seed` in hyperparameters.yaml
+    }  # fmt: skip
+    assert record["source"] == "argparse"
+    assert record["values"] == {
+        "lr": 0.01, "batch_size": 32, "epochs": 5, "amp": True, "layers": [8, 8], "out": "PosixPath('out')"
+    }  # fmt: skip
+    assert record["argparse"] == record["values"]
+    # The file was there but never read: kept for a restore, said to be unread, logged nowhere.
+    assert record["file"]["path"] == "hyperparameters.yaml" and record["file"]["read"] is False
+    assert not {"steps", "optimizer.lr", "model.hidden"} & set(params)
+    assert "inner" not in params
+    assert record["seed"] == 3 and record["seed_source"] == "params"
+
+
+def test_a_script_that_reads_the_params_file_records_it(project: Project) -> None:
+    params, record, _ = _run(project, "file.py", FILE_ONLY)
+    assert params == {"seed": "3", "steps": "20", "optimizer.lr": "0.1", "optimizer.momentum": "0.9",
+                      "model.hidden": "16"}  # fmt: skip
+    assert record["source"] == "hyperparameters.yaml"
+    assert record["values"] == {"seed": 3, "steps": 20, "optimizer": {"lr": 0.1, "momentum": 0.9},
+                                "model": {"hidden": 16}}  # fmt: skip
+    assert record["file"]["read"] is True and "argparse" not in record
+
+
+def test_file_and_argparse_together_keep_both_values_of_a_shared_name(project: Project) -> None:
+    params, record, _ = _run(project, "both.py", BOTH, "--steps", "5")
+    # `steps` is the file's; argparse's own value of a name the file also has goes under args.
+    assert params["steps"] == "20" and params["args.steps"] == "5"
+    assert params["width"] == "4" and params["optimizer.lr"] == "0.1" and params["seed"] == "3"
+    assert record["source"] == "hyperparameters.yaml + argparse"
+    assert record["values"]["args.steps"] == 5 and record["values"]["steps"] == 20
+    assert record["argparse"] == {"steps": 5, "width": 4}
+
+
+def test_a_set_override_the_script_never_read_is_said_to_have_no_effect(project: Project) -> None:
+    project.write("args.py", ARGPARSE_ONLY)
+    project.commit("add args.py")
+    result = project.cascade("run", "--set", "optimizer.lr=0.5", "args.py", check=True)
+    assert "--set optimizer.lr has no effect: args.py never called cascade_repro.params()" in result.stderr
+
+
+def test_the_scripts_own_mlflow_params_are_kept_and_cascades_are_not_dropped(project: Project) -> None:
+    params, record, stderr = _run(project, "logs.py", LOGS_ITSELF, "--seed", "42")
+    assert "logged" in stderr  # the script's batch went through: it did not crash on a clash
+    # The script's own values stand under their names; cascade's value of a clashing key is kept
+    # beside it under cascade., and the run says so.
+    assert params["seed"] == "42" and params["cascade.seed"] == "3"
+    assert params["learning_rate"] == "0.5" and params["from_script"] == "yes"
+    assert params["optimizer.lr"] == "0.1"
+    assert "logged as cascade.seed" in stderr
+    assert record["seed"] == 3 and record["argparse"] == {"seed": 42}
+
+
+def test_cascade_init_writes_no_params_that_a_run_would_record(project: Project) -> None:
+    fresh = Project(project.root.parent / "fresh")
+    fresh.root.mkdir()
+    git(fresh.root, "init", "-q")
+    fresh.write("train.py", NOTHING)
+    fresh.commit("initial")
+    init = fresh.cascade("init", check=True)
+    assert "created  hyperparameters.yaml" in init.stdout  # a commented example, nothing in force
+    fresh.commit("cascade init")
+
+    fresh.cascade("run", "train.py", check=True)
+    run = fresh.only_run()
+    assert dict(run.data.params) == {"seed": "0"}
+    record = fresh.manifest(run.info.run_id)["params"]
+    assert record["values"] == {} and record["source"] is None
+    assert record["seed"] == 0 and record["seed_source"] == "default"
+    shown = json.loads(fresh.cascade("show", run.info.run_id, "--json", check=True).stdout)["data"]
+    assert shown["manifest"]["params"]["values"] == {}

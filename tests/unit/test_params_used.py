@@ -1,0 +1,94 @@
+"""The params a script used (issue 14.2): the argparse hook's choice of parse, and the record's section."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cascade_repro.child import parsed_args
+from cascade_repro.params import mlflow_params, unused_overrides, used_params
+
+
+@pytest.fixture
+def watched(monkeypatch: pytest.MonkeyPatch) -> tuple[type[argparse.ArgumentParser], list[dict[str, Any]]]:
+    """A parser class of its own (argparse itself stays untouched), watched as the child watches."""
+
+    class Parser(argparse.ArgumentParser):
+        pass
+
+    notes: list[dict[str, Any]] = []
+    parsed_args.watch(types.SimpleNamespace(ArgumentParser=Parser), notes.append)  # type: ignore[arg-type]
+    monkeypatch.setattr(sys, "argv", ["train.py", "--lr", "0.5", "fit", "--depth", "3"])
+    return Parser, notes
+
+
+def test_the_first_top_level_parse_of_the_command_line_is_noted_with_its_subcommand(
+    watched: tuple[type[argparse.ArgumentParser], list[dict[str, Any]]],
+) -> None:
+    parser_class, notes = watched
+    other = parser_class()
+    other.add_argument("--inner")
+    other.parse_args(["--inner", "x"])  # another list: not the script's configuration
+    assert notes == []
+
+    cli = parser_class()
+    cli.add_argument("--lr", type=float, default=0.1)
+    cli.add_argument("--out", type=Path, default=Path("out"))
+    cli.add_argument("--sizes", type=int, nargs="*", default=[1, 2])
+    cli.add_argument("--ratio", type=float, default=float("inf"))
+    sub = cli.add_subparsers(dest="command")
+    fit = sub.add_parser("fit")
+    fit.add_argument("--depth", type=int)
+    args = cli.parse_args()
+    assert args.depth == 3
+    # One note: the sub-parser's parse runs inside the top-level one and fills the same namespace.
+    assert notes == [{"lr": 0.5, "out": "PosixPath('out')", "sizes": [1, 2], "ratio": "inf",
+                      "command": "fit", "depth": 3}]  # fmt: skip
+    cli.parse_args(sys.argv[1:])  # a second parse of the same line: the first one stands
+    assert len(notes) == 1
+
+
+def test_a_refused_parse_notes_nothing_and_an_explicit_argv_counts(
+    watched: tuple[type[argparse.ArgumentParser], list[dict[str, Any]]],
+) -> None:
+    parser_class, notes = watched
+    strict = parser_class(exit_on_error=False)
+    strict.add_argument("--lr", type=int)  # "0.5" is refused
+    with pytest.raises(argparse.ArgumentError):
+        strict.parse_known_args()
+    assert notes == []
+    loose = parser_class()
+    loose.add_argument("--lr", type=float)
+    args, rest = loose.parse_known_args(sys.argv[1:])  # what HfArgumentParser passes
+    assert rest == ["fit", "--depth", "3"] and notes == [{"lr": 0.5}]
+
+
+RESOLVED = {"values": {"seed": 3, "steps": 20, "optimizer": {"lr": 0.1}}, "source": "hyperparameters.yaml",
+            "overrides": {"optimizer.lr": 0.1}, "seed": 3, "seed_source": "params"}  # fmt: skip
+
+
+def test_an_unread_file_is_kept_for_restore_but_is_not_what_the_script_used() -> None:
+    section = used_params(RESOLVED, {"argparse": {"lr": 0.01, "api_key": "sk-1", "db": "pg://u:pw@h/x"}})
+    assert section["values"] == {"lr": 0.01, "api_key": "<redacted>", "db": "pg://u:<redacted>@h/x"}
+    assert section["source"] == "argparse"
+    assert section["file"] == {"path": "hyperparameters.yaml", "read": False, "values": RESOLVED["values"]}
+    assert mlflow_params(section) == {**section["values"], "seed": 3}
+    assert unused_overrides(section, "t.py") == ["--set optimizer.lr has no effect: t.py never called "
+                                                 "cascade_repro.params()"]  # fmt: skip
+
+
+def test_a_name_in_both_goes_under_args_and_a_different_seed_keeps_cascades_beside_it() -> None:
+    section = used_params(RESOLVED, {"params_read": True, "argparse": {"steps": 5, "optimizer": "adam"}})
+    assert section["source"] == "hyperparameters.yaml + argparse"
+    assert section["values"] == {**RESOLVED["values"], "args.steps": 5, "args.optimizer": "adam"}
+    assert unused_overrides(section, "t.py") == []
+    no_file = {**RESOLVED, "values": {}, "source": None, "seed": 0}
+    section = used_params(no_file, {"argparse": {"seed": 42}})
+    assert section["file"] is None
+    assert mlflow_params(section) == {"seed": 42, "cascade.seed": 0}
+    assert used_params(no_file, {})["values"] == {} and used_params(no_file, {})["source"] is None
