@@ -53,6 +53,7 @@ class RunOutput:
         self._progress = Progress(run_dir) if progress and run_dir is not None else None
         self._in_place = _is_terminal(sys.stderr)
         self._shown = ""  # the progress line on the terminal now
+        self._mid_line = False  # the script's last output did not end its line (a bar drawn with \r)
         self._line_every_s = _line_every_s()
         self._line_due = time.monotonic() + self._line_every_s
         self._stop = threading.Event()
@@ -77,6 +78,9 @@ class RunOutput:
 
         def between_lines(message: str) -> None:
             with self._terminal_free():
+                if self._mid_line:  # after a bar the script drew with \r: a line of our own
+                    self._write_stderr("\n")
+                    self._mid_line = False
                 notify(message)
 
         return between_lines
@@ -105,6 +109,7 @@ class RunOutput:
                 self.log_error = f"{exc.strerror or exc} after {self._logged} bytes"
                 with contextlib.suppress(OSError):
                     self._log.close()
+        self._mid_line = not data.endswith(b"\n")
         sink = self._sinks[stream]
         if sink is None:
             return
@@ -123,7 +128,7 @@ class RunOutput:
             try:
                 yield
             finally:
-                if shown:
+                if shown and not self._mid_line:
                     self._draw(shown)
 
     def _tick(self) -> None:
@@ -140,10 +145,12 @@ class RunOutput:
             line = self._progress.line(now)
             with self._lock:
                 if self._in_place:
-                    self._draw(line)
+                    if not self._mid_line:  # the script draws its own bar there: leave it that line
+                        self._draw(line)
                 elif self._line_every_s and now >= self._line_due and self._progress.moved():
                     self._line_due = now + self._line_every_s
-                    self._write_stderr(f"cascade: {line}\n")
+                    self._write_stderr(f"{chr(10) if self._mid_line else ''}cascade: {line}\n")
+                    self._mid_line = False
 
     def _draw(self, line: str) -> None:
         width = shutil.get_terminal_size((100, 24)).columns - 1

@@ -6,6 +6,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from cascade_repro.child import protocol
 from cascade_repro.run_output import STDERR, STDOUT, Progress, RunOutput
 
@@ -54,3 +56,20 @@ def test_progress_reads_the_last_traced_step_and_metric(tmp_path: Path) -> None:
         json.dumps([1.0, 11, {"acc": 0.5, "train_loss": 0.25}]) + "\n"
     )
     assert progress.line(time.monotonic()).startswith("step 12 · train_loss 0.25 · ")
+
+
+def test_a_progress_line_after_a_bar_drawn_with_carriage_returns_starts_its_own_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CASCADE_PROGRESS_EVERY", "0.01")
+    (tmp_path / protocol.TRACE_FILE).write_text(json.dumps({"step": 4}) + "\n")
+    output = RunOutput(tmp_path / "output.log", tmp_path)
+    output.feed(STDERR, b" 40%|####      | 4/10\r")
+    seen = ""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and "cascade: step 5" not in seen:
+        time.sleep(0.05)
+        seen += capfd.readouterr().err
+    output.close()
+    assert " 4/10\r\ncascade: step 5 · " in seen  # not glued to the bar's line
+    assert (tmp_path / "output.log").read_bytes() == b" 40%|####      | 4/10\r"
