@@ -18,7 +18,15 @@ from pathlib import Path
 from types import FrameType, ModuleType, TracebackType
 from typing import Any, Callable
 
-from cascade_repro.child import env_reads, framework_logging, protocol, seeding, usage_errors
+from cascade_repro.child import (
+    env_reads,
+    framework_logging,
+    parsed_args,
+    protocol,
+    runtime,
+    seeding,
+    usage_errors,
+)
 from cascade_repro.child.checkpoints import install_torch_save_hook
 from cascade_repro.child.hooks import ImportHooks
 from cascade_repro.child.runtime import checkpoint_log
@@ -99,6 +107,7 @@ def main(argv: list[str]) -> None:
         applied.update(seeding.on_numpy_import(numpy, seed))
         facts.update()
 
+    runtime.on_params_read(_note_params_read(facts))
     ImportHooks(
         before={"mlflow": lambda: _wait_for_run_id(run_dir)},
         after={
@@ -106,7 +115,7 @@ def main(argv: list[str]) -> None:
             **dict.fromkeys(framework_logging.LIGHTNING_MLFLOW_MODULES, framework_logging.after_lightning_mlflow),
             "torch": after_torch,
             "numpy": after_numpy,
-            "argparse": lambda module: usage_errors.watch(module, lambda e: facts.update(exception=e)),
+            "argparse": lambda module: _watch_argparse(module, facts),
         },
     ).install()
 
@@ -125,6 +134,24 @@ def main(argv: list[str]) -> None:
         runpy.run_path(script, run_name="__main__")
     except KeyboardInterrupt:
         _die_of_sigint()
+
+
+def _watch_argparse(argparse: ModuleType, facts: Facts) -> None:
+    """One callback on the script's `import argparse`: its usage errors (an exit 2 the parent
+    explains) and its parsed namespace (the params it used)."""
+    usage_errors.watch(argparse, lambda error: facts.update(exception=error))
+    parsed_args.watch(argparse, lambda values: facts.update(argparse=values))
+
+
+def _note_params_read(facts: Facts) -> Callable[[], None]:
+    """The script called `cascade_repro.params()`: the params file is then part of what it used."""
+    pid = os.getpid()
+
+    def note() -> None:
+        if os.getpid() == pid and not facts.data.get("params_read"):  # not from a forked worker's copy
+            facts.update(params_read=True)
+
+    return note
 
 
 def _stop_with_parent() -> None:
