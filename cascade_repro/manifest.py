@@ -101,6 +101,7 @@ def check_shape(data: Mapping[str, Any], run_id: str | None = None) -> None:
     seed = params.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
         refuse("params.seed", seed, "an integer from 0 to 2**64-1")
+    _check_script_seeds(data.get("determinism") or {}, refuse)
     for where in _ENTRY_LISTS:
         section, _, key = where.partition(".")
         entries = (data.get(section) or {}).get(key) if key else data.get(section)
@@ -117,6 +118,41 @@ def check_shape(data: Mapping[str, Any], run_id: str | None = None) -> None:
         for name, value in (data.get(section) or {}).items():
             if not isinstance(value, (str, type(None))):
                 refuse(f"{section}.{name}", value, "a string or null")
+
+
+MAX_SCRIPT_SEEDS = 64  # the child keeps 32 calls and counts the rest
+
+
+def _check_script_seeds(determinism: Mapping[str, Any], refuse: Any) -> None:
+    """determinism.script_seeds: the seeding calls the script made (child/script_seeds.py), bounded."""
+    calls = determinism.get("script_seeds", [])
+    if not isinstance(calls, list) or len(calls) > MAX_SCRIPT_SEEDS:
+        refuse("determinism.script_seeds", calls, f"a list of at most {MAX_SCRIPT_SEEDS} calls")
+    for index, call in enumerate(calls):
+        where = f"determinism.script_seeds[{index}]"
+        if not isinstance(call, dict):
+            refuse(where, call, "an object")
+        function, seed, step = call.get("function"), call.get("seed"), call.get("step")
+        if not isinstance(function, str) or len(function) > 200:
+            refuse(f"{where}.function", function, "a name of at most 200 characters")
+        if isinstance(seed, bool) or not (
+            seed is None or (isinstance(seed, int) and -(2**127) <= seed < 2**128)
+            or (isinstance(seed, str) and len(seed) <= 200)
+        ):  # fmt: skip
+            refuse(f"{where}.seed", seed, "null, an integer below 2**128 or a string of at most 200 chars")
+        for key in ("generators", "drawn_before"):
+            names = call.get(key, [])
+            if (
+                not isinstance(names, list)
+                or len(names) > 8
+                or not all(isinstance(n, str) and len(n) <= 40 for n in names)
+            ):
+                refuse(f"{where}.{key}", names, "a list of at most 8 generator names")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+            refuse(f"{where}.step", step, "null or a non-negative integer")
+    omitted = determinism.get("script_seeds_omitted", 0)
+    if isinstance(omitted, bool) or not isinstance(omitted, int) or omitted < 0:
+        refuse("determinism.script_seeds_omitted", omitted, "a non-negative integer")
 
 
 def data_objects(data: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:

@@ -24,6 +24,7 @@ from cascade_repro.capture.git import GitState
 from cascade_repro.capture.packages import installed_version
 from cascade_repro.capture.snapshot import empty_snapshot
 from cascade_repro.child import protocol
+from cascade_repro.determinism import script_seeds
 from cascade_repro.manifest import ARTIFACT_PATH, Manifest, data_objects
 from cascade_repro.params import resolved_dict, unused_overrides, used_params
 from cascade_repro.redaction import redact_argv
@@ -204,6 +205,9 @@ class Recording:
         missing = self.delivery.conclude(manifest.to_dict(), ARTIFACT_PATH, metrics["pending"], end_tags,
                                          status, end_ms)  # fmt: skip
         self.warnings.extend(dict.fromkeys(self.delivery.warnings))
+        notice = _seed_notice(self.plan, manifest.determinism)
+        if notice:
+            self.notify(notice)
         if ended.log_error:
             missing.append(f"the run directory's disk filled up ({ended.log_error}): the output log is "
                            "incomplete (the terminal showed all of it) and metric points logged after "
@@ -386,3 +390,20 @@ def _note(plan: RunPlan) -> str:
         + f"\n\nseed {plan.params.seed}, determinism {plan.determinism}, commit {plan.commit[:12]}. "
         "The full record is the artifact cascade/run.json."
     )
+
+
+def _seed_notice(plan: RunPlan, determinism: dict[str, Any]) -> str | None:
+    """`--seed N` on a script that seeds itself: which generators it did not decide, and why."""
+    record = {"determinism": determinism}
+    taken = script_seeds.overridden(record)
+    if plan.params.seed_source != "option" or not taken:
+        return None
+    calls = ", ".join(script_seeds.described(record, only=taken)[:6])
+    notice = f"--seed {plan.params.seed} had no effect on {script_seeds.words(taken)}: the script seeds "
+    notice += f"{'them' if len(taken) > 1 else 'it'} itself ({calls})"
+    drawn = {g for call in script_seeds.calls(record) or [] for g in call.get("drawn_before") or []}
+    for generator in script_seeds.still_governed(record):
+        notice += f"; {script_seeds.words([generator])} still follows --seed"
+        if generator in drawn:
+            notice += ": it was drawn from before the script seeded it"
+    return notice

@@ -208,7 +208,7 @@ def run_record(record: RunRecord) -> None:
         ("commit", f"{m.git.get('commit')} ({m.git.get('branch') or 'detached'})"),
         ("dirty", _dirty(m.git)),
         ("remotes", ", ".join(f"{k} {v}" for k, v in m.git.get("remotes", {}).items())),
-        ("seed", f"{m.params.get('seed')} ({m.params.get('seed_source')})"),
+        ("seed", _seed(m.to_dict())),
         ("params", f"{m.params.get('source') or '(none)'}" + _overrides(m.params.get("overrides") or {})),
         ("determinism", f"{m.determinism.get('mode')}"),
         ("python", f"{m.python.get('version')} · {len(m.python.get('packages', {}))} packages"),
@@ -570,3 +570,19 @@ def _gpus(gpus: Any) -> str:
 
 def _error(error: dict[str, Any] | None) -> str:
     return f"{error['type']}: {error['message']}" if error else ""
+
+
+def _seed(record: dict[str, Any]) -> str:
+    """cascade's seed, and beside it the seeds the script set itself (and whether they took over)."""
+    from cascade_repro.determinism import script_seeds
+
+    params = record.get("params") or {}
+    shown = f"{params.get('seed')} ({params.get('seed_source')})"
+    calls = script_seeds.described(record)
+    if not calls:
+        return shown
+    shown += "; the script set " + ", ".join(calls[:6]) + (" …" if len(calls) > 6 else "")
+    taken = script_seeds.overridden(record)
+    if taken:
+        shown += f"; cascade's seed had no effect on {script_seeds.words(taken)}"
+    return shown

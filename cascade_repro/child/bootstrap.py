@@ -30,6 +30,7 @@ from cascade_repro.child import (
 from cascade_repro.child.checkpoints import install_torch_save_hook
 from cascade_repro.child.hooks import ImportHooks
 from cascade_repro.child.runtime import checkpoint_log
+from cascade_repro.child.script_seeds import ScriptSeeds
 
 RUN_ID_WAIT_S = 300.0
 GPU_SAMPLE_S = 60.0
@@ -66,11 +67,13 @@ def main(argv: list[str]) -> None:
     applied: dict[str, Any] = {"random.seed": seed, **seeding.prepare_environment(mode)}
     # One section, updated in place as libraries load and ops warn, re-saved on every change.
     determinism: dict[str, Any] = {"mode": mode, "applied": applied}
+    script_seeds = _watch_script_seeds(facts, determinism)
     facts.update(determinism=determinism)
 
     def after_torch(torch: ModuleType) -> None:
         applied.update(seeding.on_torch_import(torch, seed, mode))
         facts.update()
+        _guarded_hook("torch.manual_seed", lambda: script_seeds.hook_torch(torch))
         try:
             install_torch_save_hook(torch, checkpoint_log(run_dir))
         except Exception as exc:  # observing must never break the user's script
@@ -99,6 +102,7 @@ def main(argv: list[str]) -> None:
                 step, _, directory = dump.partition(":")
                 tracer.dump_at(int(step), Path(directory))
             tracer.install()
+            script_seeds.step = tracer.reseeded
             atexit.register(tracer.close)
             checkpoint_log(run_dir).current_step = lambda: tracer.step - 1 if tracer.step > 0 else None
             facts.update(trace=tracer.header())
@@ -106,6 +110,7 @@ def main(argv: list[str]) -> None:
     def after_numpy(numpy: ModuleType) -> None:
         applied.update(seeding.on_numpy_import(numpy, seed))
         facts.update()
+        _guarded_hook("numpy.random.seed", lambda: script_seeds.hook_numpy(numpy))
 
     runtime.on_params_read(_note_params_read(facts))
     ImportHooks(
@@ -116,6 +121,7 @@ def main(argv: list[str]) -> None:
             "torch": after_torch,
             "numpy": after_numpy,
             "argparse": lambda module: _watch_argparse(module, facts),
+            **script_seeds.import_hooks(),
         },
     ).install()
 
@@ -152,6 +158,22 @@ def _note_params_read(facts: Facts) -> Callable[[], None]:
             facts.update(params_read=True)
 
     return note
+
+
+def _watch_script_seeds(facts: Facts, determinism: dict[str, Any]) -> ScriptSeeds:
+    """The seeds the script sets itself, beside those cascade applied (`random` is seeded already)."""
+    watcher = ScriptSeeds(on_change=facts.update)
+    determinism["script_seeds"] = watcher.calls  # updated in place; [] says the script set none
+    watcher.on_omitted = lambda count: determinism.update(script_seeds_omitted=count)
+    _guarded_hook("random.seed", watcher.hook_random)
+    return watcher
+
+
+def _guarded_hook(name: str, hook: Callable[[], None]) -> None:
+    try:
+        hook()
+    except Exception as exc:  # observing must never break the user's script
+        sys.stderr.write(f"cascade: {name} calls are not observed: {type(exc).__name__}: {exc}\n")
 
 
 def _stop_with_parent() -> None:

@@ -1,8 +1,8 @@
 """The per-step trace, recorded from inside the training process without touching the script.
 
 A step is one `optimizer.step()` of any torch.optim optimizer (global step hooks), numbered from 0.
-For step k the record holds, in causal order: the RNG fingerprints at the step's start (after step
-k-1 ended), the fingerprint of the last batch a DataLoader yielded, the loss of the last
+For step k the record holds, in causal order: the RNG fingerprints at the step's start, the
+fingerprint of the last batch a DataLoader yielded, the loss of the last
 `backward()` (exact bits), the gradients and the parameters after the step. "After step k" is read
 when step k+1 begins, that is at its first `backward()` (while the forward pass has just read the
 weights, so they are still in cache), or at its optimizer step when no backward comes first (an
@@ -17,6 +17,15 @@ the reference MLP it would cost as much as the parameters' own hash.
 
 Records are streamed to `trace.jsonl` (flushed every half second and at exit), so a crashed run
 keeps its prefix. Scripts without an optimizer get one record per `backward()` (see below).
+
+When a step starts, for its RNG fingerprints: step 0 at the first of these training events, the
+script's first DataLoader batch fetch (before the sampler draws its order), its first module
+forward, backward or optimizer step; that is after the script's own seeding (`torch.manual_seed`,
+`seed_everything`, a restored RNG state), which comes before training. Step k > 0 starts when step
+k-1 ended (its optimizer step returned; in manual mode, its backward). A seed the script sets
+between a step's start and the moment its record is made (a reseed at each epoch's start) has the
+fingerprint read again, so a step's RNG state is the one its training began with
+(`reseeded`, called by the hooks on the seeding functions, child/script_seeds.py).
 """
 
 from __future__ import annotations
@@ -61,11 +70,12 @@ class StepTracer:
         self._named = False  # module paths looked up (once, from the live modules)
         self._loss: Any = None
         self._batch: str | None = None
-        self._rng = self._rng_fingerprint()  # step 0 starts now (seeded already)
+        self._started = False  # step 0 has started: its RNG state is read (see the docstring)
+        self._rng: dict[str, Any] | None = None
         self._closed = False
         self._mode = "undecided"  # "optimizer" or "manual" once known
         self._manual: list[Any] = []
-        self._rng_next = self._rng
+        self._rng_next: dict[str, Any] | None = self._rng
         self._in_step = False  # between an optimizer step's pre- and post-hook
         self._backward_in_step = False  # the step ran a closure: its loss and gradients come after
         self._dump_step: int | None = None  # `cascade verify --replay`: save this step's tensors
@@ -84,6 +94,7 @@ class StepTracer:
 
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
             # Tensor.backward() calls torch.autograd.backward(), so this sees both spellings.
+            tracer._guarded_start()
             loss = tensors if isinstance(tensors, torch.Tensor) else None
             if loss is not None and loss.numel() == 1:
                 tracer._loss = loss.detach()
@@ -97,6 +108,60 @@ class StepTracer:
 
         autograd.backward = backward  # type: ignore[attr-defined]
         self._wrap_dataloader()
+        self._start_at_first_forward()
+
+    def _start_at_first_forward(self) -> None:
+        """A global forward pre-hook, removed at its first call: modules take the fast path again."""
+        module = importlib.import_module("torch.nn.modules.module")
+        handles: list[Any] = []
+
+        def first_forward(*_: Any) -> None:
+            while handles:
+                handles.pop().remove()
+            self._guarded_start()
+
+        handles.append(module.register_module_forward_pre_hook(first_forward))
+
+    def _guarded_start(self) -> None:
+        if self._started or self._closed:
+            return
+        try:
+            with self._lock:
+                self._start()
+        except Exception as exc:
+            self._closed = True
+            sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
+
+    def _start(self) -> None:
+        """Step 0 starts: its RNG state is read now, after the script's own seeding."""
+        if not self._started:
+            self._started = True
+            self._rng = self._rng_next = self._rng_fingerprint()
+
+    def reseeded(self) -> int | None:
+        """The script seeded a generator: the step whose RNG fingerprint is the first to follow it.
+
+        If that step's record is not made yet, its fingerprint is read again now."""
+        if self._closed:
+            return None
+        try:
+            with self._lock:
+                if not self._started:
+                    return 0  # step 0's state is read when it starts
+                if self._in_step:  # a closure reseeding: the next step's start follows it
+                    return self.step + 1
+                fresh = self._rng_fingerprint()
+                if self._mode != "optimizer" and self._pending is not None:
+                    self._rng_next = fresh  # step k's record is made; step k+1 starts at the next backward
+                    return self.step + 1
+                if self._pending is not None and self._pending["step"] >= self.step:
+                    return self.step + 1
+                self._rng = fresh
+                return self.step
+        except Exception as exc:
+            self._closed = True
+            sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
+            return None
 
     def _wrap_dataloader(self) -> None:
         loader = importlib.import_module("torch.utils.data").DataLoader
@@ -104,6 +169,7 @@ class StepTracer:
         tracer = self
 
         def __iter__(self: Any) -> Any:  # noqa: N807 - replaces DataLoader.__iter__
+            tracer._guarded_start()  # before the sampler draws the epoch's order
             for batch in original_iter(self):
                 tracer._batch = step_values.batch_fingerprint(tracer.torch, batch)
                 yield batch
@@ -231,6 +297,7 @@ class StepTracer:
                 if self._mode == "undecided":
                     self._pending = None  # a manual-mode guess from the first backward(s)
                 self._mode = "optimizer"
+            self._start()
             if not self._named:  # once: a script with no nn.Module must not rescan every step
                 self._names = {id(p): name for name, p in step_values.named_parameters(self.torch)}
                 self._named = True

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from cascade_repro.determinism import script_seeds
 from cascade_repro.determinism.compare import FACET_WORDS, TraceComparison
 from cascade_repro.determinism.record_compare import Change, compare_records
 from cascade_repro.redaction import is_redacted
@@ -92,7 +93,7 @@ def likely_causes(
     first = facets[0] if facets else None
     fixes = {
         "params": "rerun with the recorded params (cascade restore does), or accept the change as intended",
-        "seed": "rerun with the recorded seed: --seed " + str((a.get("params") or {}).get("seed")),
+        "seed": _seed_fix(a, b),
         "code": "rerun the recorded commit and patch (cascade restore materializes them)",
         "command": "pass the same script arguments",
         "determinism": f"rerun with --deterministic {_mode(a)} and the same flags",
@@ -219,6 +220,26 @@ def _generic(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) 
     return f"{changes[0].kind} differs: " + _pairs(changes, 6)
 
 
+def _seed(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    def shown(value: Any) -> str:
+        return "none" if value is None else str(value)
+
+    return "; ".join(
+        f"the script's seeds {shown(c.a)} → {shown(c.b)}"
+        if c.key == "script_seeds"
+        else f"seed {c.a} → {c.b}"
+        for c in changes
+    )
+
+
+def _seed_fix(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    fix = "rerun with the recorded seed: --seed " + str((a.get("params") or {}).get("seed"))
+    if script_seeds.described(a) == script_seeds.described(b):
+        return fix
+    own = "the script sets its own seeds: give it the recorded ones (its code or arguments decide them)"
+    return own if script_seeds.had_no_effect(a) else f"{fix}; {own}"
+
+
 def _code(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
     parts = [f"commit {str(c.a)[:12]} → {str(c.b)[:12]}" for c in changes if c.key == "commit"]
     if any(c.key != "commit" for c in changes):
@@ -282,7 +303,7 @@ def _one_line(word: str) -> Summary:
 
 _SUMMARIES: dict[str, Summary] = {
     "params": lambda changes, a, b: "params differ: " + _pairs(changes, 6),
-    "seed": _one_line("seed"),
+    "seed": _seed,
     "code": _code,
     "command": _command,
     "determinism": _determinism,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from cascade_repro.determinism import script_seeds
 from cascade_repro.manifest import data_objects
 from cascade_repro.params import flatten
 
@@ -216,18 +217,31 @@ def _seed(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
     # `current` has not imported torch: its flags are unknown, not absent
     both_have_flags = all((m.get("determinism") or {}).get("flags_at_start") for m in (a, b))
 
+    # The seeds the script set itself: known for records made since they were recorded.
+    both_know_script_seeds = all(script_seeds.calls(m) is not None for m in (a, b))
+
     def view(m: Mapping[str, Any]) -> dict[str, Any]:
         determinism = m.get("determinism") or {}
         out = {"seed": (m.get("params") or {}).get("seed"), "determinism.mode": determinism.get("mode")}
+        if both_know_script_seeds:
+            out["script_seeds"] = ", ".join(script_seeds.described(m)) or None
         if both_have_flags:
             for key, value in (determinism.get("flags_at_start") or {}).items():
                 out[f"flags.{key}"] = value
         return out
 
     def classify(key: str) -> tuple[str, str]:
-        return "B", "seed" if key == "seed" else "determinism"
+        return "B", "seed" if key in ("seed", "script_seeds") else "determinism"
 
-    return _mapping("seed", view(a), view(b), classify)
+    section = _mapping("seed", view(a), view(b), classify)
+    if not (both_know_script_seeds and all(script_seeds.had_no_effect(m) for m in (a, b))):
+        return section
+    # Both scripts seeded every generator themselves before step 0: cascade's seed decided nothing.
+    taken = [g for g in script_seeds.overridden(a) if g in script_seeds.overridden(b)]
+    note = f"the script seeds {script_seeds.words(taken)} itself: this seed had no effect"
+    changes = [Change(c.key, c.a, c.b, "C", note, c.kind) if c.key == "seed" else c for c in section.changes]
+    changes.sort(key=lambda c: CLASS_ORDER[c.klass])
+    return Section("seed", tuple(changes), section.equal)
 
 
 def _packages(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
