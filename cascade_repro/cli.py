@@ -170,6 +170,11 @@ def init(ctx: click.Context) -> None:
 @click.option("--no-git-tag", "no_git_tag", is_flag=True, help="With --tag: no annotated git tag.")
 @click.option("--log-checkpoints", is_flag=True, help="Also log checkpoint files as MLflow artifacts.")
 @click.option(
+    "--track-inputs",
+    is_flag=True,
+    help="Put files the script reads that neither git nor DVC tracks (e.g. ignored data) into the DVC cache.",
+)
+@click.option(
     "--trace-interval",
     type=int,
     metavar="N",

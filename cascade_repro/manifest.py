@@ -35,6 +35,10 @@ class Manifest:
     trace: dict[str, Any] | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     outcome: dict[str, Any] | None = None
+    # files in the repository the script read that neither git nor DVC tracks: path, size, sha256
+    # (and md5 once in the DVC cache); and those the run wrote: path, size
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    outputs: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         body = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -71,8 +75,10 @@ _SECTIONS: dict[str, tuple[type, ...]] = {
     "git": (dict,), "python": (dict,), "torch": (dict,), "hardware": (dict,), "environment": (dict,),
     "container": (dict,), "environment_read": (dict,), "data": (list,), "checkpoints": (list,),
     "trace": (dict, type(None)), "metrics": (dict,), "outcome": (dict, type(None)),
+    "inputs": (list,), "outputs": (list,),
 }  # fmt: skip
-_ENTRY_LISTS = ("data", "checkpoints", "git.untracked")  # each entry an object with a string path
+_ENTRY_LISTS = ("data", "checkpoints", "git.untracked", "inputs", "outputs")  # objects with a string path
+MAX_FILE_ENTRIES = 10_000  # inputs, outputs: a record naming more was not made by cascade
 
 
 def check_shape(data: Mapping[str, Any], run_id: str | None = None) -> None:
@@ -114,6 +120,19 @@ def check_shape(data: Mapping[str, Any], run_id: str | None = None) -> None:
             link = entry.get("symlink_target")
             if link is not None and not isinstance(link, str):
                 refuse(f"{where}[{index}].symlink_target", link, "a string")
+    for where in ("inputs", "outputs"):
+        entries = data.get(where) or []
+        if len(entries) > MAX_FILE_ENTRIES:
+            refuse(where, entries, f"a list of at most {MAX_FILE_ENTRIES} entries")
+        for index, entry in enumerate(entries):
+            size = entry.get("size")
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                refuse(f"{where}[{index}].size", size, "a non-negative integer")
+    for index, entry in enumerate(data.get("inputs") or []):
+        for key, length in (("sha256", 64), ("md5", 32)):
+            value = entry.get(key)
+            if (key == "sha256" or value is not None) and not _hex(value, length):
+                refuse(f"inputs[{index}].{key}", value, f"{length} hex digits")
     for section in ("environment", "environment_read"):
         for name, value in (data.get(section) or {}).items():
             if not isinstance(value, (str, type(None))):
@@ -153,6 +172,10 @@ def _check_script_seeds(determinism: Mapping[str, Any], refuse: Any) -> None:
     omitted = determinism.get("script_seeds_omitted", 0)
     if isinstance(omitted, bool) or not isinstance(omitted, int) or omitted < 0:
         refuse("determinism.script_seeds_omitted", omitted, "a non-negative integer")
+
+
+def _hex(value: Any, length: int) -> bool:
+    return isinstance(value, str) and len(value) == length and all(c in "0123456789abcdef" for c in value)
 
 
 def data_objects(data: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:

@@ -21,10 +21,11 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from cascade_repro.capture.files import redirected_outputs
 from cascade_repro.capture.snapshot import capture_snapshot
 from cascade_repro.child import protocol
 from cascade_repro.errors import CascadeError, StoreError
-from cascade_repro.recording import Recording, Worker
+from cascade_repro.recording import UNTRACKED_DIR, Recording, Worker
 from cascade_repro.redaction import redact_argv
 from cascade_repro.run_output import RunOutput
 from cascade_repro.run_plan import Notify, RunPlan, RunResult
@@ -106,11 +107,12 @@ def _start_recording(plan: RunPlan, notify: Notify, child: RunningChild, env: di
             plan,
             capture_snapshot(
                 settings.root,
-                plan.exclude,
+                (*plan.exclude, *redirected_outputs(settings.root)),  # `> run.log`: an output
                 settings.untracked_max_bytes,
                 env,
                 settings.env_allow_prefixes,
                 python_here=plan.container is None,
+                keep=run_dir / UNTRACKED_DIR,
             ),
         ),  # fmt: skip
     )
@@ -228,6 +230,7 @@ def child_environment(plan: RunPlan, run_dir: Path) -> dict[str, str]:
     env[protocol.ENV_TRACE_INTERVAL] = str(plan.settings.trace_interval)
     env[protocol.ENV_TRACE_GRADS] = {True: "1", False: "0", None: "auto"}[plan.settings.trace_grads]
     env[protocol.ENV_CHECKPOINTS_DIR] = str(plan.settings.root / plan.settings.checkpoints_dir)
+    env[protocol.ENV_ROOT] = str(plan.settings.root)  # files opened under it are noted
     env[protocol.ENV_CHECKPOINT_POLICY] = json.dumps(dict(plan.settings.checkpoint_policy))
     env["PYTHONHASHSEED"] = str(plan.params.seed % 4294967296)
     env["MLFLOW_TRACKING_URI"] = plan.settings.tracking_uri

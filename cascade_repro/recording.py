@@ -15,11 +15,13 @@ import shutil
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from cascade_repro import __version__
 from cascade_repro.capture.environment import environment_read
+from cascade_repro.capture.files import RunFiles, inputs_warning, read_opened, redirected_outputs, sort_files
 from cascade_repro.capture.git import GitState
 from cascade_repro.capture.packages import installed_version
 from cascade_repro.capture.snapshot import empty_snapshot
@@ -37,6 +39,7 @@ from cascade_repro.supervisor import ChildExit, RunningChild
 
 log = logging.getLogger(__name__)
 NOT_CAPTURED = "not captured: the cascade process ended before capture finished"
+UNTRACKED_DIR = "untracked"  # in the run directory: the untracked files as capture read and hashed them
 
 
 class Worker(threading.Thread):
@@ -182,7 +185,9 @@ class Recording:
         except Exception as exc:  # the run still gets closed with its outcome
             self.warnings.append(f"capture failed: {exc}")
             captured = empty_snapshot()
+        files = self._run_files(captured)
         read = [md5 for _, md5 in data_objects(captured.get("data") or [])]
+        read += [str(i["md5"]) for i in files.inputs if i.get("md5")]  # pushed with the checkpoints
         try:
             settings = self.plan.settings
             checkpoints = finish_checkpoints(self.keeper, self.delivery, settings.dvc_remote,
@@ -199,8 +204,9 @@ class Recording:
                 self.delivery.do(file_op(self.run_dir / name, "cascade"))
         metrics = {**self.writer.summary_dict(), "resources": resources}
         manifest = self._manifest(captured, facts).with_outcome(
-            outcome, metrics=metrics, checkpoints=checkpoints.entries
-        )
+            outcome, metrics=metrics, checkpoints=checkpoints.entries, inputs=files.inputs,
+            outputs=files.outputs,
+        )  # fmt: skip
         end_tags = {**self._end_tags(manifest), **checkpoints.tags}
         missing = self.delivery.conclude(manifest.to_dict(), ARTIFACT_PATH, metrics["pending"], end_tags,
                                          status, end_ms)  # fmt: skip
@@ -285,19 +291,61 @@ class Recording:
             patch.write_bytes(git.patch)
             self.delivery.do(file_op(patch, "cascade"))
         stored = [u for u in git.untracked if u.stored and u.symlink_target is None]
-        if stored:
-            staging = self.run_dir / "untracked"
-            for item in stored:
-                target = staging / item.path
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(self.plan.settings.root / item.path, target)
-            self.delivery.do(dir_op(staging, "cascade/untracked"))
+        if stored:  # copied by capture from the one read that hashed them: never read again here
+            self.delivery.do(dir_op(self.run_dir / UNTRACKED_DIR, "cascade/untracked"))
         refused = [u.path for u in git.untracked if not u.stored]
         if refused:
             self.warnings.append(
                 f"untracked files too large to keep ({', '.join(refused[:5])}): `dvc add` them or "
                 "raise untracked_max_bytes in cascade.yaml"
             )
+
+    def _run_files(self, captured: dict[str, Any]) -> RunFiles:
+        """Inputs git and DVC cannot see, hashed (and with --track-inputs cached), and outputs the run
+        wrote, which leave the dirty state: a file written while capture read it is no input."""
+        settings = self.plan.settings
+        git: GitState = captured["git"]
+        try:
+            opened = read_opened(self.run_dir / protocol.FILES_FILE)
+            files = sort_files(settings.root, opened, redirected_outputs(settings.root),
+                               self.plan.exclude, [u.path for u in git.untracked],
+                               [str(d.get("path")) for d in captured.get("data") or []])  # fmt: skip
+        except Exception as exc:  # the run is still recorded, without them
+            self.warnings.append(f"inputs and outputs not recorded: {type(exc).__name__}: {exc}")
+            return RunFiles()
+        written = {o["path"] for o in files.outputs}
+        if any(u.path in written for u in git.untracked):
+            kept = tuple(u for u in git.untracked if u.path not in written)
+            captured["git"] = replace(git, untracked=kept, dirty=bool(git.patch) or bool(kept))
+        if files.left_out:
+            self.warnings.append(f"{files.left_out} more input file(s) were read than the record holds")
+        if self.plan.track_inputs and files.inputs:
+            self._track_inputs(files.inputs)
+        warning = inputs_warning(files.inputs)
+        if warning:
+            self.warnings.append(warning)
+        return files
+
+    def _track_inputs(self, inputs: list[dict[str, Any]]) -> None:
+        """`--track-inputs`: each input into the DVC cache (reflinked where it can be, else copied)."""
+        cache = self.keeper.cache
+        if cache is None:
+            self.warnings.append("--track-inputs: this project has no DVC repository; `cascade init` "
+                                 "(it runs `dvc init`), then run again")  # fmt: skip
+            return
+        for item in inputs:
+            try:
+                stored = cache.add(self.plan.settings.root / item["path"])
+            except Exception as exc:  # DataError, OSError: the input stays recorded by its hash
+                self.warnings.append(f"--track-inputs: {item['path']} not cached: {exc}")
+                continue
+            if stored is None or stored.size != item["size"]:
+                self.warnings.append(f"--track-inputs: {item['path']} changed while it was cached")
+                continue
+            item["md5"] = stored.md5
+        cached = [i for i in inputs if i.get("md5")]
+        if cached:
+            self.notify(f"kept {len(cached)} input file(s) in the DVC cache (--track-inputs)")
 
     def _manifest(self, captured: dict[str, Any], facts: dict[str, Any]) -> Manifest:
         plan = self.plan

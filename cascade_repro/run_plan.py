@@ -34,6 +34,7 @@ class RunPlan:
     invocation: tuple[str, ...] = field(default_factory=tuple)
     extra_tags: Mapping[str, str] = field(default_factory=dict)  # e.g. cascade.restored_from
     container: ContainerPlan | None = None  # `--docker`: the child runs in this image
+    track_inputs: bool = False  # `--track-inputs`: read files git and DVC cannot see go to the DVC cache
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ class RunRequest:
     shm_size: str | None = None
     image: PreparedImage | None = None  # restore: the image chosen (recorded or rebuilt) before the run
     no_cache: bool = False  # rebuild the image even when one with the same inputs exists
+    track_inputs: bool = False  # files read that neither git nor DVC tracks go into the DVC cache
 
 
 def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult:
@@ -134,6 +135,7 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
         invocation=("cascade", "run", *_invocation_options(request), request.script, *request.args),
         extra_tags=dict(request.extra_tags or {}),
         container=container,
+        track_inputs=request.track_inputs,
     )
     if request.restored_params is None:  # a restore's worktree is not the user's project
         _advise_init_once(settings, notify)
@@ -313,6 +315,8 @@ def _invocation_options(request: RunRequest) -> list[str]:
     )
     if request.docker:
         options.append("--docker")
+    if request.track_inputs:
+        options.append("--track-inputs")
     for flag, value in single:
         if value is not None:
             options += [flag, value]

@@ -83,8 +83,11 @@ def is_dirty(root: Path, exclude: tuple[str, ...] = ()) -> list[str]:
     return [p for p in paths if not excluded(p, exclude)]
 
 
-def capture_git(root: Path, exclude: tuple[str, ...], max_untracked_bytes: int) -> GitState:
-    """`exclude`: root-relative paths of cascade's own files (store, run dirs), never recorded."""
+def capture_git(root: Path, exclude: tuple[str, ...], max_untracked_bytes: int,
+                keep: Path | None = None) -> GitState:  # fmt: skip
+    """`exclude`: root-relative paths of cascade's own files (store, run dirs), never recorded.
+    `keep`: a directory that receives a copy of each untracked file small enough to store, written
+    from the same single read that hashes it (a file still being written is recorded as read)."""
     commit = head_commit(root)
     branch = git(root, "rev-parse", "--abbrev-ref", "HEAD").decode().strip()
     # --binary (implies --full-index) makes binary changes round-trip through `git apply`.
@@ -92,10 +95,11 @@ def capture_git(root: Path, exclude: tuple[str, ...], max_untracked_bytes: int) 
         root, "diff", "HEAD", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames"
     )
     listed = git(root, "ls-files", "--others", "--exclude-standard", "-z").decode("utf-8", "surrogateescape")
-    untracked = tuple(
-        _untracked(root, rel, max_untracked_bytes)
+    found = (
+        _untracked(root, rel, max_untracked_bytes, keep)
         for rel in sorted(p for p in listed.split("\0") if p and not excluded(p, exclude))
     )
+    untracked = tuple(u for u in found if u is not None)
     return GitState(
         commit=commit,
         branch=None if branch == "HEAD" else branch,
@@ -140,20 +144,52 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _untracked(root: Path, rel: str, max_bytes: int) -> UntrackedFile:
+def _untracked(root: Path, rel: str, max_bytes: int, keep: Path | None) -> UntrackedFile | None:
+    """One read: hashed, and copied into `keep` as the same bytes. None if it vanished meanwhile."""
     path = root / rel
-    if path.is_symlink():
-        target = os.readlink(path)
-        link_digest = hashlib.sha256(target.encode("utf-8", "surrogateescape")).hexdigest()
-        return UntrackedFile(rel, len(target), link_digest, stored=True, symlink_target=target)
-    size = path.stat().st_size
-    digest = sha256_of(path)
+    try:
+        if path.is_symlink():
+            target = os.readlink(path)
+            link_digest = hashlib.sha256(target.encode("utf-8", "surrogateescape")).hexdigest()
+            return UntrackedFile(rel, len(target), link_digest, stored=True, symlink_target=target)
+        copy = keep / rel if keep is not None and path.stat().st_size <= max_bytes else None
+        digest, size = _read_once(path, copy, max_bytes)
+    except FileNotFoundError:  # deleted between `git ls-files` and the read
+        return None
     if size > max_bytes:
         return UntrackedFile(
             rel, size, digest, stored=False,
             reason=f"larger than untracked_max_bytes ({max_bytes}); `dvc add` it or add it to .gitignore",
         )  # fmt: skip
     return UntrackedFile(rel, size, digest, stored=True)
+
+
+def _read_once(path: Path, copy: Path | None, max_bytes: int) -> tuple[str, int]:
+    """sha256 and size of what was read; `copy` gets those bytes, or is removed if they grew too big."""
+    digest, size = hashlib.sha256(), 0
+    if copy is not None:
+        copy.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "rb") as handle, open(copy, "wb") if copy is not None else _Discard() as out:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+            size += len(chunk)
+            out.write(chunk)
+    if copy is not None and size > max_bytes:
+        copy.unlink(missing_ok=True)
+    return digest.hexdigest(), size
+
+
+class _Discard:
+    """A writer that keeps nothing (hashing without a copy)."""
+
+    def __enter__(self) -> _Discard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def write(self, data: bytes) -> int:
+        return len(data)
 
 
 def excluded(rel: str, exclude: tuple[str, ...]) -> bool:

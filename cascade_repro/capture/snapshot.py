@@ -19,10 +19,11 @@ log = logging.getLogger(__name__)
 
 def capture_snapshot(root: Path, exclude: tuple[str, ...], untracked_max_bytes: int, env: Mapping[str, str],
                      env_allow_prefixes: Iterable[str],
-                     python_here: bool = True) -> dict[str, Any]:  # fmt: skip
-    """`python_here=False`: the script runs elsewhere (a container), whose Python the caller reads."""
+                     python_here: bool = True, keep: Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """`python_here=False`: the script runs elsewhere (a container), whose Python the caller reads.
+    `keep`: where the untracked files are copied, from the read that hashes them."""
     started = time.perf_counter()
-    git = capture_git(root, exclude, untracked_max_bytes)
+    git = capture_git(root, exclude, untracked_max_bytes, keep)
     python = capture_python() if python_here else {"packages": {}}
     system = capture_system(env)
     environment = capture_environment(env, env_allow_prefixes)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from cascade_repro.child import (
     env_reads,
+    file_access,
     framework_logging,
     parsed_args,
     protocol,
@@ -132,6 +133,7 @@ def main(argv: list[str]) -> None:
     _record_uncaught_exceptions(facts, determinism)
     _record_nondeterministic_ops(facts, determinism)
     reads = env_reads.record_reads()
+    file_access.install(os.environ.get(protocol.ENV_ROOT), str(run_dir / protocol.FILES_FILE))
     atexit.register(_record_at_exit, facts, reads)
 
     sys.argv = [script, *args]

@@ -20,6 +20,7 @@ ENV_NUM_THREADS = "CASCADE_NUM_THREADS"  # `cascade restore`: torch.set_num_thre
 ENV_STOP_AFTER = "CASCADE_STOP_AFTER_STEPS"  # `cascade restore --steps N`: exit 0 once N steps are traced
 ENV_TRACE_DUMP = "CASCADE_TRACE_DUMP"  # `cascade verify --replay`: "STEP:DIR", save step STEP's tensors there
 ENV_PARENT_PID = "CASCADE_PARENT_PID"  # the child stops (SIGTERM) when this process dies
+ENV_ROOT = "CASCADE_ROOT"  # the repository root: files opened under it are noted in FILES_FILE
 DUMP_FILE = "tensors.pt"  # in that DIR: {"params_before"|"grads"|"params_after": {name: tensor}}
 
 # Files inside the run directory.
@@ -29,6 +30,7 @@ EVENTS_FILE = "events.jsonl"  # child → parent: metric events, one JSON array 
 FACTS_FILE = "child.json"  # child → parent: flags applied, torch stack, exception, GPU memory
 TRACE_FILE = "trace.jsonl"  # child → parent: one JSON record per traced step
 CHECKPOINTS_FILE = "checkpoints.jsonl"  # child → parent: one line per checkpoint saved or pruned
+FILES_FILE = "files.jsonl"  # child → parent: {"read"|"written": path} per repository file opened
 OUTPUT_LOG = "output.log"  # parent: the script's stdout and stderr as the terminal saw them
 
 DETERMINISM_MODES = ("off", "warn", "strict")

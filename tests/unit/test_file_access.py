@@ -1,0 +1,77 @@
+"""The child's open() hook (issue 14.6/14.7): which files in the repository the script read or wrote."""
+
+from __future__ import annotations
+
+import builtins
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cascade_repro.capture.files import read_opened
+from cascade_repro.child.file_access import FileAccess
+
+
+@pytest.fixture
+def watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[FileAccess, Path]:
+    for module, name in ((builtins, "open"), (io, "open"), (os, "open")):
+        monkeypatch.setattr(module, name, getattr(module, name))  # put back after the test
+    root = tmp_path / "repo"
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "train.bin").write_bytes(np.arange(16, dtype=np.uint16).tobytes())
+    (root / "venv").mkdir()
+    (root / "venv" / "lib.txt").write_text("a package's file")
+    (tmp_path / "outside.txt").write_text("not in the repository")
+    monkeypatch.chdir(root)
+    access = FileAccess(str(root), skip=(str(root / "venv"),))
+    access.install()
+    return access, root
+
+
+def test_reads_and_writes_inside_the_root_are_noted_once(watched: tuple[FileAccess, Path]) -> None:
+    access, root = watched
+    for _ in range(3):
+        np.memmap("data/train.bin", dtype=np.uint16, mode="r")  # numpy goes through open()
+    Path("data/train.bin").read_bytes()  # pathlib goes through io.open
+    with open(root / "out.txt", "w") as handle:
+        handle.write("written")
+    os.close(os.open("log.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND))
+    with open(root.parent / "outside.txt") as handle:
+        handle.read()
+    with open("venv/lib.txt") as handle:  # skipped: an environment inside the repository
+        handle.read()
+    facts = access.facts()
+    assert facts == {"read": ["data/train.bin"], "written": ["out.txt", "log.txt"], "truncated": False}
+
+
+def test_a_failed_open_is_not_noted_and_raises_as_before(watched: tuple[FileAccess, Path]) -> None:
+    access, _ = watched
+    with pytest.raises(FileNotFoundError), open("data/missing.bin", "rb"):
+        pass
+    assert open.__name__ == "open" and io.open is builtins.open
+    assert access.facts()["read"] == []
+
+
+def test_forked_workers_add_what_they_open_to_the_log(
+    watched: tuple[FileAccess, Path], tmp_path: Path
+) -> None:
+    """A DataLoader worker (fork) inherits the hook and the O_APPEND log: what it reads is noted too."""
+    access, root = watched
+    log = tmp_path / "files.jsonl"
+    access.log = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with open("data/train.bin", "rb"):
+        pass
+    pid = os.fork()
+    if pid == 0:  # the worker
+        try:
+            with open(root / "data" / "worker.txt", "w") as handle:
+                handle.write("x")
+            with open("data/train.bin", "rb"):  # seen by the parent already: not again
+                pass
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    log.write_text(log.read_text() + '{"read": "cut sh')  # a process killed mid-line
+    assert read_opened(log) == {"read": ["data/train.bin"], "written": ["data/worker.txt"]}
