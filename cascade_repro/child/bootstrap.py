@@ -21,6 +21,7 @@ from typing import Any, Callable
 from cascade_repro.child import (
     env_reads,
     file_access,
+    framework_checkpoints,
     framework_logging,
     parsed_args,
     protocol,
@@ -117,8 +118,8 @@ def main(argv: list[str]) -> None:
     ImportHooks(
         before={"mlflow": lambda: _wait_for_run_id(run_dir)},
         after={
-            "mlflow": framework_logging.after_mlflow,
-            **dict.fromkeys(framework_logging.LIGHTNING_MLFLOW_MODULES, framework_logging.after_lightning_mlflow),
+            **framework_logging.import_hooks(),
+            **framework_checkpoints.import_hooks(checkpoint_log(run_dir)),
             "torch": after_torch,
             "numpy": after_numpy,
             "argparse": lambda module: _watch_argparse(module, facts),

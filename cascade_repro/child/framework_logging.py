@@ -27,6 +27,11 @@ RENAMED_PREFIX = "script/"
 LIGHTNING_MLFLOW_MODULES = ("lightning.pytorch.loggers.mlflow", "pytorch_lightning.loggers.mlflow")
 
 
+def import_hooks() -> dict[str, Callable[[ModuleType], None]]:
+    """For the child's ImportHooks: module name → what to adapt once it is imported."""
+    return {"mlflow": after_mlflow, **dict.fromkeys(LIGHTNING_MLFLOW_MODULES, after_lightning_mlflow)}
+
+
 def cascade_run_id() -> str | None:
     """The cascade run's id once the parent wrote it (set when the script first imported mlflow)."""
     return os.environ.get("CASCADE_MLFLOW_RUN_ID") or None

@@ -1,12 +1,15 @@
-"""Unmodified framework scripts (issue 14, item 4): Lightning's MLFlowLogger and the Hugging Face
-Trainer's MLflowCallback log into the cascade run, with nothing dropped and no second run; the
-Lightning run verifies and restores bit for bit. Real frameworks, tiny models, synthetic data."""
+"""Unmodified framework scripts (issue 14, items 4 and 5): Lightning's MLFlowLogger and the Hugging
+Face Trainer's MLflowCallback log into the cascade run, with nothing dropped and no second run;
+Lightning's checkpoints are the run's, best as ModelCheckpoint says; the Lightning run verifies and
+restores bit for bit. Real frameworks, tiny models, synthetic data."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -25,21 +28,36 @@ def _runs_everywhere(project: Project) -> list[dict]:
 
 def test_lightning_mlflow_logger_lands_in_the_cascade_run_and_restores(project: Project) -> None:
     project.write("train_lightning.py", (FRAMEWORKS / "train_lightning.py").read_text())
-    project.commit("a Lightning script")
-    first = project.record("train_lightning.py", "--epochs", "3")
+    project.cascade("init", check=True)  # a DVC cache for the checkpoints
+    project.commit("a Lightning script, cascade init")
+    first = project.record("train_lightning.py", "--epochs", "4")
     runs = _runs_everywhere(project)
     assert [run["run_id"] for run in runs] == [first]  # no run of its own in experiment "lightning"
     run = project.client().get_run(first)
     assert run.data.params["hidden"] == "16" and run.data.params["lr"] == "0.05"  # save_hyperparameters
     assert "lightning MLFlowLogger" in run.data.tags["cascade.framework_logger"]
     history = project.client().get_metric_history(first, "val_loss")
-    assert len(history) == 3  # one validation per epoch, as Lightning logged it
-    second = project.record("train_lightning.py", "--epochs", "3")
+    assert len(history) == 4  # one validation per epoch, as Lightning logged it
+    # ModelCheckpoint's .ckpt files (written through fsspec, not torch.save(obj, path)) are the
+    # run's checkpoints: the top 3 it kept are in the DVC cache, the one it removed is pruned.
+    shown = json.loads(project.cascade("show", first, "--json", check=True).stdout)["data"]
+    checkpoints = {Path(c["path"]).name: c for c in shown["manifest"]["checkpoints"]}
+    on_disk = {p.name for p in (project.root / "checkpoints" / "lightning").glob("*.ckpt")}
+    assert {n for n, c in checkpoints.items() if c["status"] == "kept"} == on_disk and len(on_disk) == 3
+    assert [c["status"] for c in checkpoints.values()].count("pruned") == 1
+    assert all(c["md5"] and c["monitor"] == "val_loss" for c in checkpoints.values() if c["status"] == "kept")
+    output = next((project.root / "mlruns").rglob(f"{first}/artifacts/cascade/output.log")).read_text()
+    best = Path(re.search(r"^best (.+)$", output, re.M).group(1)).name  # ModelCheckpoint.best_model_path
+    taken = project.cascade("checkout", first, "--checkpoint", "best", "--to", str(project.root / "out"))
+    assert taken.returncode == 0 and f"checkpoints/lightning/{best}" in taken.stderr, taken.stderr
+    written = (project.root / "checkpoints" / "lightning" / best).read_bytes()
+    assert (project.root / "out" / best).read_bytes() == written
+    second = project.record("train_lightning.py", "--epochs", "4")
     verdict = project.cascade("verify", first, second)
     assert verdict.returncode == 0 and verdict.stdout.startswith("BITWISE_IDENTICAL"), verdict.stdout
     project.cascade("tag", first, "v1.0.0", check=True)
     restored = project.cascade("restore", "v1.0.0")
-    assert restored.returncode == 0 and "BITWISE_IDENTICAL" in restored.stdout, restored.stdout + restored.stderr
+    assert restored.returncode == 0 and "BITWISE_IDENTICAL" in restored.stdout, restored.stderr
     worktree = project.root / ".cascade" / "restore" / "v1.0.0"
     assert not (worktree / "mlflow.db").exists() and not (worktree / "mlruns").exists()
     assert len(_runs_everywhere(project)) == 3  # the two runs and the restored one; nothing else

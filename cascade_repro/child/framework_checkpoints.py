@@ -1,0 +1,125 @@
+"""Checkpoints that frameworks write without `torch.save(obj, path)`, announced like ours.
+
+Lightning writes `.ckpt` files through fsspec (`torch.save` into a buffer), so the `torch.save` hook
+never sees a path. Installed when the script imports Lightning's Trainer or ModelCheckpoint:
+
+- `Trainer.save_checkpoint(path)` announces the file once written, with the step; inside
+  `ModelCheckpoint` also the monitored metric, its mode and score, so `cascade checkout
+  --checkpoint best` takes the file ModelCheckpoint's `best_model_path` names.
+- `ModelCheckpoint` removing a file that fell out of its top k announces it pruned.
+
+A path written again is unlinked first (a new inode), as for `torch.save`: the DVC cache may hold the
+old bytes by hardlink. Nothing here may break the script.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+from cascade_repro.child.checkpoints import CheckpointLog
+
+LIGHTNING_TRAINER_MODULES = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
+LIGHTNING_CALLBACK_MODULES = (
+    "lightning.pytorch.callbacks.model_checkpoint",
+    "pytorch_lightning.callbacks.model_checkpoint",
+)
+
+_saving = threading.local()  # the ModelCheckpoint whose save is under way, if any
+
+
+def import_hooks(log: CheckpointLog) -> dict[str, Callable[[ModuleType], None]]:
+    """For the child's ImportHooks: module name → what to wrap once it is imported."""
+    trainer, callback = lightning_trainer_hook(log), lightning_callback_hook(log)
+    return {
+        **dict.fromkeys(LIGHTNING_TRAINER_MODULES, trainer),
+        **dict.fromkeys(LIGHTNING_CALLBACK_MODULES, callback),
+    }
+
+
+def lightning_trainer_hook(log: CheckpointLog) -> Callable[[ModuleType], None]:
+    def after_import(module: ModuleType) -> None:
+        trainer_class = getattr(module, "Trainer", None)
+        if trainer_class is not None:
+            _guarded(lambda: _wrap_save_checkpoint(trainer_class, log))
+
+    return after_import
+
+
+def lightning_callback_hook(log: CheckpointLog) -> Callable[[ModuleType], None]:
+    def after_import(module: ModuleType) -> None:
+        callback_class = getattr(module, "ModelCheckpoint", None)
+        if callback_class is not None:
+            _guarded(lambda: _wrap_model_checkpoint(callback_class, log))
+
+    return after_import
+
+
+def _wrap_save_checkpoint(trainer_class: Any, log: CheckpointLog) -> None:
+    original = trainer_class.save_checkpoint
+
+    @functools.wraps(original)
+    def save_checkpoint(self: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
+        path = _local_path(filepath)
+        if path is not None and path.is_file() and not path.is_symlink():
+            path.unlink()  # a new inode: the cache may hold the old one by hardlink
+        result = original(self, filepath, *args, **kwargs)
+        if path is not None and getattr(self, "is_global_zero", True):
+            _guarded(lambda: log.announce("saved", path, **_fields(self)))
+        return result
+
+    trainer_class.save_checkpoint = save_checkpoint
+
+
+def _wrap_model_checkpoint(callback_class: Any, log: CheckpointLog) -> None:
+    save = callback_class._save_checkpoint
+    remove = callback_class._remove_checkpoint
+
+    @functools.wraps(save)
+    def _save_checkpoint(self: Any, trainer: Any, filepath: Any) -> Any:
+        _saving.callback = self
+        try:
+            return save(self, trainer, filepath)
+        finally:
+            _saving.callback = None
+
+    @functools.wraps(remove)
+    def _remove_checkpoint(self: Any, trainer: Any, filepath: Any) -> Any:
+        result = remove(self, trainer, filepath)
+        path = _local_path(filepath)
+        if path is not None and getattr(trainer, "is_global_zero", True):
+            _guarded(lambda: log.announce("pruned", path))
+        return result
+
+    callback_class._save_checkpoint = _save_checkpoint
+    callback_class._remove_checkpoint = _remove_checkpoint
+
+
+def _fields(trainer: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {"step": int(trainer.global_step), "metrics": {}, "source": "lightning"}
+    callback = getattr(_saving, "callback", None)
+    monitor = getattr(callback, "monitor", None)
+    score = getattr(callback, "current_score", None)
+    if callback is not None and monitor and score is not None:
+        fields.update(metrics={str(monitor): float(score)}, monitor=str(monitor), mode=str(callback.mode))
+    return fields
+
+
+def _local_path(filepath: Any) -> Path | None:
+    """An absolute local path; None for a remote one (s3://...), which is not ours to cache."""
+    text = os.fspath(filepath) if isinstance(filepath, (str, os.PathLike)) else None
+    if not isinstance(text, str) or "://" in text:
+        return None
+    return Path(text).absolute()
+
+
+def _guarded(action: Callable[[], Any]) -> None:
+    try:
+        action()
+    except Exception as exc:  # observing must never break the user's script
+        sys.stderr.write(f"cascade: a Lightning checkpoint is not recorded: {type(exc).__name__}: {exc}\n")
