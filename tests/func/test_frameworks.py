@@ -79,8 +79,26 @@ def test_hf_trainer_params_and_evaluate_land_in_the_cascade_run(project: Project
     params = run.data.params
     missing = {k: v for k, v in expected.items() if params.get(k) != v and params.get(f"script/{k}") != v}
     assert not missing, f"{len(missing)} of {len(expected)} params dropped: {sorted(missing)[:10]}"
-    if params.get("seed") != "42":  # the run's own seed param (3) stays; the script's is beside it
-        assert params["script/seed"] == "42"
-        assert f"seed: run {params['seed']}, script 42" in run.data.tags["cascade.renamed_params"]
+    # The framework logged first: its seed is `seed`; cascade's own (3, from hyperparameters.yaml)
+    # is beside it, logged at the end.
+    assert params["seed"] == "42" and params["cascade.seed"] == "3"
     evals = project.client().get_metric_history(run_id, "eval_loss")
     assert len(evals) == 3  # at steps 10 and 20, and the evaluate() after train()
+
+
+RELOGS = """\
+import mlflow
+
+mlflow.log_params({"lr": 0.1, "width": 8})
+mlflow.log_params({"lr": 0.2, "depth": 3})  # MLflow alone refuses this whole batch: lr is logged
+"""
+
+
+def test_a_param_logged_again_with_another_value_loses_nothing_of_its_batch(project: Project) -> None:
+    project.write("relogs.py", RELOGS)
+    project.commit("a script logging params twice")
+    run_id = project.record("relogs.py")
+    run = project.client().get_run(run_id)
+    assert {k: run.data.params.get(k) for k in ("lr", "width", "depth", "script/lr")} == {
+        "lr": "0.1", "width": "8", "depth": "3", "script/lr": "0.2"}
+    assert run.data.tags["cascade.renamed_params"] == "lr: run 0.1, script 0.2 (as script/lr)"
