@@ -2,6 +2,11 @@
 
 Pure: records in, a `TraceComparison` out. Per step the facets are compared in the order they
 come into being: rng → batch → params before → loss → grads → params after.
+
+The RNG state comes first because it shows a cause before its effect; it is not itself a result of
+training. Where only RNG states differ over the whole overlap (a generator seeded from `--seed`
+that the script never drew from, while it seeds the ones it uses itself), no step diverges: every
+batch, loss, gradient and weight is equal, and a note names the generators.
 """
 
 from __future__ import annotations
@@ -80,6 +85,14 @@ def compare_traces(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> 
             first_index = index
             differences = found
             break
+    notes: tuple[str, ...] = ()
+    if differences and _only_rng_differs(a[first_index:overlap], b[first_index:overlap]):
+        streams = ", ".join(differences[0].names)
+        notes = (
+            f"the RNG state of {streams} differs (first at step {first}), but no batch, loss, gradient or "
+            "weight does at any compared step: the training never drew from it",
+        )
+        first, first_index, differences = None, overlap, []
     return TraceComparison(
         steps_a=len(a),
         steps_b=len(b),
@@ -88,7 +101,12 @@ def compare_traces(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> 
         differences=tuple(differences),
         loss_max_rel=_loss_max_rel(a[:overlap], b[:overlap]),
         loss_first_difference=_first_loss_difference(a[first_index:overlap], b[first_index:overlap]),
+        notes=notes,
     )
+
+
+def _only_rng_differs(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> bool:
+    return not any(d.facet != "rng" for x, y in zip(a, b, strict=False) for d in _step_differences(x, y))
 
 
 def _first_loss_difference(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> LossDifference | None:

@@ -97,7 +97,8 @@ def judge(
             f"gradients are not compared: run {a_id[:12] if not header_a.get('grads', True) else b_id[:12]} "
             "did not hash them (trace_grads)",
         )
-    comparison = replace(compare_traces(trace_a, trace_b), notes=notes)
+    compared = compare_traces(trace_a, trace_b)
+    comparison = replace(compared, notes=(*compared.notes, *notes))
     causes = tuple(likely_causes(manifest_a, manifest_b, comparison, list(differences)))
     if comparison.step is None and comparison.same_length:
         scope = (
