@@ -125,7 +125,6 @@ class OpenedRun:
     experiment: str
     artifact_uri: str
     attached: bool  # an existing run (MLFLOW_RUN_ID set by `mlflow run` or the user)
-    existing_params: dict[str, str]
 
 
 def open_run(
@@ -142,17 +141,10 @@ def open_run(
             run = mlflow.get_run(existing_run_id)
             set_tags(mlflow, run.info.run_id, tags)
             name = mlflow.get_experiment(run.info.experiment_id).name
-            return OpenedRun(
-                run.info.run_id,
-                run.info.experiment_id,
-                name,
-                run.info.artifact_uri,
-                True,
-                dict(run.data.params),
-            )
+            return OpenedRun(run.info.run_id, run.info.experiment_id, name, run.info.artifact_uri, True)
         experiment_id = _experiment_id(mlflow, experiment, artifact_root)
         run = mlflow.create_run(experiment_id, start_time=start_ms, tags=dict(tags), run_name=run_name)
-        return OpenedRun(run.info.run_id, experiment_id, experiment, run.info.artifact_uri, False, {})
+        return OpenedRun(run.info.run_id, experiment_id, experiment, run.info.artifact_uri, False)
     except Exception as exc:  # MLflow raises many types (MlflowException, SQLAlchemy, requests)
         raise StoreError(
             f"cannot open a run in the MLflow store: {first_line(exc)}",

@@ -53,7 +53,8 @@ def _kill_during_capture(project: Project) -> tuple[Background, str]:
     run.wait_for(lambda: (run.run_dir() or Path("/nonexistent")).joinpath("mlflow_run_id").exists(),
                  "the run to open")  # fmt: skip
     run_id = (run.run_dir() / "mlflow_run_id").read_text()  # type: ignore[operator]
-    assert not project.client().get_run(run_id).data.params, "capture finished before the test could kill"
+    tags = project.client().get_run(run_id).data.tags  # cascade.dirty: set once capture is done
+    assert "cascade.dirty" not in tags, "capture finished before the test could kill"
     run.kill()
     return run, "KILLED"
 
@@ -136,6 +137,11 @@ def test_sigkill_of_the_parent_is_recovered_by_the_next_command(project: Project
     if moment == "mid-training":
         assert manifest["git"]["commit"]  # the early record's capture is kept
         assert manifest["trace"]["steps"] >= 9
+        # The params the script used (its argparse namespace, noted by the child) are recovered as
+        # the dead parent would have logged them at the end (issue 14.2).
+        params = project.only_run().data.params
+        assert params["steps"] == "20" and params["hold_at"] == "8" and params["seed"] == "3"
+        assert manifest["params"]["source"] == "argparse" and manifest["params"]["argparse"]["steps"] == 20
     again = project.cascade("ls")
     assert "recovered" not in again.stderr  # nothing left to do
 
