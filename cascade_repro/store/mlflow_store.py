@@ -188,6 +188,7 @@ def log_params(
     if existing is None:
         existing = dict(mlflow.get_run(run_id).data.params)
     warnings = []
+    kept: list[str] = []  # ours beside theirs, said in one warning
     items = []
     for key, value in flat.items():
         full = value if isinstance(value, str) else json.dumps(value, default=str)
@@ -196,8 +197,7 @@ def log_params(
         if name in existing and existing[name] not in (text, str(value)):
             renamed = _valid_key(f"cascade.{key}")
             held = existing[name][:80]
-            warnings.append(f"param {key}={text[:80]} logged as {renamed}: the run already has {key}={held} "
-                            "(from the script, or whoever opened the run)")  # fmt: skip
+            kept.append(f"param {key}={text[:80]} logged as {renamed}: the run already has {key}={held}")
             key, name = f"cascade.{key}", renamed
         if name in existing:
             continue  # the same value, or a cascade.<key> already there (a retried delivery)
@@ -208,6 +208,9 @@ def log_params(
         if text != full:
             warnings.append(f"param {key} truncated to MLflow's {MAX_PARAM_VALUE} characters")
         items.append(Param(name, text))
+    if kept:
+        shown = "; ".join(kept[:5]) + (f"; and {len(kept) - 5} more" if len(kept) > 5 else "")
+        warnings.append(f"{shown} (from the script, or whoever opened the run)")
     for batch in _chunks(items, MAX_PER_BATCH):
         warnings += _each_on_refusal(batch, lambda part: mlflow.log_batch(run_id, params=part), "param")
     return warnings
