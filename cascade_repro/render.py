@@ -8,7 +8,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable, Iterator, cast
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterator, Mapping, cast
 
 from cascade_repro.redaction import fill_argv, redact_text
 
@@ -207,6 +207,8 @@ def run_record(record: RunRecord) -> None:
         ("not stored", "; ".join(map(str, outcome.get("undelivered") or []))),
         ("commit", f"{m.git.get('commit')} ({m.git.get('branch') or 'detached'})"),
         ("dirty", _dirty(m.git)),
+        ("inputs", _files(m.inputs, "not tracked by git or DVC")),
+        ("outputs", _files(m.outputs, "written by the run")),
         ("remotes", ", ".join(f"{k} {v}" for k, v in m.git.get("remotes", {}).items())),
         ("seed", _seed(m.to_dict())),
         ("params", f"{m.params.get('source') or '(none)'}" + _overrides(m.params.get("overrides") or {})),
@@ -432,6 +434,8 @@ def restore_plan(plan: RestorePlan) -> None:
         names = ", ".join(str(u["path"]) for u in plan.untracked[:5])
         notice(f"  untracked  {len(plan.untracked)} file(s), sha256-checked: {names}")
     notice(f"  data       {len(plan.data)} DVC object(s); checkpoints {len(plan.checkpoints)}")
+    for line in _plan_inputs(plan.input_sources):
+        notice(f"  inputs     {line}")
     command = " ".join((plan.script, *plan.argv))
     notice(f"  command    {command} (cwd {plan.cwd}), seed {plan.seed}, determinism {plan.determinism}"
            + (f", first {plan.steps} steps" if plan.steps else ""))  # fmt: skip
@@ -449,6 +453,24 @@ def restore_plan(plan: RestorePlan) -> None:
         meaning = "bitwise not expected here" if difference.klass == "A" else "fixed by restore"
         notice(f"  machine    class {difference.klass}: {difference.summary} ({meaning})")
     notice(f"  worktree   {plan.workdir}")
+
+
+def _plan_inputs(sources: Mapping[str, str]) -> list[str]:
+    """Where the files the run read that neither git nor DVC tracked come from, one line per source."""
+    by: dict[str, list[str]] = {}
+    for path, source in sources.items():
+        by.setdefault(source, []).append(path)
+    words = {
+        "checkout": "neither git nor DVC tracks, taken from your checkout (sha256-verified)",
+        "dvc": "kept with --track-inputs, from the DVC cache (md5-verified)",
+        "missing": "NOT in your checkout",
+        "changed": "CHANGED in your checkout since the run",
+    }
+    return [
+        f"{len(paths)} file(s) {words.get(source, source)}: " + ", ".join(paths[:5])
+        + (" ..." if len(paths) > 5 else "")
+        for source, paths in by.items()
+    ]  # fmt: skip
 
 
 def restore_result(result: RestoreResult) -> None:
@@ -530,6 +552,21 @@ def _dirty(git: dict[str, Any]) -> str:
     patch = git.get("patch") or {}
     untracked = git.get("untracked") or []
     return f"yes: patch {patch.get('size', 0)} bytes, {len(untracked)} untracked file(s)"
+
+
+def _files(entries: list[dict[str, Any]], what: str) -> str:
+    """`2 file(s) not tracked by git or DVC: data/train.bin (8.0 kB, in the DVC cache), ...`."""
+    if not entries:
+        return ""
+    shown = []
+    for entry in entries[:6]:
+        size = entry.get("size")
+        note = f"{size} bytes" if isinstance(size, int) else ""
+        if entry.get("md5"):
+            note += ", in the DVC cache"
+        shown.append(f"{entry.get('path')} ({note})" if note else str(entry.get("path")))
+    more = f" and {len(entries) - 6} more" if len(entries) > 6 else ""
+    return f"{len(entries)} file(s) {what}: " + ", ".join(shown) + more
 
 
 def _overrides(overrides: dict[str, Any]) -> str:

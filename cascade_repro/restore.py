@@ -13,7 +13,7 @@ import posixpath
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Mapping
 
@@ -58,6 +58,10 @@ class RestorePlan:
     secret_args: tuple[SecretSlot, ...] = ()  # redacted argv values, each from its CASCADE_SECRET_* variable
     secrets_missing: tuple[str, ...] = ()  # those variables unset here: the re-run is refused
     secret_env: Mapping[str, bool] = field(default_factory=dict)  # redacted variables → set here (kept)
+    # files the run read that neither git nor DVC tracked (record's `inputs`), and where each comes
+    # from here (locate_inputs): "dvc" (cached with --track-inputs), "checkout", "missing", "changed"
+    inputs: tuple[Mapping[str, Any], ...] = ()
+    input_sources: Mapping[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         body = {k: v for k, v in vars(self).items() if k != "differences"}
@@ -97,6 +101,8 @@ def plan_restore(manifest: Mapping[str, Any], version: str | None, workdir: Path
             unavailable.append(path)
     for item in manifest.get("data") or []:
         _safe_path(str(item.get("path") or ""), "a data path")
+    for item in manifest.get("inputs") or []:
+        _safe_path(str(item.get("path") or ""), "an input file")
     for item in manifest.get("checkpoints") or []:
         if item.get("status") == "kept" and item.get("md5"):  # the ones restore may write
             _safe_path(str(item.get("path") or ""), "a checkpoint path")
@@ -129,6 +135,7 @@ def plan_restore(manifest: Mapping[str, Any], version: str | None, workdir: Path
         steps=steps,
         num_threads=_int_or_none((manifest.get("torch") or {}).get("num_threads")),
         **_redacted_sources(manifest, environ),
+        inputs=tuple(manifest.get("inputs") or ()),
     )
 
 
@@ -224,6 +231,7 @@ def _written_paths(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
     git = manifest.get("git") or {}
     paths = [(str(u.get("path")), "the untracked file") for u in git.get("untracked") or []]
     paths += [(str(d.get("path")), "the data path") for d in manifest.get("data") or []]
+    paths += [(str(i.get("path")), "the input file") for i in manifest.get("inputs") or []]
     paths += [
         (str(c.get("path")), "the checkpoint")
         for c in manifest.get("checkpoints") or []
@@ -255,6 +263,62 @@ def _safe_link(path: str, target: str, what: str = "the untracked symlink") -> N
     joined = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
     if target.startswith("/") or joined == ".." or joined.startswith("../"):
         raise UnsafeRecord(f"unsafe record: {what} {path} points outside the worktree ({target})")
+
+
+# -- inputs git and DVC could not see ---------------------------------------------------------------
+def locate_inputs(plan: RestorePlan, root: Path) -> RestorePlan:
+    """Where each recorded input comes from: the DVC cache (--track-inputs), else the user's checkout
+    when the file there still has the recorded size and sha256; else it is missing or changed."""
+    sources: dict[str, str] = {}
+    real_root = os.path.realpath(root)
+    for item in plan.inputs:
+        rel = posixpath.normpath(str(item["path"]))
+        if item.get("md5"):
+            sources[rel] = "dvc"
+            continue
+        real = os.path.realpath(root / rel)
+        if not real.startswith(real_root + os.sep) or not os.path.isfile(real):
+            sources[rel] = "missing"
+        elif os.path.getsize(real) != item.get("size") or sha256_of(Path(real)) != item.get("sha256"):
+            sources[rel] = "changed"
+        else:
+            sources[rel] = "checkout"
+    return replace(plan, input_sources=sources)
+
+
+def inputs_not_here(plan: RestorePlan) -> list[str]:
+    """`path (missing in your checkout)` / `path (changed: ...)` for each input restore cannot take."""
+    recorded = {posixpath.normpath(str(i["path"])): i for i in plan.inputs}
+    out = []
+    for rel, source in plan.input_sources.items():
+        if source == "missing":
+            out.append(f"{rel} (missing in your checkout)")
+        elif source == "changed":
+            item = recorded[rel]
+            out.append(f"{rel} (changed since the run: it read {item.get('size')} bytes with sha256 "
+                       f"{str(item.get('sha256'))[:12]}…)")  # fmt: skip
+    return out
+
+
+def deliver_inputs(plan: RestorePlan, root: Path, workdir: Path) -> list[str]:
+    """Copy the inputs taken from the checkout into the worktree (confined), each checked again there."""
+    recorded = {posixpath.normpath(str(i["path"])): i for i in plan.inputs}
+    copied = []
+    for rel, source in plan.input_sources.items():
+        if source != "checkout":
+            continue
+        expected = str(recorded[rel].get("sha256"))
+        existing = workdir / rel
+        if existing.is_file() and not existing.is_symlink() and sha256_of(existing) == expected:
+            continue  # a reused worktree has it already
+        original = Path(os.path.realpath(root / rel))
+        written = confined.write_file(workdir, rel, original, f"the input file {rel}")
+        if sha256_of(written) != expected:
+            written.unlink(missing_ok=True)
+            raise RestoreRefused(f"the input file {rel} changed in your checkout while it was copied",
+                                 hint="let whatever writes it finish, then restore again")  # fmt: skip
+        copied.append(rel)
+    return copied
 
 
 # -- materializing ----------------------------------------------------------------------------------
@@ -324,6 +388,7 @@ def discard(root: Path, workdir: Path) -> None:
 
 def _plan_paths(plan: RestorePlan) -> list[tuple[str, str]]:
     record = {"git": {"untracked": list(plan.untracked)}, "data": list(plan.data)}
+    record["inputs"] = list(plan.inputs)
     return _written_paths({**record, "checkpoints": list(plan.checkpoints)})
 
 

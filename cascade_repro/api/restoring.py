@@ -87,11 +87,20 @@ def restore(
     workdir = (workdir or root / ".cascade" / "restore" / label).absolute()
     plan = restoring.plan_restore(manifest, version, workdir, steps, os.environ, settings.env_allow_prefixes,
                                   machine_record(settings, os.environ, probe_torch=False))  # fmt: skip
+    plan = restoring.locate_inputs(plan, root)
     show_plan(plan)
     if plan.unavailable:
         raise RestoreRefused(
             f"the record names untracked files it did not keep: {', '.join(plan.unavailable[:5])}",
             hint="they were larger than untracked_max_bytes; track such files with `dvc add` next time",
+        )
+    not_here = restoring.inputs_not_here(plan)
+    if not_here:  # before anything is written: a re-run without them would only crash
+        raise RestoreRefused(
+            f"the run read {len(not_here)} file(s) that neither git nor DVC tracks, and your checkout "
+            f"does not have them as the run read them: {'; '.join(not_here[:5])}",
+            hint="put back the files the run read (the same bytes), then restore again; next time track "
+            "them with `dvc add PATH` or `cascade run --track-inputs`",
         )
     if execute and plan.secrets_missing:  # before anything is written
         raise RestoreRefused(
@@ -112,6 +121,7 @@ def restore(
                 cache.share_with(tree.path)  # the re-run's checkpoints go to this cache and remote
             for item in fetched:  # verified before the worktree was made; copied in now
                 checking.deliver(item, tree.path, item.path, force=False)
+            copied = restoring.deliver_inputs(plan, root, tree.path)
         except BaseException:
             if not tree.reused:
                 restoring.discard(root, tree.path)
@@ -121,6 +131,8 @@ def restore(
             cache.close()
     if fetched:
         notify(f"restored {len(fetched)} DVC object(s) into the worktree, md5-verified")
+    if copied:
+        notify(f"copied {len(copied)} input file(s) from your checkout into the worktree, sha256-verified")
     if not execute:
         return RestoreResult(plan, tree, None, None)
     image, drift = (
@@ -158,8 +170,53 @@ def restore(
     restoring.write_marker(tree.path, plan)  # the re-run's own outputs belong to the state reuse expects
     client = mlflow_store.client(settings.tracking_uri)  # imported by the run's recorder already
     verdict = judge_runs(client, manifest, result.manifest.to_dict(), rtol, atol, steps=steps)
+    verdict = _crash_told(verdict, client, manifest, result)
     record_verdict(client, verdict, result.run_id, run_id)
     return RestoreResult(plan, tree, result, verdict, image, tuple(drift))
+
+
+CRASH_LINES = 12  # of the re-run's output, in the verdict of a re-run that crashed
+
+
+def _crash_told(verdict: Verdict, client: Any, manifest: Mapping[str, Any], result: RunResult) -> Verdict:
+    """A re-run that crashed (the recorded run did not) is reported as that: its status, exit code,
+    exception and last lines of output, not as whatever its shorter trace looks like."""
+    from dataclasses import replace
+
+    from cascade_repro.determinism.verdict import DIVERGED, crashed
+
+    ended = crashed(result.manifest.to_dict())
+    if ended is None or crashed(manifest) is not None or verdict.verdict == DIVERGED:
+        return verdict
+    summary = f"the re-run {ended}"
+    if verdict.comparison.compared:
+        summary += f" after {verdict.comparison.compared} step(s), bitwise identical to the recorded ones"
+    try:
+        text = mlflow_store.read_text_artifact(client, result.run_id, "cascade/output.log")
+    except StoreError:
+        text = ""
+    lines = _without_our_frames([line for line in text.splitlines() if line.strip()])[-CRASH_LINES:]
+    if lines:
+        summary += "; its last lines:\n" + "\n".join(f"  | {line}" for line in lines)
+    return replace(verdict, summary=summary)
+
+
+def _without_our_frames(lines: list[str]) -> list[str]:
+    """The output without the traceback frames of cascade's bootstrap and runpy (they run every
+    script and say nothing about this one), so the last lines are the script's own."""
+    out: list[str] = []
+    skipping = False
+    for line in lines:
+        if line.startswith("  File "):
+            skipping = "<frozen runpy>" in line or "/cascade_repro/child/" in line or "/runpy.py" in line
+            if skipping:
+                continue
+        elif skipping and line.startswith("    "):
+            continue  # the source line (and carets) of a skipped frame
+        else:
+            skipping = False
+        out.append(line)
+    return out
 
 
 def _restore_image(
@@ -246,6 +303,7 @@ def _restore_objects(plan: RestorePlan, manifest: Mapping[str, Any], execute: bo
     as the original did)."""
 
     wanted = data_objects(plan.data)
+    wanted += [(str(i["path"]), str(i["md5"])) for i in plan.inputs if i.get("md5")]  # --track-inputs
     if not execute:
         wanted += [
             (str(c["path"]), str(c["md5"]))

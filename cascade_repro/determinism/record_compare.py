@@ -291,7 +291,12 @@ def _environment(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
 
 
 def _data(m: Mapping[str, Any]) -> dict[str, Any]:
-    return dict(data_objects(m.get("data") or []))
+    """DVC objects by md5, and the inputs neither git nor DVC tracked by sha256 (cached or not)."""
+    found: dict[str, Any] = dict(data_objects(m.get("data") or []))
+    for item in m.get("inputs") or []:
+        if isinstance(item, dict) and isinstance(item.get("path"), str):
+            found[item["path"]] = item.get("sha256")
+    return found
 
 
 def _container(m: Mapping[str, Any]) -> dict[str, Any]:

@@ -83,8 +83,11 @@ def judge(
 
     header_a, header_b = manifest_a.get("trace") or {}, manifest_b.get("trace") or {}
     if not trace_a or not trace_b:
-        missing = a_id if not trace_a else b_id
+        missing, record = (a_id, manifest_a) if not trace_a else (b_id, manifest_b)
         reason = f"run {missing[:12]} has no step trace (recorded with --trace-interval 0 or no optimizer)"
+        ended = crashed(record)
+        if ended:  # a script that died before its first step: that is the reason, not a trace setting
+            reason = f"run {missing[:12]} {ended} before its first traced step"
         return verdict(INCOMPARABLE, reason, compare_traces([], []))
     for key in ("algorithm", "interval"):
         if header_a.get(key) != header_b.get(key):
@@ -124,6 +127,18 @@ def judge(
         )
         return verdict(NUMERICALLY_EQUIVALENT, summary, comparison, causes)
     return verdict(DIVERGED, where, comparison, causes)
+
+
+def crashed(manifest: Mapping[str, Any]) -> str | None:
+    """`FAILED with exit code 1 (RuntimeError: ...)` for a run that did not finish, else None."""
+    outcome = manifest.get("outcome") or {}
+    status = outcome.get("status")
+    if status in (None, "FINISHED", "RUNNING"):
+        return None
+    error = outcome.get("error")
+    error = error if isinstance(error, dict) else {}
+    cause = f" ({error.get('type')}: {str(error.get('message'))[:300]})" if error.get("type") else ""
+    return f"{status} with exit code {outcome.get('exit_code')}{cause}"
 
 
 def with_replay(verdict: Verdict, magnitudes: Sequence[Magnitude], replay: Mapping[str, Any]) -> Verdict:

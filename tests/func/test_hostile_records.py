@@ -120,6 +120,16 @@ ATTACKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
         **(r := _chain(a["record"])),
         "checkpoints": [_checkpoint_entry(r, "p/q/r/s/a/l/outside/dir/ckpt.pt")],
     },
+    "untracked symlink chain + input": lambda a: {  # issue 14.6: an input restore copies in
+        **_chain(a["record"]),
+        "inputs": [
+            {
+                "path": "p/q/r/s/a/l/outside/dir/payload.bin",
+                "size": 3,
+                "sha256": hashlib.sha256(b"abc").hexdigest(),
+            }
+        ],
+    },  # fmt: skip
     "untracked file under a patch symlink": lambda a: {
         **(r := _with_patch(a, _symlink_patch(a["project"], "evil", str(a["outside"] / "dir")))),
         "git": {
@@ -221,6 +231,9 @@ def test_show_diff_and_verify_print_hostile_text_inert_and_refuse_malformed_reco
         ({"data": [{"path": 7}]}, "data[0]"),
         ({"command": {**record["command"], "argv": "--lr 1"}}, "command.argv"),
         ({"git": {**record["git"], "untracked": [{"path": "a", "symlink_target": ["x"]}]}}, "symlink_target"),
+        ({"inputs": [{"path": "d/x.bin", "size": "8 kB", "sha256": "0" * 64}]}, "inputs[0].size"),
+        ({"inputs": [{"path": "d/x.bin", "size": 8, "sha256": "not a digest"}]}, "inputs[0].sha256"),
+        ({"outputs": {"run.log": 1}}, "outputs is dict"),
     ):
         record_file.write_text(json.dumps({**record, **malformed}))
         for args in (("show", second), ("diff", first, second), ("restore", second, "--no-run")):
@@ -231,7 +244,7 @@ def test_show_diff_and_verify_print_hostile_text_inert_and_refuse_malformed_reco
 
 
 def _plain_attacks(record: dict[str, Any], outside: Path) -> dict[str, dict[str, Any]]:
-    """Twelve records whose paths leave the worktree as text alone, each a copy of `record`."""
+    """Fourteen records whose paths leave the worktree as text alone, each a copy of `record`."""
 
     def edit(section: str, change: Callable[[Any], Any]) -> dict[str, Any]:
         copy = json.loads(json.dumps(record))
@@ -239,6 +252,7 @@ def _plain_attacks(record: dict[str, Any], outside: Path) -> dict[str, dict[str,
         return copy
 
     untracked = {"size": 3, "stored": True, "sha256": hashlib.sha256(b"abc").hexdigest()}
+    read = {"size": 3, "sha256": hashlib.sha256(b"abc").hexdigest()}  # an input git and DVC did not track
     return {
         "untracked ../": edit(
             "git", lambda g: {**g, "untracked": [{**untracked, "path": "../../../outside/u"}]}
@@ -268,6 +282,8 @@ def _plain_attacks(record: dict[str, Any], outside: Path) -> dict[str, dict[str,
         "checkpoint in .git": edit("checkpoints", lambda c: [{**_checkpoint_entry(record, ".git/c.pt")}]),
         "script absolute": edit("command", lambda c: {**c, "script": str(outside / "s.py")}),
         "cwd ../": edit("command", lambda c: {**c, "cwd": "../../.."}),
+        "input ../": edit("inputs", lambda i: [{**read, "path": "../../../outside/in.bin"}]),
+        "input in .git": edit("inputs", lambda i: [{**read, "path": ".git/hooks/y"}]),
     }
 
 
@@ -276,7 +292,7 @@ def test_plain_path_traversal_records_are_refused_before_anything_is_written(
 ) -> None:
     project, outside = attacked["project"], attacked["outside"]
     attacks = _plain_attacks(attacked["record"], outside)
-    assert len(attacks) == 12
+    assert len(attacks) == 14
     for name, record in attacks.items():
         (attacked["artifacts"] / "run.json").write_text(json.dumps(record))
         result = project.cascade("restore", "v1", "--no-run")
@@ -287,3 +303,4 @@ def test_plain_path_traversal_records_are_refused_before_anything_is_written(
     assert (
         not (project.root / ".git" / "hooks" / "x").exists() and not (project.root / ".git" / "c.pt").exists()
     )
+    assert not (project.root / ".git" / "hooks" / "y").exists()

@@ -108,3 +108,22 @@ def test_traces_with_and_without_gradients_compare_what_both_have() -> None:
     assert result.verdict == "DIVERGED" and result.comparison.step == 2
     (cause,) = [c for c in result.causes if "write outside the optimizer" in c.summary]
     assert "nondeterministic backward" in cause.summary and "trace_grads: true" in cause.fix
+
+
+def test_a_run_that_died_before_its_first_step_is_named_as_a_crash_not_a_trace_setting() -> None:
+    """Issue 14.6: a re-run that crashed (FileNotFoundError) was reported as "--trace-interval 0"."""
+    trace = [_record(i) for i in range(3)]
+    crashed = {
+        **_manifest("b" * 32),
+        "trace": None,
+        "outcome": {"status": "FAILED", "exit_code": 1,
+                    "error": {"type": "FileNotFoundError", "message": "data/train.bin"}},
+    }  # fmt: skip
+    verdict = judge(_manifest("a" * 32), crashed, trace, [])
+    assert verdict.verdict == "INCOMPARABLE"
+    assert verdict.summary == (
+        f"run {'b' * 12} FAILED with exit code 1 (FileNotFoundError: data/train.bin) "
+        "before its first traced step"
+    )
+    untraced = {**_manifest("b" * 32), "outcome": {"status": "FINISHED", "exit_code": 0}}
+    assert "--trace-interval 0" in judge(_manifest("a" * 32), untraced, trace, []).summary
