@@ -40,7 +40,10 @@ class FileAccess:
             path = os.fspath(file)
             if isinstance(path, bytes):
                 path = os.fsdecode(path)
-            path = os.path.normpath(os.path.join(os.getcwd(), path))
+            if not os.path.isabs(path):
+                path = os.path.join(os.getcwd(), path)
+            if "/." in path or "//" in path or os.sep != "/":  # only then is there anything to normalize
+                path = os.path.normpath(path)
         except (TypeError, ValueError, OSError):
             return
         if not path.startswith(self.root) or path.startswith(self.skip):
@@ -68,12 +71,12 @@ class FileAccess:
 
         def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
             handle = opened(file, mode, *args, **kwargs)
-            note(file, writing=isinstance(mode, str) and any(c in mode for c in "wax+"))
+            note(file, isinstance(mode, str) and ("w" in mode or "a" in mode or "x" in mode or "+" in mode))
             return handle
 
         def os_open_(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
             fd = os_open(path, flags, *args, **kwargs)
-            note(path, writing=bool(flags & _WRITE_FLAGS))
+            note(path, bool(flags & _WRITE_FLAGS))
             return fd
 
         _same_face(open_, opened)
