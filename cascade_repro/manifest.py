@@ -128,6 +128,12 @@ def check_shape(data: Mapping[str, Any], run_id: str | None = None) -> None:
             size = entry.get("size")
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 refuse(f"{where}[{index}].size", size, "a non-negative integer")
+    for index, entry in enumerate(data.get("checkpoints") or []):  # md5 names a cache path: hex only
+        md5, files = entry.get("md5"), entry.get("files")
+        if md5 is not None and not _hex(str(md5).removesuffix(".dir"), 32):
+            refuse(f"checkpoints[{index}].md5", md5, "32 hex digits (a directory's: then .dir)")
+        if files is not None and (isinstance(files, bool) or not isinstance(files, int) or files < 0):
+            refuse(f"checkpoints[{index}].files", files, "a non-negative integer")
     for index, entry in enumerate(data.get("inputs") or []):
         for key, length in (("sha256", 64), ("md5", 32)):
             value = entry.get(key)

@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from cascade_repro.api.records import context, dvc_cache, record_of
-from cascade_repro.errors import DataError
+from cascade_repro.errors import DataError, UsageError
 from cascade_repro.manifest import ARTIFACT_PATH, data_objects
 from cascade_repro.settings import Settings
 from cascade_repro.store import mlflow_store
+from cascade_repro.store.dvc_store import DIR_SUFFIX
 
 if TYPE_CHECKING:
     from cascade_repro.checkout import Chosen, Fetched
@@ -53,9 +54,16 @@ def checkout(ref: str, checkpoint: str | None = None, data: bool = False, to: Pa
     items = []
     try:
         for path, md5 in wanted:
+            base, relative = (root, path) if to is None else (to, Path(path).name if path in flat else path)
+            if md5.endswith(DIR_SUFFIX):  # a directory checkpoint (HF's checkpoint-500/): file by file
+                checking.fetch(cache, path, md5, settings.dvc_remote)  # its listing, verified
+                for member, member_md5 in cache.directory_entries(md5):
+                    bar = progress(f"md5 of {path}/{member}", None)
+                    fetched = checking.fetch(cache, f"{path}/{member}", member_md5, settings.dvc_remote, bar)
+                    items.append(checking.deliver(fetched, base, f"{relative}/{member}", force))
+                continue
             bar = progress(f"md5 of {path}", sizes.get(md5))
             fetched = checking.fetch(cache, path, md5, settings.dvc_remote, bar)
-            base, relative = (root, path) if to is None else (to, Path(path).name if path in flat else path)
             items.append(checking.deliver(fetched, base, relative, force))
     finally:
         cache.close()
@@ -69,6 +77,9 @@ def checkpoint_path(ref: str, which: str = "best", cwd: Path | None = None) -> P
     settings = context(cwd)
     _, manifest = record_of(settings, ref)
     chosen = checking.select_checkpoint(manifest.get("checkpoints") or [], which)
+    if str(chosen.get("md5", "")).endswith(DIR_SUFFIX):
+        hint = f"cascade checkout {ref} --checkpoint {which} --to DIR, then load it from there"
+        raise UsageError(f"{chosen.get('path')} is a directory checkpoint", hint=hint)
     cache = dvc_cache(settings.root)
     try:
         return checking.fetch(cache, str(chosen["path"]), str(chosen["md5"]), settings.dvc_remote).object_path

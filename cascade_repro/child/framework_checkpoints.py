@@ -1,12 +1,17 @@
 """Checkpoints that frameworks write without `torch.save(obj, path)`, announced like ours.
 
 Lightning writes `.ckpt` files through fsspec (`torch.save` into a buffer), so the `torch.save` hook
-never sees a path. Installed when the script imports Lightning's Trainer or ModelCheckpoint:
+never sees a path; the Hugging Face Trainer writes a directory (`checkpoint-500/`: safetensors,
+config, trainer state and, with torch.save, optimizer and RNG state). Installed when the script
+imports Lightning's Trainer or ModelCheckpoint, or transformers' Trainer:
 
 - `Trainer.save_checkpoint(path)` announces the file once written, with the step; inside
   `ModelCheckpoint` also the monitored metric, its mode and score, so `cascade checkout
   --checkpoint best` takes the file ModelCheckpoint's `best_model_path` names.
 - `ModelCheckpoint` removing a file that fell out of its top k announces it pruned.
+- `transformers.Trainer._save_checkpoint` announces the directory once complete, as one checkpoint
+  (its files are not announced one by one), with the step and `metric_for_best_model`'s last value;
+  directories its rotation (`save_total_limit`) removed are announced pruned.
 
 A path written again is unlinked first (a new inode), as for `torch.save`: the DVC cache may hold the
 old bytes by hardlink. Nothing here may break the script.
@@ -30,6 +35,8 @@ LIGHTNING_CALLBACK_MODULES = (
     "pytorch_lightning.callbacks.model_checkpoint",
 )
 
+TRANSFORMERS_TRAINER_MODULES = ("transformers.trainer",)
+
 _saving = threading.local()  # the ModelCheckpoint whose save is under way, if any
 
 
@@ -39,7 +46,55 @@ def import_hooks(log: CheckpointLog) -> dict[str, Callable[[ModuleType], None]]:
     return {
         **dict.fromkeys(LIGHTNING_TRAINER_MODULES, trainer),
         **dict.fromkeys(LIGHTNING_CALLBACK_MODULES, callback),
+        **dict.fromkeys(TRANSFORMERS_TRAINER_MODULES, transformers_trainer_hook(log)),
     }
+
+
+def transformers_trainer_hook(log: CheckpointLog) -> Callable[[ModuleType], None]:
+    def after_import(module: ModuleType) -> None:
+        trainer_class = getattr(module, "Trainer", None)
+        if trainer_class is not None and hasattr(trainer_class, "_save_checkpoint"):
+            _guarded(lambda: _wrap_hf_save_checkpoint(trainer_class, log))
+
+    return after_import
+
+
+def _wrap_hf_save_checkpoint(trainer_class: Any, log: CheckpointLog) -> None:
+    original = trainer_class._save_checkpoint
+    announced: list[Path] = []
+
+    @functools.wraps(original)
+    def _save_checkpoint(self: Any, model: Any, trial: Any, *args: Any, **kwargs: Any) -> Any:
+        log.inside_api.active = True  # its torch.save calls are files of this one checkpoint
+        try:
+            result = original(self, model, trial, *args, **kwargs)
+        finally:
+            log.inside_api.active = False
+        if getattr(self.args, "should_save", True):
+            _guarded(lambda: _announce_hf(self, trial, log, announced))
+        return result
+
+    trainer_class._save_checkpoint = _save_checkpoint
+
+
+def _announce_hf(trainer: Any, trial: Any, log: CheckpointLog, announced: list[Path]) -> None:
+    step = int(trainer.state.global_step)
+    directory = Path(trainer._get_output_dir(trial=trial), f"checkpoint-{step}").absolute()
+    fields: dict[str, Any] = {"step": step, "metrics": {}, "source": "transformers"}
+    wanted = getattr(trainer.args, "metric_for_best_model", None)
+    if wanted:
+        name = wanted if str(wanted).startswith("eval_") else f"eval_{wanted}"
+        history = trainer.state.log_history
+        values = [entry[name] for entry in history if isinstance(entry.get(name), (int, float))]
+        if values:
+            mode = "max" if getattr(trainer.args, "greater_is_better", False) else "min"
+            fields.update(metrics={name: float(values[-1])}, monitor=name, mode=mode)
+    if directory.is_dir():
+        log.announce("saved", directory, **fields)
+        announced.append(directory)
+    for gone in [d for d in announced if not d.exists()]:  # save_total_limit's rotation
+        announced.remove(gone)
+        log.announce("pruned", gone)
 
 
 def lightning_trainer_hook(log: CheckpointLog) -> Callable[[ModuleType], None]:

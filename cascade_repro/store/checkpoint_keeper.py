@@ -38,6 +38,7 @@ class CheckpointEntry:
     link: str | None = None  # how it entered the cache: reflink, hardlink, copy, present
     monitor: str | None = None
     mode: str | None = None
+    files: int | None = None  # a directory checkpoint's number of files
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None or k in ("md5", "step")}
@@ -117,11 +118,14 @@ class CheckpointKeeper:
             entry.status, entry.reason = "not_cached", "no DVC repository (run `cascade init`)"
             return
         announced = (event.get("inode"), event.get("size"), event.get("mtime_ns"))
-        stored = self.cache.add(path, expect=announced, hardlink=True)
+        if path.is_dir() and not path.is_symlink():  # HF's checkpoint-500/: one DVC directory object
+            stored = self.cache.add_directory(path)
+        else:
+            stored = self.cache.add(path, expect=announced, hardlink=True)
         if stored is None:  # pruned or replaced before it could be hashed: the next events say which
             entry.status, entry.reason = "missing", "deleted or replaced before it could be hashed"
             return
-        entry.md5, entry.size, entry.link = stored.md5, stored.size, stored.link
+        entry.md5, entry.size, entry.link, entry.files = stored.md5, stored.size, stored.link, stored.files
         self.notify(f"checkpoint {rel} (step {entry.step}) → DVC cache {stored.md5[:12]} ({stored.link})")
 
 
@@ -146,9 +150,9 @@ def finish_checkpoints(keeper: CheckpointKeeper, delivery: Delivery, remote: str
     kept = [e for e in entries if e.status == "kept" and e.md5 and e.size is not None]
     for entry in kept:
         assert entry.md5 is not None and entry.size is not None
-        pointer = dvc_store.pointer_text(entry.md5, entry.size, Path(entry.path).name)
+        pointer = dvc_store.pointer_text(entry.md5, entry.size, Path(entry.path).name, entry.files)
         delivery.do(text_op(pointer, f"cascade/checkpoints/{entry.path}.dvc"))
-        if log_files:
+        if log_files and entry.files is None:  # files only: a directory stays in DVC
             parent = Path(entry.path).parent.as_posix()
             directory = "cascade/checkpoint_files" + ("" if parent == "." else f"/{parent}")
             delivery.do(file_op(keeper.root / entry.path, directory))

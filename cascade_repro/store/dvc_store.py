@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import threading
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable
 
 from cascade_repro.errors import DataError
@@ -27,11 +28,16 @@ FICLONE = 0x40049409  # linux/fs.h: share the extents of another file (reflink)
 CHUNK = 1 << 20
 
 
+DIR_SUFFIX = ".dir"  # a directory's object: the listing of its files
+MAX_DIR_LISTING_BYTES = 16 << 20
+
+
 @dataclass(frozen=True)
 class Stored:
     md5: str
     size: int
     link: str  # reflink | hardlink | copy | present
+    files: int | None = None  # a directory's number of files
 
 
 @dataclass(frozen=True)
@@ -60,9 +66,10 @@ def md5_of(path: Path, progress: Progress | None = None) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def pointer_text(md5: str, size: int, path: str) -> str:
-    """A stock DVC pointer file (`dvc pull` / `dvc checkout` of it restores the object)."""
-    return f"outs:\n- md5: {md5}\n  size: {size}\n  hash: md5\n  path: {path}\n"
+def pointer_text(md5: str, size: int, path: str, files: int | None = None) -> str:
+    """A stock DVC pointer file (`dvc pull` / `dvc checkout` of it restores the object or directory)."""
+    nfiles = "" if files is None else f"  nfiles: {files}\n"
+    return f"outs:\n- md5: {md5}\n  size: {size}\n{nfiles}  hash: md5\n  path: {path}\n"
 
 
 class Cache:
@@ -151,6 +158,53 @@ class Cache:
         repo.state.save(str(target), repo.fs, HashInfo("md5", md5))
         return Stored(md5, size, link)
 
+    def add_directory(self, path: Path) -> Stored | None:
+        """A directory as one DVC object, as `dvc add DIR` makes it: each file in the cache, and a
+        `.dir` object listing them (md5, relative path), named by its own md5 + `.dir`. None if it
+        vanished meanwhile. Symlinks inside are left out (a checkpoint holds files). Files enter by
+        reflink or copy, never by hardlink: a framework may rewrite one of them in place later."""
+        files = sorted((p for p in path.rglob("*") if p.is_file() and not p.is_symlink()),
+                       key=lambda p: p.relative_to(path).as_posix())  # fmt: skip
+        entries, total, links = [], 0, set()
+        for file in files:
+            stored = self.add(file)
+            if stored is None:
+                return None
+            entries.append({"md5": stored.md5, "relpath": file.relative_to(path).as_posix()})
+            total += stored.size
+            links.add(stored.link)
+        listing = json.dumps(entries, sort_keys=True).encode("utf-8")
+        md5 = hashlib.md5(listing, usedforsecurity=False).hexdigest() + DIR_SUFFIX
+        target = self.object_path(md5)
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_bytes(listing)
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, target)
+        return Stored(md5, total, "/".join(sorted(links)) or "present", len(entries))
+
+    def directory_entries(self, md5: str) -> list[tuple[str, str]]:
+        """(relative path, md5) of each file of a verified `.dir` object. Its listing is untrusted (a
+        remote may be shared): each path must stay inside the directory, each md5 be 32 hex digits."""
+        from cascade_repro.errors import UnsafeRecord
+
+        target = self.verified_object(md5)
+        if target is None:
+            raise DataError(f"the DVC directory object {md5} is not in the cache")
+        if target.stat().st_size > MAX_DIR_LISTING_BYTES:
+            raise UnsafeRecord(f"unsafe record: the directory object {md5} lists more than 16 MB of files")
+        listing = json.loads(target.read_bytes())
+        found = []
+        for entry in listing if isinstance(listing, list) else [None]:
+            relpath = entry.get("relpath") if isinstance(entry, dict) else None
+            member = entry.get("md5") if isinstance(entry, dict) else None
+            parts = PurePosixPath(relpath).parts if isinstance(relpath, str) and relpath else ("..",)
+            if PurePosixPath(str(relpath)).is_absolute() or ".." in parts or not _is_md5(member):
+                raise UnsafeRecord(f"unsafe record: the directory object {md5} lists {str(entry)[:120]}")
+            found.append((str(relpath), str(member)))
+        return found
+
     def verified_object(self, md5: str, progress: Progress | None = None) -> Path | None:
         """The cache object, re-hashed (DVC's own check trusts read-only files): None if absent.
         Raises DataError when its bytes do not match its name."""
@@ -158,7 +212,7 @@ class Cache:
         if not target.exists():
             return None
         actual, _ = md5_of(target, progress)
-        if actual != md5:
+        if actual != md5.removesuffix(DIR_SUFFIX):
             raise DataError(
                 f"the DVC cache object {md5} at {target} is corrupt (its bytes hash to {actual})",
                 hint=f"delete it (rm -f {target}) and fetch it again from the remote",
@@ -166,9 +220,15 @@ class Cache:
         return target
 
     def push(self, md5s: Iterable[str], remote: str | None = None) -> PushResult:
+        """Push objects; a directory's files go with its `.dir` listing (DVC pushes the listing alone)."""
         from dvc_data.hashfile.hash_info import HashInfo
 
-        objects = [HashInfo("md5", m) for m in dict.fromkeys(md5s)]
+        wanted: list[str] = []
+        for md5 in md5s:
+            if md5.endswith(DIR_SUFFIX) and self.object_path(md5).exists():
+                wanted += [member for _, member in self.directory_entries(md5)]
+            wanted.append(md5)
+        objects = [HashInfo("md5", m) for m in dict.fromkeys(wanted)]
         if not objects:
             return PushResult(remote, 0, ())
         try:
@@ -251,6 +311,10 @@ def _place(source: Path, target: Path, hardlink: bool) -> str:
     os.chmod(tmp, 0o444)
     os.replace(tmp, target)
     return link
+
+
+def _is_md5(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 32 and all(c in "0123456789abcdef" for c in value)
 
 
 def relative_posix(path: Path, root: Path) -> str:

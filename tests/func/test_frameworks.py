@@ -65,7 +65,8 @@ def test_lightning_mlflow_logger_lands_in_the_cascade_run_and_restores(project: 
 
 def test_hf_trainer_params_and_evaluate_land_in_the_cascade_run(project: Project) -> None:
     project.write("train_hf.py", (FRAMEWORKS / "train_hf.py").read_text())
-    project.commit("an HF Trainer script")
+    project.cascade("init", check=True)  # a DVC cache for the checkpoints
+    project.commit("an HF Trainer script, cascade init")
     run_id = project.record("train_hf.py")
     assert [run["run_id"] for run in _runs_everywhere(project)] == [run_id]  # evaluate() opened no run
     run = project.client().get_run(run_id)
@@ -83,7 +84,30 @@ def test_hf_trainer_params_and_evaluate_land_in_the_cascade_run(project: Project
     # is beside it, logged at the end.
     assert params["seed"] == "42" and params["cascade.seed"] == "3"
     evals = project.client().get_metric_history(run_id, "eval_loss")
-    assert len(evals) == 3  # at steps 10 and 20, and the evaluate() after train()
+    assert len(evals) == 4  # at steps 10, 20 and 30, and the evaluate() after train()
+    # Each checkpoint-N/ directory is one checkpoint (a DVC directory object), not its files one by
+    # one; the one save_total_limit=2 rotated away is pruned; best is HF's best_model_checkpoint.
+    shown = json.loads(project.cascade("show", run_id, "--json", check=True).stdout)["data"]
+    checkpoints = {c["path"]: c for c in shown["manifest"]["checkpoints"]}
+    assert set(checkpoints) == {f"checkpoints/hf/checkpoint-{step}" for step in (10, 20, 30)}
+    on_disk = {f"checkpoints/hf/{p.name}" for p in (project.root / "checkpoints" / "hf").iterdir()}
+    assert {p for p, c in checkpoints.items() if c["status"] == "kept"} == on_disk and len(on_disk) == 2
+    assert all(c["md5"].endswith(".dir") and c["files"] >= 5 for p, c in checkpoints.items() if p in on_disk)
+    remotes = subprocess.run([sys.executable, "-m", "dvc", "remote", "list"], cwd=project.root,
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+    remote = Path(remotes.split()[1])
+    for path in on_disk:  # the listing and every file it names are on the DVC remote
+        listing = remote / "files" / "md5" / checkpoints[path]["md5"][:2] / checkpoints[path]["md5"][2:]
+        members = json.loads(listing.read_text())
+        assert len(members) == checkpoints[path]["files"]
+        assert all((remote / "files" / "md5" / m["md5"][:2] / m["md5"][2:]).is_file() for m in members)
+    output = next((project.root / "mlruns").rglob(f"{run_id}/artifacts/cascade/output.log")).read_text()
+    best = Path(re.search(r"^best (.+)$", output, re.M).group(1)).name  # state.best_model_checkpoint
+    taken = project.cascade("checkout", run_id, "--checkpoint", "best", "--to", str(project.root / "out"))
+    assert taken.returncode == 0 and f"checkpoints/hf/{best}" in taken.stderr, taken.stderr
+    written = project.root / "checkpoints" / "hf" / best
+    for name in ("model.safetensors", "trainer_state.json", "optimizer.pt"):
+        assert (project.root / "out" / best / name).read_bytes() == (written / name).read_bytes()
 
 
 RELOGS = """\

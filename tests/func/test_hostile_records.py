@@ -234,6 +234,9 @@ def test_show_diff_and_verify_print_hostile_text_inert_and_refuse_malformed_reco
         ({"inputs": [{"path": "d/x.bin", "size": "8 kB", "sha256": "0" * 64}]}, "inputs[0].size"),
         ({"inputs": [{"path": "d/x.bin", "size": 8, "sha256": "not a digest"}]}, "inputs[0].sha256"),
         ({"outputs": {"run.log": 1}}, "outputs is dict"),
+        ({"checkpoints": [{"path": "c.pt", "md5": "../../../../etc/passwd", "status": "kept"}]},
+         "checkpoints[0].md5"),  # an md5 names a path in the DVC cache
+        ({"checkpoints": [{"path": "c", "md5": "0" * 32 + ".dir", "files": -1}]}, "checkpoints[0].files"),
     ):
         record_file.write_text(json.dumps({**record, **malformed}))
         for args in (("show", second), ("diff", first, second), ("restore", second, "--no-run")):

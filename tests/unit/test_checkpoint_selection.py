@@ -100,3 +100,33 @@ def test_the_default_is_the_best_when_monitored_else_the_last_and_says_why() -> 
     assert choose_checkpoint(plain, "2").why == "step 2"
     with pytest.raises(UsageError, match="none is 'best'"):  # asked for by name: still refused
         choose_checkpoint(plain, "best")
+
+
+def test_a_directory_listing_from_a_shared_remote_cannot_lead_out(tmp_path: Path) -> None:
+    """A `.dir` object names files by relative path; one that climbs out or names a non-md5 is refused."""
+    import hashlib
+    import json
+    import subprocess
+    import sys
+
+    from cascade_repro.store.dvc_store import Cache
+
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
+    cache = Cache(tmp_path)
+
+    def stored(listing: Any) -> str:
+        data = json.dumps(listing).encode()
+        md5 = hashlib.md5(data).hexdigest() + ".dir"
+        cache.object_path(md5).parent.mkdir(parents=True, exist_ok=True)
+        cache.object_path(md5).write_bytes(data)
+        return md5
+
+    try:
+        for listing in ([{"md5": "0" * 32, "relpath": "../../x"}], [{"md5": "../y", "relpath": "a"}],
+                        [{"md5": "0" * 32, "relpath": "/etc/passwd"}], {"not": "a list"}):  # fmt: skip
+            with pytest.raises(UnsafeRecord):
+                cache.directory_entries(stored(listing))
+        good = stored([{"md5": "a" * 32, "relpath": "sub/model.safetensors"}])
+        assert cache.directory_entries(good) == [("sub/model.safetensors", "a" * 32)]
+    finally:
+        cache.close()
