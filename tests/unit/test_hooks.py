@@ -12,8 +12,9 @@ import pytest
 from cascade_repro.child.hooks import ImportHooks
 
 
-def test_a_spec_only_looked_up_keeps_the_callback_for_the_real_import(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_spec_only_looked_up_keeps_the_callback_for_the_real_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """transformers asks `importlib.util.find_spec("mlflow")` before importing it: the callback
     must still run when the module is executed, once."""
     (tmp_path / "cascade_probe_module.py").write_text("VALUE = 1\n")

@@ -24,7 +24,8 @@ def training_arguments() -> TrainingArguments:
     return TrainingArguments(output_dir="checkpoints/hf", max_steps=30, per_device_train_batch_size=8,
                              learning_rate=1e-3, save_steps=10, logging_steps=5, eval_strategy="steps",
                              eval_steps=10, report_to=["mlflow"], seed=42, use_cpu=True,
-                             load_best_model_at_end=True, metric_for_best_model="eval_loss", save_total_limit=2)
+                             load_best_model_at_end=True, metric_for_best_model="eval_loss",
+                             save_total_limit=2)
 
 
 def main():

@@ -1,4 +1,5 @@
-"""A typical Lightning script: Trainer(deterministic=True), ModelCheckpoint(top-3 by val_loss), MLFlowLogger."""
+"""A typical Lightning script: Trainer(deterministic=True), ModelCheckpoint (top 3 by val_loss),
+MLFlowLogger."""
 import argparse
 
 import lightning as L
