@@ -42,24 +42,29 @@ _saving = threading.local()  # the ModelCheckpoint whose save is under way, if a
 
 def import_hooks(log: CheckpointLog) -> dict[str, Callable[[ModuleType], None]]:
     """For the child's ImportHooks: module name → what to wrap once it is imported."""
-    trainer, callback = lightning_trainer_hook(log), lightning_callback_hook(log)
+    lightning_callback = _class_hook("ModelCheckpoint", _wrap_lightning_model_checkpoint, log)
     return {
-        **dict.fromkeys(LIGHTNING_TRAINER_MODULES, trainer),
-        **dict.fromkeys(LIGHTNING_CALLBACK_MODULES, callback),
-        **dict.fromkeys(TRANSFORMERS_TRAINER_MODULES, transformers_trainer_hook(log)),
+        **dict.fromkeys(LIGHTNING_TRAINER_MODULES, _class_hook("Trainer", _wrap_lightning_trainer, log)),
+        **dict.fromkeys(LIGHTNING_CALLBACK_MODULES, lightning_callback),
+        **dict.fromkeys(TRANSFORMERS_TRAINER_MODULES, _class_hook("Trainer", _wrap_hf_trainer, log)),
     }
 
 
-def transformers_trainer_hook(log: CheckpointLog) -> Callable[[ModuleType], None]:
+def _class_hook(name: str, wrap: Callable[[Any, CheckpointLog], None],
+                log: CheckpointLog) -> Callable[[ModuleType], None]:  # fmt: skip
+    """Once a module is imported: wrap its class `name`, if it has one."""
+
     def after_import(module: ModuleType) -> None:
-        trainer_class = getattr(module, "Trainer", None)
-        if trainer_class is not None and hasattr(trainer_class, "_save_checkpoint"):
-            _guarded(lambda: _wrap_hf_save_checkpoint(trainer_class, log))
+        found = getattr(module, name, None)
+        if found is not None:
+            _guarded(lambda: wrap(found, log))
 
     return after_import
 
 
-def _wrap_hf_save_checkpoint(trainer_class: Any, log: CheckpointLog) -> None:
+def _wrap_hf_trainer(trainer_class: Any, log: CheckpointLog) -> None:
+    if not hasattr(trainer_class, "_save_checkpoint"):  # another transformers than the one known
+        return
     original = trainer_class._save_checkpoint
     announced: list[Path] = []
 
@@ -97,25 +102,7 @@ def _announce_hf(trainer: Any, trial: Any, log: CheckpointLog, announced: list[P
         log.announce("pruned", gone)
 
 
-def lightning_trainer_hook(log: CheckpointLog) -> Callable[[ModuleType], None]:
-    def after_import(module: ModuleType) -> None:
-        trainer_class = getattr(module, "Trainer", None)
-        if trainer_class is not None:
-            _guarded(lambda: _wrap_save_checkpoint(trainer_class, log))
-
-    return after_import
-
-
-def lightning_callback_hook(log: CheckpointLog) -> Callable[[ModuleType], None]:
-    def after_import(module: ModuleType) -> None:
-        callback_class = getattr(module, "ModelCheckpoint", None)
-        if callback_class is not None:
-            _guarded(lambda: _wrap_model_checkpoint(callback_class, log))
-
-    return after_import
-
-
-def _wrap_save_checkpoint(trainer_class: Any, log: CheckpointLog) -> None:
+def _wrap_lightning_trainer(trainer_class: Any, log: CheckpointLog) -> None:
     original = trainer_class.save_checkpoint
 
     @functools.wraps(original)
@@ -131,7 +118,7 @@ def _wrap_save_checkpoint(trainer_class: Any, log: CheckpointLog) -> None:
     trainer_class.save_checkpoint = save_checkpoint
 
 
-def _wrap_model_checkpoint(callback_class: Any, log: CheckpointLog) -> None:
+def _wrap_lightning_model_checkpoint(callback_class: Any, log: CheckpointLog) -> None:
     save = callback_class._save_checkpoint
     remove = callback_class._remove_checkpoint
 
@@ -177,4 +164,4 @@ def _guarded(action: Callable[[], Any]) -> None:
     try:
         action()
     except Exception as exc:  # observing must never break the user's script
-        sys.stderr.write(f"cascade: a Lightning checkpoint is not recorded: {type(exc).__name__}: {exc}\n")
+        sys.stderr.write(f"cascade: a framework checkpoint is not recorded: {type(exc).__name__}: {exc}\n")
