@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -13,6 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# The suite sends Ctrl-C (SIGINT) to `cascade run` and `cascade ui`. A shell without job control
+# starts a background job (`.ci/run &`) with SIGINT ignored, and every process inherits that, so
+# none of them would ever see the signal. Handled here, it reaches the children at its default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 SCRIPTS = Path(__file__).parent / "func" / "scripts"
 CASCADE = [sys.executable, "-m", "cascade_repro.cli"]
