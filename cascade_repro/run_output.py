@@ -140,17 +140,23 @@ class RunOutput:
                         self._emit(stream, self._partial[stream])
                         self._partial[stream] = b""
                         del self._partial_since[stream]
-            if self._progress is None or not self._progress.due(now, REDRAW_EVERY_S):
+            if self._progress is None or not self._progress_due(now):
                 continue
-            line = self._progress.line(now)
+            line = self._progress.line(now)  # reads the ends of two files: only when it is shown
             with self._lock:
                 if self._in_place:
                     if not self._mid_line:  # the script draws its own bar there: leave it that line
                         self._draw(line)
-                elif self._line_every_s and now >= self._line_due and self._progress.moved():
+                else:
                     self._line_due = now + self._line_every_s
-                    self._write_stderr(f"{chr(10) if self._mid_line else ''}cascade: {line}\n")
-                    self._mid_line = False
+                    if self._progress.moved():  # a stalled run prints nothing
+                        self._write_stderr(f"{chr(10) if self._mid_line else ''}cascade: {line}\n")
+                        self._mid_line = False
+
+    def _progress_due(self, now: float) -> bool:
+        if self._in_place:
+            return self._progress is not None and self._progress.due(now, REDRAW_EVERY_S)
+        return bool(self._line_every_s) and now >= self._line_due
 
     def _draw(self, line: str) -> None:
         width = shutil.get_terminal_size((100, 24)).columns - 1
