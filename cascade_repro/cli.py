@@ -180,6 +180,12 @@ def init(ctx: click.Context) -> None:
     metavar="N",
     help="Fingerprint every Nth optimizer step (default: cascade.yaml, else 1); 0: no trace.",
 )
+@click.option(
+    "--nproc-per-node",
+    type=int,
+    metavar="N",
+    help="Start N processes with torchrun (DDP: gloo on CPU, nccl on GPU); one run, every rank traced.",
+)
 @click.option("--docker/--no-docker", default=None, help="In the project's image (default: docker.enabled).")
 @click.option("--gpus", metavar="all|none|N", help="With --docker: GPUs to give it (default: all there are).")
 @click.option("--shm-size", metavar="SIZE", help="With --docker: shared memory, e.g. 8g (default: 1g).")
@@ -195,6 +201,8 @@ def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options
     cascade run train.py --epochs 3
     cascade run --set optimizer.lr=1e-3 --seed 7 train.py
     cascade run --docker --gpus all train.py     in the project's image (templates/Dockerfile.j2)
+    cascade run --nproc-per-node 2 train_ddp.py   torchrun, 2 ranks, one run
+    torchrun --nproc-per-node 2 --no-python cascade run train_ddp.py   the same, torchrun yours
     """
 
     def body() -> int:

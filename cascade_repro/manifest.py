@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
+from cascade_repro.distributed import check_section as check_distributed
 from cascade_repro.errors import CascadeError
 
 SCHEMA = "cascade.run/1"
@@ -39,6 +40,8 @@ class Manifest:
     # (and md5 once in the DVC cache); and those the run wrote: path, size
     inputs: list[dict[str, Any]] = field(default_factory=list)
     outputs: list[dict[str, Any]] = field(default_factory=list)
+    # a torchrun job: launcher, world_size, nproc_per_node, nnodes, and ranks 1.. (trace, exit, error)
+    distributed: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         body = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -75,7 +78,7 @@ _SECTIONS: dict[str, tuple[type, ...]] = {
     "git": (dict,), "python": (dict,), "torch": (dict,), "hardware": (dict,), "environment": (dict,),
     "container": (dict,), "environment_read": (dict,), "data": (list,), "checkpoints": (list,),
     "trace": (dict, type(None)), "metrics": (dict,), "outcome": (dict, type(None)),
-    "inputs": (list,), "outputs": (list,),
+    "inputs": (list,), "outputs": (list,), "distributed": (dict, type(None)),
 }  # fmt: skip
 _ENTRY_LISTS = ("data", "checkpoints", "git.untracked", "inputs", "outputs")  # objects with a string path
 MAX_FILE_ENTRIES = 10_000  # inputs, outputs: a record naming more was not made by cascade
@@ -108,6 +111,7 @@ def check_shape(data: Mapping[str, Any], run_id: str | None = None) -> None:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
         refuse("params.seed", seed, "an integer from 0 to 2**64-1")
     _check_script_seeds(data.get("determinism") or {}, refuse)
+    check_distributed(data.get("distributed"), refuse)
     for where in _ENTRY_LISTS:
         section, _, key = where.partition(".")
         entries = (data.get(section) or {}).get(key) if key else data.get(section)

@@ -19,8 +19,9 @@ import sys
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from cascade_repro import __version__, distributed
 from cascade_repro.capture.files import redirected_outputs
 from cascade_repro.capture.snapshot import capture_snapshot
 from cascade_repro.child import protocol
@@ -34,6 +35,9 @@ from cascade_repro.store import spool
 from cascade_repro.store.checkpoint_keeper import CheckpointKeeper
 from cascade_repro.store.dvc_store import Cache
 from cascade_repro.supervisor import Child, RunningChild
+
+if TYPE_CHECKING:
+    from cascade_repro.distributed import Distributed
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +97,32 @@ def _record(plan: RunPlan, notify: Notify, run_dir: Path, start_ms: int) -> RunR
         child.restore_signals()
 
 
+def follow_rank(plan: RunPlan, layout: Distributed, notify: Notify) -> RunResult:
+    """Rank K > 0 of the user's torchrun job: run the script, writing in ranks/K/ of the job directory,
+    and say there how it ended; rank 0's `cascade run` puts its trace and outcome into the one run."""
+    from cascade_repro.manifest import Manifest
+
+    follower = distributed.RankFollower(layout, plan.settings.root)
+    job_dir = follower.prepare()
+    env = {**child_environment(plan, job_dir), protocol.ENV_PARENT_PID: str(os.getpid())}
+    log.debug("rank %d of %d: files in %s", layout.rank, layout.world_size, follower.own)
+    output = RunOutput(follower.own / protocol.OUTPUT_LOG, follower.own, progress=False)
+    child = Child([sys.executable, "-m", "cascade_repro.child.bootstrap", str(plan.script), *plan.args],
+                  env, plan.cwd, output)  # fmt: skip
+    try:
+        ended = child.wait()
+    finally:
+        child.restore_signals()
+    follower.ended(ended.exit_code)
+    run_id_file = job_dir / protocol.RUN_ID_FILE
+    run_id = run_id_file.read_text(encoding="utf-8").strip() if run_id_file.exists() else ""
+    status = "FINISHED" if ended.exit_code == 0 else "FAILED"
+    manifest = Manifest(run_id, plan.settings.experiment, __version__, {}, {}, {}, {}, {}, {}, {}, {}, {},
+                        outcome={"status": status, "exit_code": ended.exit_code})  # fmt: skip
+    return RunResult(run_id, status, ended.exit_code, plan.settings.tracking_uri, plan.settings.experiment,
+                     manifest, (), rank=layout.rank)  # fmt: skip
+
+
 def _start_recording(plan: RunPlan, notify: Notify, child: RunningChild, env: dict[str, str], run_dir: Path,
                      start_ms: int) -> tuple[Recording, Worker]:  # fmt: skip
     """Capture, the checkpoint keeper and the store side, started while the child runs."""
@@ -129,6 +159,10 @@ def _start_recording(plan: RunPlan, notify: Notify, child: RunningChild, env: di
 
 def _start_child(plan: RunPlan, env: dict[str, str], run_dir: Path, output: RunOutput) -> RunningChild:
     bootstrap = ["-m", "cascade_repro.child.bootstrap", str(plan.script), *plan.args]
+    layout = plan.distributed
+    if layout is not None and layout.launcher == distributed.LAUNCHED:  # torchrun starts the ranks
+        bootstrap = ["-m", "cascade_repro.child.launch_ranks", str(layout.nproc_per_node), str(plan.script),
+                     *plan.args]  # fmt: skip
     if plan.container is None:
         env = {**env, protocol.ENV_PARENT_PID: str(os.getpid())}  # the child stops if we die
         return Child([sys.executable, *bootstrap], env, plan.cwd, output)
@@ -236,6 +270,10 @@ def child_environment(plan: RunPlan, run_dir: Path) -> dict[str, str]:
     env["MLFLOW_TRACKING_URI"] = plan.settings.tracking_uri
     env.setdefault("MLFLOW_EXPERIMENT_NAME", plan.settings.experiment)
     env.setdefault("PYTHONUNBUFFERED", "1")  # output reaches the terminal and log as it is printed
+    layout = plan.distributed
+    if layout is not None and layout.launcher == distributed.LAUNCHED and layout.nproc_per_node > 1:
+        # torchrun's own default for several processes a node, set here so the record holds it
+        env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
 

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from cascade_repro import __version__
+from cascade_repro import __version__, distributed
 from cascade_repro.capture.environment import environment_read
 from cascade_repro.capture.files import RunFiles, inputs_warning, read_opened, redirected_outputs, sort_files
 from cascade_repro.capture.git import GitState
@@ -113,6 +113,14 @@ class Recording:
             (self.run_dir / protocol.RUN_ID_FILE).write_text(run_id, encoding="utf-8")
         except OSError as exc:  # the script's own mlflow calls then get a run of their own
             self.warnings.append(f"the run id could not be handed to the script: {exc}")
+        layout = plan.distributed
+        if layout is not None and layout.job:  # the other ranks' scripts log into this run too
+            try:
+                job_dir = layout.job_dir(plan.settings.root)
+                job_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+                (job_dir / protocol.RUN_ID_FILE).write_text(run_id, encoding="utf-8")
+            except OSError as exc:
+                self.warnings.append(f"the run id could not be handed to the other ranks: {exc}")
         self.ledger.update(run_id=run_id, experiment=self.opened.experiment)
         self.delivery = delivery = Delivery(self.mlflow, run_id, self.ledger, plan.settings.tracking_uri)
         self.writer = MetricsWriter(
@@ -202,10 +210,11 @@ class Recording:
         for name in (protocol.OUTPUT_LOG, protocol.TRACE_FILE):  # before the record, which says if stored
             if (self.run_dir / name).exists():
                 self.delivery.do(file_op(self.run_dir / name, "cascade"))
+        layout = self._ranks()
         metrics = {**self.writer.summary_dict(), "resources": resources}
         manifest = self._manifest(captured, facts).with_outcome(
             outcome, metrics=metrics, checkpoints=checkpoints.entries, inputs=files.inputs,
-            outputs=files.outputs,
+            outputs=files.outputs, distributed=layout,
         )  # fmt: skip
         end_tags = {**self._end_tags(manifest), **checkpoints.tags}
         missing = self.delivery.conclude(manifest.to_dict(), ARTIFACT_PATH, metrics["pending"], end_tags,
@@ -233,6 +242,24 @@ class Recording:
         )  # fmt: skip
 
     # -- pieces -------------------------------------------------------------------------------
+    def _ranks(self) -> dict[str, Any] | None:
+        """A torchrun job: the other ranks' traces and output stored beside rank 0's, and how each ended."""
+        assert self.delivery is not None
+        layout = self.plan.distributed
+        if layout is None:
+            return None
+        source = layout.ranks_dir(self.run_dir, self.plan.settings.root)
+        try:
+            entries = distributed.collect_ranks(layout, source, self.notify)
+            for path, artifact_dir in distributed.gather(layout, source, self.run_dir):
+                self.delivery.do(file_op(path, artifact_dir))
+        except OSError as exc:
+            self.warnings.append(f"the other ranks' files are not all recorded: {exc}")
+            entries = []
+        section = layout.section(entries)
+        self.warnings.extend(distributed.rank_warnings(section))
+        return section
+
     def _spool_plan(self) -> None:
         """What a recoverer needs if this process dies: how to open the run, and a skeleton record
         (replaced once capture is done) that says what was never captured."""
@@ -378,6 +405,7 @@ class Recording:
                 facts.get("environment_read") or {}, plan.settings.env_allow_prefixes
             ),
             trace=spool.trace_section(self.run_dir, facts.get("trace")),
+            distributed=plan.distributed.section([]) if plan.distributed else None,
             outcome={"status": "RUNNING", "start_time": self.start_ms / 1000},
         )
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cascade_repro import distributed
 from cascade_repro.child import protocol
 from cascade_repro.errors import CascadeError
 from cascade_repro.manifest import ARTIFACT_PATH, SCHEMA
@@ -202,7 +203,14 @@ def _recovered_record(run_dir: Path, ledger: spool.Ledger, plan: dict[str, Any],
         if facts.get("determinism"):
             record["determinism"] = facts["determinism"]
         record["trace"] = spool.trace_section(run_dir, facts.get("trace"))
+        layout = distributed.from_section(record.get("distributed") or {})
+        if layout is not None:  # a torchrun job: the other ranks' traces, as finish() stores them
+            entries = distributed.collect_ranks(layout, run_dir, notify, wait_s=0)
+            for path, artifact_dir in distributed.gather(layout, run_dir, run_dir):
+                delivery.do(file_op(path, artifact_dir))
+            record["distributed"] = layout.section(entries)
         record["checkpoints"] = _checkpoints(run_dir, plan, settings, delivery, notify)
+        record["inputs"], record["outputs"] = _files(run_dir, plan, record, settings)
         for name in (protocol.OUTPUT_LOG, protocol.TRACE_FILE):
             if (run_dir / name).exists():
                 delivery.do(file_op(run_dir / name, "cascade"))
@@ -257,6 +265,26 @@ def _checkpoints(run_dir: Path, plan: dict[str, Any], settings: Settings, delive
     for warning in recorded.warnings:
         notify(f"warning: {warning}")
     return recorded.entries
+
+
+def _files(run_dir: Path, plan: dict[str, Any], record: dict[str, Any],
+           settings: Settings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
+    """The inputs git and DVC cannot see and the outputs, from what the child noted (as finish()
+    records them; the hashes are of the files as they are now, which the recoverer says it read)."""
+    from cascade_repro.capture.files import read_opened, sort_files
+    from cascade_repro.recorder import own_paths
+
+    root = Path(plan.get("root") or settings.root)
+    git = record.get("git") if isinstance(record.get("git"), dict) else {}
+    untracked = [str(u.get("path")) for u in git.get("untracked") or [] if isinstance(u, dict)]
+    data = [str(d.get("path")) for d in record.get("data") or [] if isinstance(d, dict)]
+    try:
+        files = sort_files(root, read_opened(run_dir / protocol.FILES_FILE), [], own_paths(settings),
+                           untracked, data)  # fmt: skip
+    except Exception as exc:  # the rest of the record still goes in
+        log.warning("inputs and outputs not recovered: %s", exc)
+        return list(record.get("inputs") or []), list(record.get("outputs") or [])
+    return files.inputs, files.outputs
 
 
 def _bare_record(run_dir: Path, settings: Settings) -> dict[str, Any]:

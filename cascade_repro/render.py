@@ -111,6 +111,11 @@ def init_result(result: InitResult) -> None:
 
 
 def run_result(result: RunResult) -> None:
+    if result.rank is not None:  # rank K > 0 of the user's torchrun job: rank 0's run says the rest
+        run = f"run {result.run_id[:8]}" if result.run_id else "its run"
+        notice(f"rank {result.rank}: the script ended (exit {result.exit_code}); rank 0's cascade run "
+               f"records it in {run}")  # fmt: skip
+        return
     if result.discarded:
         notice(f"not kept: the script stopped in argument parsing (exit {result.exit_code}) before its "
                f"first step; run {result.run_id[:8]} deleted from the store")  # fmt: skip
@@ -260,6 +265,8 @@ def verdict(result: Verdict) -> None:
     style = "green" if result.reproduced else "red"
     console.print(_styled((result.verdict, f"bold {style}"), f"  {result.run_a[:12]} → {result.run_b[:12]}"))
     console.print(f"  {result.summary}")
+    for rank in result.ranks:
+        console.print(f"  rank {rank.rank}: {rank.verdict} ({rank.steps} steps compared)")
     c = result.comparison
     if c.step is not None:
         for difference in c.differences:

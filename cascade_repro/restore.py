@@ -21,6 +21,7 @@ from cascade_repro import confined
 from cascade_repro.capture.git import capture_git, has_commit, sha256_of
 from cascade_repro.determinism.explain import Difference
 from cascade_repro.determinism.record_compare import compare_records
+from cascade_repro.distributed import MAX_NPROC_PER_NODE, is_launcher_variable, recorded_layout, world_size
 from cascade_repro.errors import RestoreRefused, UnsafeRecord
 from cascade_repro.redaction import SecretSlot, is_redacted, secret_slots
 from cascade_repro.store import mlflow_store
@@ -55,6 +56,8 @@ class RestorePlan:
     workdir: Path
     steps: int | None = None
     num_threads: int | None = None  # torch's intra-op threads in the recorded run, set for the re-run
+    # a torchrun job: the processes the re-run starts on this machine (the recorded world size)
+    nproc_per_node: int | None = None
     secret_args: tuple[SecretSlot, ...] = ()  # redacted argv values, each from its CASCADE_SECRET_* variable
     secrets_missing: tuple[str, ...] = ()  # those variables unset here: the re-run is refused
     secret_env: Mapping[str, bool] = field(default_factory=dict)  # redacted variables → set here (kept)
@@ -134,9 +137,24 @@ def plan_restore(manifest: Mapping[str, Any], version: str | None, workdir: Path
         workdir=workdir,
         steps=steps,
         num_threads=_int_or_none((manifest.get("torch") or {}).get("num_threads")),
+        nproc_per_node=_processes(manifest),
         **_redacted_sources(manifest, environ),
         inputs=tuple(manifest.get("inputs") or ()),
     )
+
+
+def _processes(manifest: Mapping[str, Any]) -> int | None:
+    """The recorded job's world size, all on this machine (checked against MAX_NPROC_PER_NODE); None
+    for a single process."""
+    layout = recorded_layout(manifest)
+    if not layout:
+        return None
+    size = world_size(manifest)
+    if size > MAX_NPROC_PER_NODE:
+        raise RestoreRefused(f"the run was a torchrun job of {size} processes; a restore starts them all on "
+                             f"this machine, at most {MAX_NPROC_PER_NODE}",
+                             hint="multi-node restore is not supported yet")  # fmt: skip
+    return size
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -170,12 +188,14 @@ def recorded_environment(recorded: Mapping[str, str], environ: Mapping[str, str]
     """
     changes: dict[str, str | None] = {}
     for name, value in (read or {}).items():
-        if name.startswith(NOT_RESTORED_PREFIXES) or is_redacted(value):
+        if name.startswith(NOT_RESTORED_PREFIXES) or is_redacted(value) or is_launcher_variable(name):
             continue
         if environ.get(name) != value:
             changes[name] = value
     for name, value in recorded.items():
         if name.startswith(NOT_RESTORED_PREFIXES) or is_redacted(value) or name == "PYTHONHASHSEED":
+            continue
+        if is_launcher_variable(name):  # the recorded job's torchrun set it; the re-run's torchrun does
             continue
         if environ.get(name) != value:
             changes[name] = value

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from cascade_repro.distributed import Distributed
 from cascade_repro.manifest import Manifest
 from cascade_repro.params import ResolvedParams
 from cascade_repro.settings import Settings
@@ -35,6 +36,7 @@ class RunPlan:
     extra_tags: Mapping[str, str] = field(default_factory=dict)  # e.g. cascade.restored_from
     container: ContainerPlan | None = None  # `--docker`: the child runs in this image
     track_inputs: bool = False  # `--track-inputs`: read files git and DVC cannot see go to the DVC cache
+    distributed: Distributed | None = None  # a torchrun job: `--nproc-per-node`, or rank 0 of the user's
 
 
 @dataclass(frozen=True)
@@ -71,3 +73,4 @@ class RunResult:
     spool: str | None = None  # the run directory kept with what is pending, for `cascade sync`
     usage_error: str | None = None  # argparse refused the script's arguments: the line it printed
     discarded: bool = False  # it did so before the first step: the run was deleted from the store
+    rank: int | None = None  # rank K > 0 of the user's torchrun job: rank 0's `cascade run` records it

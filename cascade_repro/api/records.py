@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from cascade_repro.distributed import recorded_layout, trace_artifact
 from cascade_repro.errors import DataError, RunNotFound, StoreError
 from cascade_repro.manifest import ARTIFACT_PATH, Manifest, check_schema
 from cascade_repro.project import find_repo_root
@@ -131,10 +132,24 @@ def judge_runs(
     steps: int | None = None,
 ) -> Verdict:
     """The verdict on two recorded runs, from their records and traces."""
-    from cascade_repro.determinism.verdict import judge  # not on `cascade run`'s start path
+    from cascade_repro.determinism.verdict import judge_ranks  # not on `cascade run`'s start path
 
-    traces = [_trace(client, str(m["run_id"]), m) for m in (manifest_a, manifest_b)]
-    return judge(manifest_a, manifest_b, traces[0], traces[1], rtol=rtol, atol=atol, steps=steps)
+    traces = [_rank_traces(client, str(m["run_id"]), m) for m in (manifest_a, manifest_b)]
+    return judge_ranks(manifest_a, manifest_b, traces[0], traces[1], rtol=rtol, atol=atol, steps=steps)
+
+
+def _rank_traces(client: Any, run_id: str, manifest: Mapping[str, Any]) -> list[list[dict[str, Any]]]:
+    """Each rank's step trace, rank 0 first (one for a single process); [] for a rank without one."""
+    traces = [_trace(client, run_id, manifest)]
+    layout = recorded_layout(manifest)
+    traced = {e["rank"] for e in layout.get("ranks") or [] if isinstance(e, dict) and e.get("trace")}
+    local = layout.get("nproc_per_node", 1)  # the ranks recorded on rank 0's machine (checked ≤ 256)
+    for rank in range(1, local if isinstance(local, int) and layout.get("ranks") is not None else 1):
+        if rank in traced:  # the artifact's name is made here from the (checked) rank, never read
+            traces.append(_trace(client, run_id, {"trace": {"artifact": trace_artifact(rank)}}))
+        else:
+            traces.append([])
+    return traces
 
 
 def record_verdict(client: Any, verdict: Verdict, record_on: str, against: str) -> None:

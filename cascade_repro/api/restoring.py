@@ -152,6 +152,7 @@ def restore(
         run_name=f"restore-{label}",
         experiment=plan.experiment,
         trace_interval=plan.trace_interval,
+        nproc_per_node=plan.nproc_per_node,
         environ=_restore_environ(plan, settings, dump),
         restored_params=_recorded_params(manifest),
         extra_tags={

@@ -8,14 +8,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from cascade_repro import versions
+from cascade_repro import distributed, versions
 from cascade_repro.api.records import context
 from cascade_repro.api.spooled import finish_dead_runs
 from cascade_repro.capture.git import head_commit, is_dirty
 from cascade_repro.errors import CascadeError, DirtyTreeRefused, UsageError
 from cascade_repro.params import ResolvedParams, find_params_file, resolve_params
 from cascade_repro.project import InitResult, find_repo_root, init_project, preview_init
-from cascade_repro.recorder import own_paths, record_run
+from cascade_repro.recorder import follow_rank, own_paths, record_run
 from cascade_repro.run_plan import ContainerPlan, Notify, RunPlan, RunResult
 from cascade_repro.settings import Settings, load_settings
 from cascade_repro.store import mlflow_store, spool, sqlite_store
@@ -60,6 +60,7 @@ class RunRequest:
     image: PreparedImage | None = None  # restore: the image chosen (recorded or rebuilt) before the run
     no_cache: bool = False  # rebuild the image even when one with the same inputs exists
     track_inputs: bool = False  # files read that neither git nor DVC tracks go into the DVC cache
+    nproc_per_node: int | None = None  # `--nproc-per-node N`: torchrun starts N ranks on this machine
 
 
 def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult:
@@ -116,7 +117,13 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
     sqlite_store.create_if_missing(settings.tracking_uri)  # before any script: never two at once
     if request.version is not None:
         _check_version_free(settings, root, request)
+    layout = distributed.launched(request.nproc_per_node, environ) or distributed.joined(environ)
     in_docker = bool(settings.docker.get("enabled")) if request.docker is None else request.docker
+    if in_docker and layout is not None:
+        raise UsageError(
+            "a torchrun job (--nproc-per-node, or RANK/WORLD_SIZE set) is not run in --docker yet",
+            hint="run it without --docker, or run torchrun inside your own image",
+        )
     if not in_docker and (request.gpus or request.shm_size or request.no_cache):
         raise UsageError("--gpus, --shm-size and --rebuild go with --docker", hint="add --docker")
     container = _container_plan(request, settings, commit, exclude, notify) if in_docker else None
@@ -136,7 +143,10 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
         extra_tags=dict(request.extra_tags or {}),
         container=container,
         track_inputs=request.track_inputs,
+        distributed=layout,
     )
+    if layout is not None and layout.rank > 0:  # the user's torchrun: rank 0's `cascade run` records
+        return follow_rank(plan, layout, notify)
     if request.restored_params is None:  # a restore's worktree is not the user's project
         _advise_init_once(settings, notify)
     # Runs whose `cascade run` died are delivered meanwhile, never delaying this script's start.
@@ -317,6 +327,8 @@ def _invocation_options(request: RunRequest) -> list[str]:
         options.append("--docker")
     if request.track_inputs:
         options.append("--track-inputs")
+    if request.nproc_per_node is not None:
+        options += ["--nproc-per-node", str(request.nproc_per_node)]
     for flag, value in single:
         if value is not None:
             options += [flag, value]

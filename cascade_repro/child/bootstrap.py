@@ -59,8 +59,9 @@ def main(argv: list[str]) -> None:
         sys.stderr.write("usage: python -m cascade_repro.child.bootstrap SCRIPT [ARGS]...\n")
         raise SystemExit(2)
     script, args = argv[0], argv[1:]
-    _stop_with_parent()
-    run_dir = Path(os.environ[protocol.ENV_RUN_DIR])
+    stop_with_parent()
+    job_dir = Path(os.environ[protocol.ENV_RUN_DIR])
+    run_dir = _own_directory(job_dir)
     seed = int(os.environ.get(protocol.ENV_SEED, "0"))
     mode = seeding.mode_from_env()
     facts = Facts(run_dir / protocol.FACTS_FILE)
@@ -116,7 +117,7 @@ def main(argv: list[str]) -> None:
 
     runtime.on_params_read(_note_params_read(facts))
     ImportHooks(
-        before={"mlflow": lambda: _wait_for_run_id(run_dir)},
+        before={"mlflow": lambda: _wait_for_run_id(job_dir)},
         after={
             **framework_logging.import_hooks(),
             **framework_checkpoints.import_hooks(checkpoint_log(run_dir)),
@@ -143,6 +144,19 @@ def main(argv: list[str]) -> None:
         runpy.run_path(script, run_name="__main__")
     except KeyboardInterrupt:
         _die_of_sigint()
+
+
+def _own_directory(job_dir: Path) -> Path:
+    """Rank 0 (and a single process) writes in the run directory; rank K > 0 of a torchrun job in
+    ranks/K/ of it, for itself and the processes it starts (DataLoader workers)."""
+    rank = protocol.process_rank(os.environ)
+    if rank == 0:
+        return job_dir
+    own = protocol.rank_dir(job_dir, rank)
+    own.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.environ[protocol.ENV_RUN_DIR] = str(own)  # runtime.log_metrics and checkpoints follow it
+    os.environ.pop(protocol.ENV_TRACE_DUMP, None)  # `verify --replay` saves rank 0's tensors
+    return own
 
 
 def _watch_argparse(argparse: ModuleType, facts: Facts) -> None:
@@ -179,7 +193,7 @@ def _guarded_hook(name: str, hook: Callable[[], None]) -> None:
         sys.stderr.write(f"cascade: {name} calls are not observed: {type(exc).__name__}: {exc}\n")
 
 
-def _stop_with_parent() -> None:
+def stop_with_parent() -> None:
     """SIGTERM when `cascade run` dies (SIGKILL, OOM killer): the script unwinds and flushes to the
     run directory, and the next cascade command delivers it. Linux only; elsewhere the script runs on."""
     expected = os.environ.get(protocol.ENV_PARENT_PID)

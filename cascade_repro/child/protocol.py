@@ -6,7 +6,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Mapping
 
 # Environment variables the parent sets for the child.
 ENV_RUN_DIR = "CASCADE_RUN_DIR"
@@ -32,10 +32,25 @@ TRACE_FILE = "trace.jsonl"  # child → parent: one JSON record per traced step
 CHECKPOINTS_FILE = "checkpoints.jsonl"  # child → parent: one line per checkpoint saved or pruned
 FILES_FILE = "files.jsonl"  # child → parent: {"read"|"written": path} per repository file opened
 OUTPUT_LOG = "output.log"  # parent: the script's stdout and stderr as the terminal saw them
+RANKS_DIR = "ranks"  # multi-process runs: rank K > 0 writes its files in ranks/K/ (rank 0 in the run dir)
+RANK_EXIT_FILE = "exit.json"  # in ranks/K/, by the `cascade run` of a rank under the user's torchrun
 
 DETERMINISM_MODES = ("off", "warn", "strict")
 # How torch words a nondeterministic op, as a warning (mode warn) or an error (mode strict).
 NONDETERMINISTIC_MARKER = " does not have a deterministic implementation"
+
+
+def process_rank(environ: Mapping[str, str]) -> int:
+    """This process's rank under torchrun (or any launcher that sets RANK); 0 when there is none."""
+    try:
+        return max(int(environ.get("RANK", "0")), 0)
+    except ValueError:
+        return 0
+
+
+def rank_dir(run_dir: Path, rank: int) -> Path:
+    """Where rank `rank` writes its trace, facts and events: the run directory itself for rank 0."""
+    return run_dir if rank == 0 else run_dir / RANKS_DIR / str(rank)
 
 
 def nondeterministic_op(message: str) -> str | None:

@@ -16,12 +16,13 @@ from typing import Any, Callable, Mapping, Sequence
 from cascade_repro.determinism import script_seeds
 from cascade_repro.determinism.compare import FACET_WORDS, TraceComparison
 from cascade_repro.determinism.record_compare import Change, compare_records
+from cascade_repro.distributed import world_size
 from cascade_repro.redaction import is_redacted
 
 # The order differences are listed in (class B, then class A), and causes where the trace says nothing.
 KINDS = (
     "params", "seed", "code", "command", "determinism", "threads", "environment", "environment_read",
-    "data", "packages", "image", "torch", "gpu", "cpu", "python",
+    "data", "packages", "image", "torch", "gpu", "cpu", "python", "world_size",
 )  # fmt: skip
 _NONDETERMINISM = ("nondeterministic_ops", "nondeterministic", "determinism", "threads", "torch", "cpu",
                    "gpu", "python", "environment", "packages", "image")  # fmt: skip
@@ -32,8 +33,9 @@ IMPLICATED: dict[str, tuple[str, ...]] = {
     "rng": ("installed_in_one", "seed", "unseeded", "code", "command", "environment_read", "secrets",
             "environment", "packages", "image"),
     # the same RNG, another batch: the data, then what orders it (seeded workers, the loader's code)
-    "batch": ("data", "seed", "batch", "code", "command", "params", "environment_read", "secrets",
-              "environment"),
+    # (a variable the script read that differs is more specific than the trace's "the data differs")
+    "batch": ("data", "world_size", "seed", "environment_read", "batch", "code", "command", "params",
+              "secrets", "environment"),
     # the first weights differ: what builds and initializes the model
     "params_before": ("seed", "code", "command", "params", "data", "environment_read", "secrets",
                       "environment", "packages"),
@@ -113,9 +115,12 @@ def likely_causes(
         candidates += _from_the_trace(a, b, comparison, first, kinds)
     candidates += _secrets(a, b, step)
     candidates += _nondeterministic_ops(a, b)
+    across = "compare within tolerance (--rtol/--atol), or rerun where the record was made"
+    fixes_a = {"world_size": f"rerun with the recorded number of processes: cascade run --nproc-per-node "
+                             f"{world_size(a)} (cascade restore does)"}  # fmt: skip
     candidates += [
         (d.kind, Cause(d.summary, "bitwise equality is not expected across this difference",
-                       "compare within tolerance (--rtol/--atol), or rerun where the record was made"))
+                       fixes_a.get(d.kind, across)))
         for d in differences
         if d.klass == "A"
     ]  # fmt: skip
@@ -317,6 +322,7 @@ _SUMMARIES: dict[str, Summary] = {
     "gpu": _one_line("GPUs"),
     "cpu": _one_line("CPU"),
     "python": _one_line("Python"),
+    "world_size": lambda changes, a, b: f"world size differs: {world_size(a)} processes vs {world_size(b)}",
 }
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from cascade_repro.determinism import script_seeds
+from cascade_repro.distributed import is_launcher_variable, world_size
 from cascade_repro.manifest import data_objects
 from cascade_repro.params import flatten
 
@@ -159,6 +160,7 @@ def _stack(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
     # not probe it) knows only the installed version: then the version is all that is compared.
     ta, tb = a.get("torch") or {}, b.get("torch") or {}
     probed = all(set(t) - {"version", "probed"} for t in (ta, tb))
+    both_ran = all(m.get("command") for m in (a, b))  # `current` runs nothing
     fields = [*TORCH_CLASS_A, *TORCH_CLASS_B] if probed else ["version"]
 
     def view(m: Mapping[str, Any], torch: Mapping[str, Any]) -> dict[str, Any]:
@@ -166,6 +168,8 @@ def _stack(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
         out["gpus"] = gpu_names(m)
         out["cpu.model"] = ((m.get("hardware") or {}).get("cpu") or {}).get("model")
         out["python"] = (m.get("python") or {}).get("version")
+        if both_ran:  # a property of the run (torchrun's processes), not of a machine
+            out["world_size"] = world_size(m)
         return {k: v for k, v in out.items() if v is not None}
 
     def classify(key: str) -> tuple[str, str]:
@@ -269,7 +273,8 @@ def _environment(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
 
     def view(m: Mapping[str, Any]) -> dict[str, Any]:
         environment = m.get("environment") or {}
-        out = {k: v for k, v in environment.items() if not k.startswith((*OWN_VARIABLES, *SEED_DERIVED))}
+        own = (*OWN_VARIABLES, *SEED_DERIVED)
+        out = {k: v for k, v in environment.items() if not k.startswith(own) and not is_launcher_variable(k)}
         if both_ran:
             for key, value in (m.get("environment_read") or {}).items():
                 out[f"read:{key}"] = value

@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
-from cascade_repro.determinism.compare import FACET_WORDS, TraceComparison, compare_traces, losses_within
+from cascade_repro.determinism.compare import (
+    FACET_WORDS,
+    FACETS,
+    TraceComparison,
+    compare_traces,
+    losses_within,
+)
 from cascade_repro.determinism.explain import Cause, Difference, likely_causes, manifest_differences
 from cascade_repro.determinism.magnitude import Magnitude
 
@@ -28,6 +34,8 @@ class Verdict:
     # `cascade verify --replay`: how far the differing tensors are apart at the first divergence
     magnitudes: tuple[Magnitude, ...] = ()
     replay: Mapping[str, Any] | None = None  # the replay runs, and what could not be measured
+    # a torchrun job: each rank's verdict, rank 0 first (the verdict above is the first that failed)
+    ranks: tuple[RankVerdict, ...] = ()
 
     @property
     def reproduced(self) -> bool:
@@ -57,7 +65,56 @@ class Verdict:
             "record_differences": [d.to_dict() for d in self.differences],
             "notes": list(c.notes),
             "likely_causes": [cause.to_dict() for cause in self.causes],
+            "ranks": [rank.to_dict() for rank in self.ranks],
         }
+
+
+@dataclass(frozen=True)
+class RankVerdict:
+    rank: int
+    verdict: str
+    summary: str
+    steps: int  # compared
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "verdict": self.verdict, "summary": self.summary, "steps": self.steps}
+
+
+def judge_ranks(
+    manifest_a: Mapping[str, Any],
+    manifest_b: Mapping[str, Any],
+    traces_a: Sequence[Sequence[dict[str, Any]]],
+    traces_b: Sequence[Sequence[dict[str, Any]]],
+    rtol: float = 1e-5,
+    atol: float = 1e-8,
+    steps: int | None = None,
+) -> Verdict:
+    """Two torchrun jobs, rank by rank (`traces_*[k]`: rank k's trace). Rank 0 first; the verdict is the
+    first rank's that did not reproduce, else rank 0's (NUMERICALLY_EQUIVALENT if any rank was)."""
+    first = judge(manifest_a, manifest_b, traces_a[0], traces_b[0], rtol, atol, steps)
+    if len(traces_a) <= 1 and len(traces_b) <= 1:
+        return first
+    verdicts = [first]
+    if len(traces_a) == len(traces_b):
+        for rank in range(1, len(traces_a)):
+            verdicts.append(judge(manifest_a, manifest_b, traces_a[rank], traces_b[rank], rtol, atol, steps))
+    ranks = tuple(RankVerdict(k, v.verdict, v.summary, v.comparison.compared) for k, v in enumerate(verdicts))
+    failed = _earliest_failure(verdicts)
+    if len(traces_a) != len(traces_b):
+        sizes = f"{len(traces_a)} vs {len(traces_b)} ranks"
+        if failed is None:  # rank 0 alone agreed: the others cannot be paired
+            summary = f"rank 0: {first.summary}; the other ranks are not compared ({sizes})"
+            return replace(first, verdict=INCOMPARABLE, ranks=ranks, summary=summary)
+        return replace(first, ranks=ranks, summary=f"rank 0: {first.summary} ({sizes})")
+    if failed is not None:
+        chosen = verdicts[failed]
+        return replace(chosen, ranks=ranks, summary=f"rank {failed}: {chosen.summary}")
+    equivalent = next((v for v in verdicts if v.verdict == NUMERICALLY_EQUIVALENT), None)
+    chosen = equivalent or first
+    count = sum(v.comparison.compared for v in verdicts)
+    everywhere = f"every rank's steps are bitwise identical ({len(verdicts)} ranks, {count} steps in all)"
+    summary = chosen.summary if equivalent else everywhere
+    return replace(chosen, ranks=ranks, summary=summary)
 
 
 def judge(
@@ -127,6 +184,24 @@ def judge(
         )
         return verdict(NUMERICALLY_EQUIVALENT, summary, comparison, causes)
     return verdict(DIVERGED, where, comparison, causes)
+
+
+def _earliest_failure(verdicts: Sequence[Verdict]) -> int | None:
+    """The rank whose divergence comes first in causal order (step, then rng → batch → ... → params
+    after): in DDP a batch that differs on rank 1 changes every rank's gradients at the same step, and
+    rank 1 is the one that says why. Ranks without a step (INCOMPARABLE) come after, rank 0 first."""
+    failed = [(rank, v) for rank, v in enumerate(verdicts) if not v.reproduced]
+    if not failed:
+        return None
+
+    def order(item: tuple[int, Verdict]) -> tuple[int, int, int]:
+        rank, v = item
+        c = v.comparison
+        if c.step is None or not c.differences:
+            return (1 << 62, len(FACETS), rank)
+        return (c.step, FACETS.index(c.differences[0].facet), rank)
+
+    return min(failed, key=order)[0]
 
 
 def crashed(manifest: Mapping[str, Any]) -> str | None:

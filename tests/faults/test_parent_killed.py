@@ -162,3 +162,28 @@ def test_cascade_recover_says_what_it_delivered(project: Project) -> None:
     assert stored_points(project, item["run_id"], list(flushed)) == flushed
     again = project.cascade("recover", "--json")
     assert json.loads(again.stdout)["data"] == [] and again.returncode == 0
+
+
+def test_a_recovered_run_records_its_inputs_and_outputs(project: Project) -> None:
+    """The files the script read that git cannot see, and those it wrote, are recorded for a run whose
+    parent died as for one that finished (from the child's files.jsonl, which survives it)."""
+    import hashlib
+
+    add_faults_script(project)
+    project.write(".gitignore", "mlflow.db\nmlruns/\n.cascade/\nout/\ndata/\n")
+    project.commit("data/ ignored")
+    data = project.write("data/train.bin", bytes(range(256)) * 64)
+    run = Background(project, "faults.py", "--read", "data/train.bin", "--steps", "20", "--hold-at", "4")
+    run.wait_for(lambda: marker(project, "hold").exists(), "step 4")
+    spool = run.run_dir()
+    assert spool is not None
+    run.wait_for(lambda: (spool / "mlflow_run_id").exists(), "the run to open")
+    time.sleep(2.0)
+    run.kill()
+    assert process_gone(int(marker(project, "started").read_text()), 20)
+    recovered = project.cascade("recover", "--json")
+    (item,) = json.loads(recovered.stdout)["data"]
+    manifest = project.manifest(item["run_id"])
+    assert manifest["inputs"] == [{"path": "data/train.bin", "size": 16384,
+                                   "sha256": hashlib.sha256(data.read_bytes()).hexdigest()}]  # fmt: skip
+    assert {"out/started", "out/step", "out/hold"} <= {o["path"] for o in manifest["outputs"]}

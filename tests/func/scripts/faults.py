@@ -21,7 +21,10 @@ cli.add_argument("--hold-at", type=int, default=None, help="after this step, wri
 cli.add_argument("--hold-s", type=float, default=120.0)
 cli.add_argument("--bulk", type=int, default=0, help="points logged at the end, as fast as possible")
 cli.add_argument("--checkpoint", action="store_true", help="save a checkpoint at the end")
+cli.add_argument("--read", metavar="FILE", help="read this file first (an input)")
 args = cli.parse_args()
+if args.read:
+    Path(args.read).read_bytes()
 
 out = Path("out")
 out.mkdir(exist_ok=True)

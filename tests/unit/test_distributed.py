@@ -1,0 +1,96 @@
+"""torchrun jobs on hand-written traces and records: the rank verdict, the layout a rank sees, and
+the record's `distributed` section checked as untrusted input (tests/func/test_distributed.py runs
+real jobs)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from cascade_repro.determinism.verdict import judge_ranks
+from cascade_repro.distributed import LAUNCHED, Distributed, is_launcher_variable, joined, launched
+from cascade_repro.errors import CascadeError, UsageError
+from cascade_repro.manifest import check_shape
+from tests.unit.test_verdict import _manifest, _record
+
+
+def _job(run_id: str, world_size: int = 2) -> dict[str, Any]:
+    layout = {"launcher": LAUNCHED, "world_size": world_size, "nproc_per_node": world_size, "nnodes": 1}
+    return {**_manifest(run_id), "distributed": {**layout, "ranks": []}}
+
+
+def test_every_rank_equal_is_bitwise_identical_with_each_ranks_verdict() -> None:
+    ranks = [[_record(i) for i in range(3)] for _ in range(2)]
+    verdict = judge_ranks(_job("a"), _job("b"), ranks, copy.deepcopy(ranks))
+    assert verdict.verdict == "BITWISE_IDENTICAL"
+    assert verdict.summary == "every rank's steps are bitwise identical (2 ranks, 6 steps in all)"
+    assert [(r.rank, r.verdict, r.steps) for r in verdict.ranks] == [(0, "BITWISE_IDENTICAL", 3),
+                                                                     (1, "BITWISE_IDENTICAL", 3)]  # fmt: skip
+
+
+def test_the_rank_whose_divergence_comes_first_in_causal_order_is_named() -> None:
+    ranks = [[_record(i) for i in range(3)] for _ in range(2)]
+    other = copy.deepcopy(ranks)
+    other[0][1]["grads"]["w"] = "reduced"  # rank 0: gradients at step 1 (all-reduced from rank 1)
+    other[1][1]["batch"] = "skewed"  # rank 1: its batch at step 1, which comes first
+    other[1][1]["grads"]["w"] = "reduced"
+    verdict = judge_ranks(_job("a"), _job("b"), ranks, other)
+    assert verdict.verdict == "DIVERGED" and verdict.summary.startswith("rank 1: DIVERGED at step 1")
+    assert verdict.comparison.facets()[0] == "batch"
+    assert [r.verdict for r in verdict.ranks] == ["DIVERGED", "DIVERGED"]
+    other[0][0]["loss"]["bits"] += 1  # now rank 0 differs a step earlier: rank 0 is first
+    assert judge_ranks(_job("a"), _job("b"), ranks, other).summary.startswith("rank 0: DIVERGED at step 0")
+
+
+def test_jobs_of_other_sizes_compare_rank_0_only_and_name_the_world_size() -> None:
+    trace = [_record(i) for i in range(3)]
+    verdict = judge_ranks(_job("a", 2), _job("b", 1), [trace, trace], [copy.deepcopy(trace)])
+    assert verdict.verdict == "INCOMPARABLE"
+    assert "the other ranks are not compared (2 vs 1 ranks)" in verdict.summary
+    assert [d.summary for d in verdict.differences if d.kind == "world_size"] == [
+        "world size differs: 2 processes vs 1"
+    ]
+
+
+def test_a_single_process_verdict_is_unchanged() -> None:
+    trace = [_record(i) for i in range(3)]
+    verdict = judge_ranks(_manifest("a"), _manifest("b"), [trace], [copy.deepcopy(trace)])
+    assert verdict.verdict == "BITWISE_IDENTICAL" and verdict.ranks == ()
+    assert verdict.summary == "all 3 steps are bitwise identical"
+
+
+def test_a_rank_of_the_users_torchrun_finds_its_job() -> None:
+    environ = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "job/../x"}
+    layout = joined(environ)
+    assert layout == Distributed("torchrun", 4, 2, 2, rank=1, job="job_.._x")
+    assert joined({"RANK": "0", "WORLD_SIZE": "1"}) is None  # one process: a plain run
+    assert joined({"WORLD_SIZE": "2"}) is None and joined({"RANK": "x", "WORLD_SIZE": "2"}) is None
+    with pytest.raises(UsageError, match="inside a torchrun job"):
+        launched(2, {"RANK": "0", "WORLD_SIZE": "2"})
+    with pytest.raises(UsageError, match="from 1 to 256"):
+        launched(300, {})
+
+
+def test_torchruns_variables_are_the_jobs_not_causes() -> None:
+    assert all(map(is_launcher_variable, ("RANK", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE")))
+    assert not any(map(is_launcher_variable, ("OMP_NUM_THREADS", "RANKING", "NCCL_ALGO")))
+
+
+@pytest.mark.parametrize(
+    ("section", "named"),
+    [
+        ("two", "distributed"),
+        ({"world_size": "2"}, "distributed.world_size"),
+        ({"world_size": 2, "nproc_per_node": 100000}, "distributed.nproc_per_node"),
+        ({"world_size": True}, "distributed.world_size"),
+        ({"world_size": 2, "ranks": [{"rank": 0}]}, r"distributed.ranks\[0\].rank"),
+        ({"world_size": 2, "ranks": [{"rank": 5}]}, r"distributed.ranks\[0\].rank"),
+        ({"world_size": 2, "ranks": [{"rank": 1}, {"rank": 1}]}, "distributed.ranks"),
+        ({"world_size": 2, "ranks": "all"}, "distributed.ranks"),
+    ],
+)
+def test_a_malformed_distributed_section_is_refused(section: Any, named: str) -> None:
+    with pytest.raises(CascadeError, match=f"{named} is"):
+        check_shape({**_manifest("a"), "distributed": section}, "a")
