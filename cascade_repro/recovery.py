@@ -275,7 +275,8 @@ def _files(run_dir: Path, plan: dict[str, Any], record: dict[str, Any],
     from cascade_repro.recorder import own_paths
 
     root = Path(plan.get("root") or settings.root)
-    git = record.get("git") if isinstance(record.get("git"), dict) else {}
+    git = record.get("git")
+    git = git if isinstance(git, dict) else {}
     untracked = [str(u.get("path")) for u in git.get("untracked") or [] if isinstance(u, dict)]
     data = [str(d.get("path")) for d in record.get("data") or [] if isinstance(d, dict)]
     try:

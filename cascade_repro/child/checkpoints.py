@@ -5,7 +5,10 @@ the file's inode/size/mtime so the parent can tell the bytes it hashes are the o
 The parent hashes and caches them in its own process: nothing here reads a checkpoint back.
 
 A path that is saved again is unlinked first, so a new inode is written: the DVC cache may
-hold the old bytes by hardlink, and truncating that inode in place would corrupt the cache.
+hold the old bytes by hardlink, and truncating that inode in place would corrupt the cache. Before
+that, the old file gets a second name in the run directory (a hardlink, no copy), announced as
+`superseded`: a version the parent had not hashed yet (nanoGPT saves ckpt.pt every eval) is hashed
+from there instead of being lost as "overwritten".
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
 
 from cascade_repro.child import protocol
+
+SUPERSEDED_DIR = "superseded"  # in the run directory: second names of files saved over
 
 
 class Policy(NamedTuple):
@@ -59,6 +64,25 @@ class CheckpointLog:
         self.inside_api = threading.local()
         self.lock = threading.Lock()
         self.warned_monitor = False
+        self.superseded = 0
+
+    def make_room(self, path: Path) -> None:
+        """Before a save over an existing file: keep its bytes for the parent under a second name,
+        then unlink it so the save writes a new inode."""
+        if not path.exists() or path.is_symlink() or path.is_dir():
+            return
+        if self.path is not None:
+            with self.lock:
+                self.superseded += 1
+                keep = self.path.parent / SUPERSEDED_DIR / f"{os.getpid()}-{self.superseded}-{path.name}"
+            try:
+                keep.parent.mkdir(mode=0o700, exist_ok=True)
+                os.link(path, keep)
+            except OSError:  # another file system, or none with hardlinks: the old bytes go
+                pass
+            else:
+                self.announce("superseded", path, kept_as=str(keep), **_identity(keep))
+        path.unlink()
 
     def announce(self, event: str, path: Path, **fields: Any) -> None:
         if self.path is None:
@@ -66,12 +90,17 @@ class CheckpointLog:
         record: dict[str, Any] = {"event": event, "path": str(path), "ts": time.time(), **fields}
         if event == "saved":
             try:
-                stat = os.stat(path)
-                record.update(inode=stat.st_ino, size=stat.st_size, mtime_ns=stat.st_mtime_ns)
+                record.update(_identity(path))
             except OSError:
                 return
         with self.lock, protocol.open_private(self.path) as handle:
             handle.write(json.dumps(record, default=str) + "\n")
+
+
+def _identity(path: Path) -> dict[str, int]:
+    """What tells the parent the bytes it hashes are the ones announced."""
+    stat = os.stat(path)
+    return {"inode": stat.st_ino, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
 def checkpoints_dir() -> Path:
@@ -130,8 +159,8 @@ def install_torch_save_hook(torch: Any, log: CheckpointLog) -> None:
 
     def save_and_announce(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
         path = Path(os.fspath(f)).absolute() if isinstance(f, (str, os.PathLike)) else None
-        if path is not None and path.exists() and not path.is_symlink():
-            path.unlink()  # a new inode: the cache may hold the old one by hardlink
+        if path is not None:
+            log.make_room(path)  # a new inode: the cache may hold the old one by hardlink
         result = original(obj, f, *args, **kwargs)
         if path is not None and not getattr(log.inside_api, "active", False):
             log.announce("saved", path, step=log.current_step(), metrics={}, source="torch.save")

@@ -108,8 +108,8 @@ def _wrap_lightning_trainer(trainer_class: Any, log: CheckpointLog) -> None:
     @functools.wraps(original)
     def save_checkpoint(self: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
         path = _local_path(filepath)
-        if path is not None and path.is_file() and not path.is_symlink():
-            path.unlink()  # a new inode: the cache may hold the old one by hardlink
+        if path is not None:
+            log.make_room(path)  # a new inode: the cache may hold the old one by hardlink
         result = original(self, filepath, *args, **kwargs)
         if path is not None and getattr(self, "is_global_zero", True):
             _guarded(lambda: log.announce("saved", path, **_fields(self)))

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 POLL_S = 0.3
+SUPERSEDED_DIR = "superseded"  # child/checkpoints.py keeps files saved over there, as hardlinks
 
 
 @dataclass
@@ -53,6 +54,9 @@ class CheckpointKeeper:
     entries: list[CheckpointEntry] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     _offset: int = 0
+    # saves whose file was replaced before it could be hashed, by (path, inode): a `superseded`
+    # event (the child kept the old file under a second name) lets them be hashed after all
+    _missing: dict[tuple[str, Any], CheckpointEntry] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -92,14 +96,17 @@ class CheckpointKeeper:
     def _handle(self, event: dict[str, Any]) -> None:
         path = Path(str(event["path"]))
         rel = dvc_store.relative_posix(path, self.root)
+        if event.get("event") == "superseded":
+            self._superseded(rel, event)
+            return
         if event.get("event") == "pruned":
             for entry in reversed(self.entries):
                 if entry.path == rel and entry.status in ("kept", "missing"):
                     entry.status, entry.reason = "pruned", None
                     break
             return
-        for entry in self.entries:
-            if entry.path == rel and entry.status == "kept":
+        for entry in self.entries:  # a version in the cache stays kept; one never hashed was overwritten
+            if entry.path == rel and entry.status == "kept" and entry.md5 is None:
                 entry.status = "overwritten"
         entry = CheckpointEntry(
             path=rel,
@@ -124,9 +131,32 @@ class CheckpointKeeper:
             stored = self.cache.add(path, expect=announced, hardlink=True)
         if stored is None:  # pruned or replaced before it could be hashed: the next events say which
             entry.status, entry.reason = "missing", "deleted or replaced before it could be hashed"
+            self._missing[(rel, event.get("inode"))] = entry
             return
+        self._stored(entry, stored)
+
+    def _stored(self, entry: CheckpointEntry, stored: Any) -> None:
         entry.md5, entry.size, entry.link, entry.files = stored.md5, stored.size, stored.link, stored.files
-        self.notify(f"checkpoint {rel} (step {entry.step}) → DVC cache {stored.md5[:12]} ({stored.link})")
+        self.notify(
+            f"checkpoint {entry.path} (step {entry.step}) → DVC cache {stored.md5[:12]} ({stored.link})"
+        )
+
+    def _superseded(self, rel: str, event: dict[str, Any]) -> None:
+        """The child saved over `rel`, keeping the old file under `kept_as` first: a version not hashed
+        yet is hashed from there (the same inode, checked), then the second name goes."""
+        kept_as = Path(str(event.get("kept_as")))
+        if kept_as.parent != self.events.parent / SUPERSEDED_DIR:  # only the run directory's own
+            return
+        try:
+            entry = self._missing.pop((rel, event.get("inode")), None)
+            if entry is not None and self.cache is not None and entry.status == "missing":
+                announced = (event.get("inode"), event.get("size"), event.get("mtime_ns"))
+                stored = self.cache.add(kept_as, expect=announced, hardlink=True)
+                if stored is not None:
+                    entry.status, entry.reason = "kept", None
+                    self._stored(entry, stored)
+        finally:
+            kept_as.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)

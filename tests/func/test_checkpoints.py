@@ -258,3 +258,35 @@ def test_restore_in_a_fresh_clone_from_the_dvc_remote_and_a_copied_store(dvc_pro
     data = json.loads(result.stdout)["data"]
     assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL" and data["verdict"]["run_a"] == run_id
     assert (Path(data["worktree"]["path"]) / "data" / "input.bin").read_bytes() == bytes([99]) * 1000
+
+
+RESAVE = """
+import os, torch
+model = torch.nn.Linear(64, 64)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+os.makedirs("out", exist_ok=True)
+for it in range(6):
+    opt.zero_grad(); model(torch.randn(8, 64)).pow(2).mean().backward(); opt.step()
+    if it % 2 == 1:  # nanoGPT: the same ckpt.pt every eval, faster than the parent can hash it
+        torch.save({"model": model.state_dict(), "iter": it}, os.path.join("out", "ckpt.pt"))
+"""
+
+
+def test_a_file_saved_again_under_its_name_keeps_every_version(dvc_project: Project) -> None:
+    """nanoGPT saves out/ckpt.pt at every eval: each version is in the DVC cache with its step, none
+    lost as "overwritten before it could be hashed" (the child keeps the old file under a second
+    name in the run directory, a hardlink, before the next save writes a new inode)."""
+    import torch
+
+    dvc_project.write("resave.py", RESAVE)
+    dvc_project.commit("a script that saves over its checkpoint")
+    run_id, manifest = _run(dvc_project, "resave.py")
+    entries = manifest["checkpoints"]
+    assert [(c["path"], c["step"], c["status"]) for c in entries] == [
+        ("out/ckpt.pt", step, "kept") for step in (1, 3, 5)
+    ]
+    cache = dvc_project.root / ".dvc" / "cache"
+    saved = [torch.load(_object(cache, c["md5"]), weights_only=True) for c in entries]
+    assert [s["iter"] for s in saved] == [1, 3, 5]  # each object holds the version of its step
+    assert _md5(dvc_project.root / "out" / "ckpt.pt") == entries[-1]["md5"]
+    assert not list((dvc_project.root / ".cascade" / "runs").rglob("superseded/*"))  # second names gone
