@@ -31,10 +31,12 @@ from cascade_repro.manifest import ARTIFACT_PATH, Manifest, data_objects
 from cascade_repro.params import resolved_dict, unused_overrides, used_params
 from cascade_repro.redaction import redact_argv
 from cascade_repro.run_plan import Notify, RunPlan, RunResult
-from cascade_repro.store import mlflow_store, spool
+from cascade_repro.store import spool
 from cascade_repro.store.checkpoint_keeper import CheckpointKeeper, CheckpointsRecorded, finish_checkpoints
 from cascade_repro.store.delivery import Delivery, dir_op, file_op, params_op, record_op, tags_op
 from cascade_repro.store.metrics_writer import MetricsWriter
+from cascade_repro.store.mlflow_store import OpenedRun
+from cascade_repro.store.run_store import RunStore
 from cascade_repro.supervisor import ChildExit, RunningChild
 
 log = logging.getLogger(__name__)
@@ -77,7 +79,7 @@ class Recording:
         self.notify = notify
         self.keeper = keeper
         self.mlflow: Any = None
-        self.opened: mlflow_store.OpenedRun | None = None
+        self.opened: OpenedRun | None = None
         self.writer: MetricsWriter | None = None
         self.delivery: Delivery | None = None
         self.warnings: list[str] = []
@@ -95,16 +97,11 @@ class Recording:
         part never keeps the others from the store, and what is not stored stays in the spool."""
         plan = self.plan
         try:
-            self.mlflow = mlflow_store.client(plan.settings.tracking_uri)
-            self.opened = mlflow_store.open_run(
-                self.mlflow,
-                plan.settings.experiment,
-                plan.settings.artifact_root,
-                plan.run_name,
-                self.tags,
-                self.start_ms,
-                existing_run_id=plan.environ.get("MLFLOW_RUN_ID") or None,
-            )
+            store = RunStore(plan.settings.tracking_uri, plan.settings.experiment)
+            self.mlflow = store.client
+            existing = plan.environ.get("MLFLOW_RUN_ID") or None
+            self.opened = store.open_run(plan.settings.artifact_root, plan.run_name, self.tags, self.start_ms,
+                                         existing_run_id=existing)  # fmt: skip
         except BaseException:
             self.child.terminate()
             raise

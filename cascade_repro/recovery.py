@@ -25,9 +25,10 @@ from cascade_repro.manifest import ARTIFACT_PATH, SCHEMA
 from cascade_repro.params import used_params
 from cascade_repro.run_plan import Notify
 from cascade_repro.settings import Settings
-from cascade_repro.store import mlflow_store, spool
+from cascade_repro.store import spool
 from cascade_repro.store.delivery import CLOSE_OP, END_TAGS_OP, RECORD_OP, Delivery, file_op, params_op
 from cascade_repro.store.metrics_writer import MetricsWriter, full_summary
+from cascade_repro.store.run_store import RunStore
 
 log = logging.getLogger(__name__)
 PENDING_SYNC = "PENDING-SYNC"  # what `cascade ls` shows for a run whose record is not all stored yet
@@ -88,9 +89,11 @@ def _deliver(run_dir: Path, settings: Settings, notify: Notify, command: str, di
     plan = spool.read_json(run_dir / spool.PLAN_FILE)
     if died and plan.get("in_container"):
         _stop_container(run_dir, notify)
-    client = mlflow_store.client(str(plan.get("tracking_uri") or settings.tracking_uri))
+    store = RunStore(str(plan.get("tracking_uri") or settings.tracking_uri),
+                     str(plan.get("experiment") or settings.experiment))  # fmt: skip
+    client = store.client
     try:
-        run_id = ledger.run_id or _open(client, plan, run_dir, settings, ledger)
+        run_id = ledger.run_id or _open(store, plan, run_dir, settings, ledger)
     except CascadeError as exc:
         ledger.update(parent="gone" if died else ledger.parent)
         notify(f"run directory {run_dir.name} not delivered: {exc.message}; `cascade sync` tries again")
@@ -151,20 +154,19 @@ def _stop_container(run_dir: Path, notify: Notify) -> None:
         log.debug("no container to stop for %s: %s", run_dir, exc)
 
 
-def _open(client: Any, plan: dict[str, Any], run_dir: Path, settings: Settings, ledger: spool.Ledger) -> str:
+def _open(store: RunStore, plan: dict[str, Any], run_dir: Path, settings: Settings,
+          ledger: spool.Ledger) -> str:  # fmt: skip
     """The parent died before the run was opened (or before it noted the id): find it by its spool
     tag, else open it as the parent would have."""
-    experiment = str(plan.get("experiment") or settings.experiment)
-    tag = f"tags.`{spool.SPOOL_TAG}` = '{run_dir.name}'"
-    found = mlflow_store.search_runs(client, experiment, 1, tag)
+    experiment = str(store.experiment)
+    found = store.search(limit=1, where=f"tags.`{spool.SPOOL_TAG}` = '{run_dir.name}'")
     if found:
-        run_id = str(found[0].info.run_id)
+        run_id = found[0].run_id
     else:
         tags = dict(plan.get("tags") or {spool.SPOOL_TAG: run_dir.name})
         start_ms = int(plan.get("start_ms") or spool.last_heartbeat(run_dir) * 1000)
         artifacts = str(plan.get("artifact_root") or settings.artifact_root)
-        opened = mlflow_store.open_run(client, experiment, artifacts, plan.get("run_name"), tags, start_ms,
-                                       plan.get("existing_run_id"))  # fmt: skip
+        opened = store.open_run(artifacts, plan.get("run_name"), tags, start_ms, plan.get("existing_run_id"))
         run_id = opened.run_id
     (run_dir / protocol.RUN_ID_FILE).write_text(run_id, encoding="utf-8")
     ledger.update(run_id=run_id, experiment=experiment)

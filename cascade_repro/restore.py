@@ -22,9 +22,9 @@ from cascade_repro.capture.git import capture_git, has_commit, sha256_of
 from cascade_repro.determinism.explain import Difference
 from cascade_repro.determinism.record_compare import compare_records
 from cascade_repro.distributed import MAX_NPROC_PER_NODE, is_launcher_variable, recorded_layout, world_size
-from cascade_repro.errors import RestoreRefused, UnsafeRecord
+from cascade_repro.errors import CascadeError, RestoreRefused, UnsafeRecord
 from cascade_repro.redaction import SecretSlot, is_redacted, secret_slots
-from cascade_repro.store import mlflow_store
+from cascade_repro.store.run_store import RunStore
 
 MARKER = "cascade-restore.json"  # in the worktree's own git dir, never in its files
 # Variables restore never copies from a record: they point at this machine's store and run.
@@ -342,13 +342,13 @@ def deliver_inputs(plan: RestorePlan, root: Path, workdir: Path) -> list[str]:
 
 
 # -- materializing ----------------------------------------------------------------------------------
-def stage_dirty_state(plan: RestorePlan, client: Any, staging: Path) -> tuple[Path | None, dict[str, Path]]:
+def stage_dirty_state(
+    plan: RestorePlan, store: RunStore, staging: Path
+) -> tuple[Path | None, dict[str, Path]]:
     """Download the patch and untracked files and check each against its sha256 (before any write)."""
     patch_file = None
     if plan.patch:
-        local = _download(
-            client, plan.run_id, str(plan.patch.get("artifact") or "cascade/git.patch"), staging
-        )
+        local = _download(store, plan.run_id, str(plan.patch.get("artifact") or "cascade/git.patch"), staging)
         _check_sha256(local, str(plan.patch.get("sha256")), "the recorded patch (cascade/git.patch)")
         patch_file = local
     files: dict[str, Path] = {}
@@ -356,13 +356,13 @@ def stage_dirty_state(plan: RestorePlan, client: Any, staging: Path) -> tuple[Pa
         if item.get("symlink_target") is not None:
             continue
         rel = str(item["path"])
-        local = _download(client, plan.run_id, f"cascade/untracked/{rel}", staging / "untracked")
+        local = _download(store, plan.run_id, f"cascade/untracked/{rel}", staging / "untracked")
         _check_sha256(local, str(item.get("sha256")), f"the untracked file {rel}")
         files[rel] = local
     return patch_file, files
 
 
-def materialize(plan: RestorePlan, root: Path, client: Any, notify: Callable[[str], None]) -> Worktree:
+def materialize(plan: RestorePlan, root: Path, store: RunStore, notify: Callable[[str], None]) -> Worktree:
     """A git worktree at the recorded commit with the patch applied and untracked files restored.
 
     An existing worktree is reused when it is exactly what the last restore left; a worktree
@@ -384,7 +384,7 @@ def materialize(plan: RestorePlan, root: Path, client: Any, notify: Callable[[st
         )
         return Worktree(workdir, reused=True)
     with tempfile.TemporaryDirectory(prefix="cascade-restore-") as tmp:
-        patch_file, files = stage_dirty_state(plan, client, Path(tmp))
+        patch_file, files = stage_dirty_state(plan, store, Path(tmp))
         patch_links = _check_patch_paths(root, patch_file) if patch_file is not None else {}
         record_links = _untracked_links(plan.untracked)
         confined.refuse_escapes({**record_links, **patch_links}, _plan_paths(plan))
@@ -528,13 +528,14 @@ def _changed_paths(before: Mapping[str, Any], now: Mapping[str, Any]) -> str:
 
 
 # -- small pieces ----------------------------------------------------------------------------------
-def _download(client: Any, run_id: str, artifact: str, into: Path) -> Path:
+def _download(store: RunStore, run_id: str, artifact: str, into: Path) -> Path:
     into.mkdir(parents=True, exist_ok=True)
     try:
-        return Path(client.download_artifacts(run_id, artifact, str(into)))
-    except Exception as exc:  # MLflow raises several types for a missing artifact
+        return Path(store.download_artifacts(run_id, artifact, str(into)))
+    except (CascadeError, OSError, KeyError) as exc:  # a missing artifact, an unreachable store
+        said = exc.message if isinstance(exc, CascadeError) else str(exc)
         raise RestoreRefused(
-            f"run {run_id[:12]}: the artifact {artifact} cannot be read: {mlflow_store.first_line(exc)}",
+            f"run {run_id[:12]}: the artifact {artifact} cannot be read: {said}",
             hint="the artifact store is incomplete or unreachable from here",
         ) from None
 

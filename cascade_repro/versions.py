@@ -11,13 +11,11 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cascade_repro.capture.git import has_commit
 from cascade_repro.errors import CascadeError, UsageError, VersionTaken
-from cascade_repro.store import mlflow_store
+from cascade_repro.store.run_store import VERSION_TAG, RunStore, StoredRun
 
-VERSION_TAG = "cascade.version"
 GIT_TRAILER = "cascade-run:"
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
 
@@ -45,10 +43,10 @@ def validate_version(version: str, root: Path) -> None:
         raise UsageError(f"invalid version {version!r}: not a valid git tag name", hint=fix)
 
 
-def check_free(client: Any, root: Path, version: str, experiment_id: str | None, run_id: str | None,
+def check_free(store: RunStore, root: Path, version: str, experiment_id: str | None, run_id: str | None,
                force: bool, git_tag: bool) -> str | None:  # fmt: skip
     """Refuse a version held by another run (unless force). Returns the run that holds it, if any."""
-    holder = holder_of(client, version, experiment_id) if experiment_id is not None else None
+    holder = holder_of(store, version, experiment_id) if experiment_id is not None else None
     if holder is not None and holder != run_id and not force:
         raise VersionTaken(
             f"version {version} is already run {holder}",
@@ -64,23 +62,21 @@ def check_free(client: Any, root: Path, version: str, experiment_id: str | None,
     return holder if holder != run_id else None
 
 
-def holder_of(client: Any, version: str, experiment_id: str) -> str | None:
+def holder_of(store: RunStore, version: str, experiment_id: str) -> str | None:
     escaped = version.replace("'", "\\'")
-    runs = client.search_runs(
-        [experiment_id], filter_string=f"tags.`{VERSION_TAG}` = '{escaped}'", max_results=5
-    )
-    return runs[0].info.run_id if runs else None
+    runs = store.search_ids([experiment_id], f"tags.`{VERSION_TAG}` = '{escaped}'", limit=5)
+    return runs[0] if runs else None
 
 
-def tag_run(client: Any, root: Path, run: Any, version: str, force: bool = False,
+def tag_run(store: RunStore, root: Path, run: StoredRun, version: str, force: bool = False,
             git_tag: bool = True) -> TagResult:  # fmt: skip
     """Give `run` the version: MLflow tag, then the annotated git tag. Refusals come first."""
     validate_version(version, root)
-    run_id, experiment_id = run.info.run_id, run.info.experiment_id
-    commit = run.data.tags.get("mlflow.source.git.commit")
+    run_id, experiment_id = run.run_id, run.experiment_id
+    commit = run.tags.get("mlflow.source.git.commit")
     if not commit:
         raise CascadeError(f"run {run_id} has no recorded git commit; it cannot carry a version")
-    moved_from = check_free(client, root, version, experiment_id, run_id, force, git_tag)
+    moved_from = check_free(store, root, version, experiment_id, run_id, force, git_tag)
     if git_tag and not has_commit(root, commit):
         raise CascadeError(
             f"commit {commit[:12]} of run {run_id[:12]} is not in this repository",
@@ -88,16 +84,16 @@ def tag_run(client: Any, root: Path, run: Any, version: str, force: bool = False
         )
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     if moved_from:
-        client.delete_tag(moved_from, VERSION_TAG)
-        mlflow_store.set_tags(client, moved_from, {"cascade.version_moved": f"{version} → {run_id} at {now}"})
+        store.delete_tag(moved_from, VERSION_TAG)
+        store.set_tags(moved_from, {"cascade.version_moved": f"{version} → {run_id} at {now}"})
     tags = {VERSION_TAG: version, "cascade.versioned_at": now}
     if moved_from:
         tags["cascade.version_moved_from"] = moved_from
-    mlflow_store.set_tags(client, run_id, tags)
+    store.set_tags(run_id, tags)
     existing = _git_tag_message(root, version) if git_tag else None
     already_ours = existing is not None and f"{GIT_TRAILER} {run_id}" in existing  # tagging again: no-op
     if git_tag and not already_ours:
-        dirty = run.data.tags.get("cascade.dirty", "unknown")
+        dirty = run.tags.get("cascade.dirty", "unknown")
         message = (
             f"cascade version {version}\n\nexperiment run {run_id}; dirty: {dirty}"
             + (

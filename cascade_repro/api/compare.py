@@ -12,12 +12,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from cascade_repro.api.records import context, judge_runs, manifest_data
+from cascade_repro.api.records import context, judge_runs
 from cascade_repro.check import CheckReport, check_against, check_machine
 from cascade_repro.diff import SECTIONS, Diff, diff_records
 from cascade_repro.errors import CascadeError, UsageError
 from cascade_repro.settings import Settings
-from cascade_repro.store import mlflow_store
+from cascade_repro.store.run_store import RunStore
 
 CURRENT = "current"
 RESULT_SECTIONS = ("metrics", "checkpoints", "trace")  # what only a run has
@@ -43,22 +43,19 @@ def diff(ref_a: str, ref_b: str, only: tuple[str, ...] = (), cwd: Path | None = 
                 hint="compare two recorded runs, or leave those sections out",
             )
         only = only or tuple(name for name in SECTIONS if name not in RESULT_SECTIONS)
-    client = None
+    store = None
     records = []
     for ref in (ref_a, ref_b):
         if ref == CURRENT:
             records.append(current_record(settings))
             continue
-        if client is None:
-            mlflow_store.probe_store(settings.tracking_uri)
-            client = mlflow_store.client(settings.tracking_uri)
-        found = mlflow_store.resolve_run(client, ref, settings.experiment)
-        records.append(manifest_data(client, found.info.run_id))
+        store = store or RunStore.open(settings)
+        records.append(store.record(store.resolve(ref).run_id))
     a, b = records
     trace_note = None
     both_traced = all((m.get("trace") or {}).get("steps") for m in (a, b))
-    if client is not None and both_traced and (not only or "trace" in only):
-        verdict = judge_runs(client, a, b, 1e-5, 1e-8)
+    if store is not None and both_traced and (not only or "trace" in only):
+        verdict = judge_runs(store, a, b, 1e-5, 1e-8)
         summary = verdict.summary
         trace_note = summary if summary.startswith(verdict.verdict) else f"{verdict.verdict}: {summary}"
     try:
@@ -70,11 +67,9 @@ def diff(ref_a: str, ref_b: str, only: tuple[str, ...] = (), cwd: Path | None = 
         note = f"results ({results}) are not compared against `current`: it has run nothing"
         result = replace(result, notes=(*result.notes, note))
     if log_to is not None:
-        if client is None:
-            client = mlflow_store.client(settings.tracking_uri)
-        target = mlflow_store.resolve_run(client, log_to, settings.experiment)
+        store = store or RunStore.open(settings)
         name = f"cascade/diff/{result.run_a[:12]}-{result.run_b[:12]}.json"
-        mlflow_store.log_json(client, target.info.run_id, result.to_dict(), name)
+        store.log_json(store.resolve(log_to).run_id, result.to_dict(), name)
     return result
 
 
@@ -83,10 +78,8 @@ def check(ref: str | None = None, cwd: Path | None = None) -> CheckReport:
     settings = context(cwd)
     if ref is None:
         return check_machine(_machine_probes(settings))
-    mlflow_store.probe_store(settings.tracking_uri)
-    client = mlflow_store.client(settings.tracking_uri)
-    found = mlflow_store.resolve_run(client, ref, settings.experiment)
-    return check_against(manifest_data(client, found.info.run_id), current_record(settings))
+    store = RunStore.open(settings)
+    return check_against(store.record(store.resolve(ref).run_id), current_record(settings))
 
 
 def current_record(settings: Settings) -> dict[str, Any]:
@@ -180,8 +173,7 @@ def _machine_probes(settings: Settings) -> dict[str, tuple[bool, str, str]]:
         "run `cascade init`",
     )
     try:
-        mlflow_store.probe_store(settings.tracking_uri)
-        mlflow_store.client(settings.tracking_uri).search_experiments(max_results=1)
+        RunStore.open(settings).experiment_id()
         probes["MLflow store"] = (True, settings.tracking_uri, "")
     except Exception as exc:
         probes["MLflow store"] = (False, f"{settings.tracking_uri}: {exc}".splitlines()[0],

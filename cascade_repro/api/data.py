@@ -10,8 +10,8 @@ from cascade_repro.api.records import context, dvc_cache, record_of
 from cascade_repro.errors import DataError, UsageError
 from cascade_repro.manifest import ARTIFACT_PATH, data_objects
 from cascade_repro.settings import Settings
-from cascade_repro.store import mlflow_store
 from cascade_repro.store.dvc_store import DIR_SUFFIX
+from cascade_repro.store.run_store import RunStore
 
 if TYPE_CHECKING:
     from cascade_repro.checkout import Chosen, Fetched
@@ -135,5 +135,4 @@ def _record_pushed(settings: Settings, run_id: str, manifest: dict[str, Any], re
             changed |= entry.get("pushed") is not pushed or entry.get("remote") != remote
             entry.update(pushed=pushed, remote=remote)
     if changed:
-        client = mlflow_store.client(settings.tracking_uri)
-        mlflow_store.log_json(client, run_id, manifest, ARTIFACT_PATH)
+        RunStore(settings.tracking_uri, settings.experiment).log_json(run_id, manifest, ARTIFACT_PATH)

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from cascade_repro.distributed import recorded_layout, trace_artifact
-from cascade_repro.errors import DataError, RunNotFound, StoreError
-from cascade_repro.manifest import ARTIFACT_PATH, Manifest, check_schema
+from cascade_repro.errors import DataError
+from cascade_repro.manifest import Manifest
 from cascade_repro.project import find_repo_root
 from cascade_repro.settings import Settings, load_settings
-from cascade_repro.store import mlflow_store
 from cascade_repro.store.dvc_store import Cache
+from cascade_repro.store.run_store import RunStore
 
 if TYPE_CHECKING:
     from cascade_repro.determinism.verdict import Verdict
@@ -62,17 +62,13 @@ class TraceSummary:
 
 def show_run(ref: str, cwd: Path | None = None, trace: bool = False) -> RunRecord:
     settings = context(cwd)
-    mlflow_store.probe_store(settings.tracking_uri)
-    client = mlflow_store.client(settings.tracking_uri)
-    run = mlflow_store.resolve_run(client, ref, settings.experiment)
-    data = manifest_data(client, run.info.run_id)
+    store = RunStore.open(settings)
+    run = store.resolve(ref)
+    data = store.record(run.run_id)
     manifest = Manifest.from_dict(data)
-    summary = (
-        _summarize_trace(_trace(client, run.info.run_id, data), data.get("trace") or {}) if trace else None
-    )
-    return RunRecord(
-        manifest, run.info.status, dict(run.data.metrics), dict(run.data.tags), run.info.artifact_uri, summary
-    )
+    summary = _summarize_trace(_trace(store, run.run_id, data), data.get("trace") or {}) if trace else None
+    return RunRecord(manifest, str(run.status), dict(run.metrics), dict(run.tags), str(run.artifact_uri),
+                     summary)  # fmt: skip
 
 
 def _summarize_trace(records: list[dict[str, Any]], header: Mapping[str, Any]) -> TraceSummary:
@@ -107,24 +103,23 @@ def verify(
 
     `replay`: where they diverge in tensors, re-run both to that step and measure the difference."""
     settings = context(cwd)
-    mlflow_store.probe_store(settings.tracking_uri)
-    client = mlflow_store.client(settings.tracking_uri)
-    runs = [mlflow_store.resolve_run(client, ref, settings.experiment) for ref in (ref_a, ref_b)]
-    earlier, later = sorted(runs, key=lambda r: r.info.start_time or 0)
-    manifests = [manifest_data(client, r.info.run_id) for r in runs]
-    verdict = judge_runs(client, manifests[0], manifests[1], rtol, atol)
+    store = RunStore.open(settings)
+    runs = [store.resolve(ref) for ref in (ref_a, ref_b)]
+    earlier, later = sorted(runs, key=lambda r: r.start_ms or 0)
+    manifests = [store.record(r.run_id) for r in runs]
+    verdict = judge_runs(store, manifests[0], manifests[1], rtol, atol)
     if replay and not verdict.reproduced:
         from cascade_repro.api.replay import replay_divergence
         from cascade_repro.determinism.verdict import with_replay
 
         verdict = with_replay(verdict, *replay_divergence(verdict, cwd, notify))
     if record:
-        record_verdict(client, verdict, later.info.run_id, earlier.info.run_id)
+        record_verdict(store, verdict, later.run_id, earlier.run_id)
     return verdict
 
 
 def judge_runs(
-    client: Any,
+    store: RunStore,
     manifest_a: dict[str, Any],
     manifest_b: dict[str, Any],
     rtol: float,
@@ -134,49 +129,35 @@ def judge_runs(
     """The verdict on two recorded runs, from their records and traces."""
     from cascade_repro.determinism.verdict import judge_ranks  # not on `cascade run`'s start path
 
-    traces = [_rank_traces(client, str(m["run_id"]), m) for m in (manifest_a, manifest_b)]
+    traces = [_rank_traces(store, str(m["run_id"]), m) for m in (manifest_a, manifest_b)]
     return judge_ranks(manifest_a, manifest_b, traces[0], traces[1], rtol=rtol, atol=atol, steps=steps)
 
 
-def _rank_traces(client: Any, run_id: str, manifest: Mapping[str, Any]) -> list[list[dict[str, Any]]]:
+def _rank_traces(store: RunStore, run_id: str, manifest: Mapping[str, Any]) -> list[list[dict[str, Any]]]:
     """Each rank's step trace, rank 0 first (one for a single process); [] for a rank without one."""
-    traces = [_trace(client, run_id, manifest)]
+    traces = [_trace(store, run_id, manifest)]
     layout = recorded_layout(manifest)
     traced = {e["rank"] for e in layout.get("ranks") or [] if isinstance(e, dict) and e.get("trace")}
     local = layout.get("nproc_per_node", 1)  # the ranks recorded on rank 0's machine (checked ≤ 256)
     for rank in range(1, local if isinstance(local, int) and layout.get("ranks") is not None else 1):
         if rank in traced:  # the artifact's name is made here from the (checked) rank, never read
-            traces.append(_trace(client, run_id, {"trace": {"artifact": trace_artifact(rank)}}))
+            traces.append(_trace(store, run_id, {"trace": {"artifact": trace_artifact(rank)}}))
         else:
             traces.append([])
     return traces
 
 
-def record_verdict(client: Any, verdict: Verdict, record_on: str, against: str) -> None:
+def record_verdict(store: RunStore, verdict: Verdict, record_on: str, against: str) -> None:
     """The verdict as a tag and a report artifact on the later run."""
-    mlflow_store.set_tags(
-        client, record_on, {"cascade.verdict": verdict.verdict, "cascade.verified_against": against}
-    )
-    mlflow_store.log_json(client, record_on, verdict.to_dict(), f"cascade/verify/{against}.json")
+    store.set_tags(record_on, {"cascade.verdict": verdict.verdict, "cascade.verified_against": against})
+    store.log_json(record_on, verdict.to_dict(), f"cascade/verify/{against}.json")
 
 
-def manifest_data(client: Any, run_id: str) -> dict[str, Any]:
-    try:
-        data = mlflow_store.read_json_artifact(client, run_id, ARTIFACT_PATH)
-    except StoreError:
-        raise RunNotFound(
-            f"run {run_id} has no cascade record ({ARTIFACT_PATH})",
-            hint="it was not made by `cascade run`, or its recording stopped before the record was written",
-        ) from None
-    check_schema(data, run_id)
-    return dict(data)
-
-
-def _trace(client: Any, run_id: str, manifest: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _trace(store: RunStore, run_id: str, manifest: Mapping[str, Any]) -> list[dict[str, Any]]:
     section = manifest.get("trace") or {}
     if not section.get("artifact"):
         return []
-    text = mlflow_store.read_text_artifact(client, run_id, section["artifact"])
+    text = store.text(run_id, section["artifact"])
     records = []
     for line in text.splitlines():
         if line.strip():
@@ -188,10 +169,9 @@ def _trace(client: Any, run_id: str, manifest: Mapping[str, Any]) -> list[dict[s
 
 
 def record_of(settings: Settings, ref: str) -> tuple[str, dict[str, Any]]:
-    mlflow_store.probe_store(settings.tracking_uri)
-    client = mlflow_store.client(settings.tracking_uri)
-    found = mlflow_store.resolve_run(client, ref, settings.experiment)
-    return found.info.run_id, manifest_data(client, found.info.run_id)
+    store = RunStore.open(settings)
+    run_id = store.resolve(ref).run_id
+    return run_id, store.record(run_id)
 
 
 def dvc_cache(root: Path) -> Cache:

@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from cascade_repro import versions
 from cascade_repro.api.compare import machine_record
-from cascade_repro.api.records import context, dvc_cache, judge_runs, manifest_data, record_verdict
+from cascade_repro.api.records import context, dvc_cache, judge_runs, record_verdict
 from cascade_repro.api.runs import RunRequest, run
 from cascade_repro.errors import RestoreRefused, StoreError, UsageError
-from cascade_repro.manifest import ARTIFACT_PATH, check_schema, data_objects
+from cascade_repro.manifest import data_objects
 from cascade_repro.params import ResolvedParams
 from cascade_repro.redaction import fill_argv
 from cascade_repro.run_plan import Notify, RunResult
 from cascade_repro.settings import Settings
-from cascade_repro.store import local_record, mlflow_store
 from cascade_repro.store.dvc_store import Cache
+from cascade_repro.store.run_store import RunStore
 
 if TYPE_CHECKING:
     from cascade_repro.determinism.verdict import Verdict
@@ -64,21 +62,12 @@ def restore(
 
     settings = context(cwd)
     root = settings.root
-    mlflow_store.probe_store(settings.tracking_uri)
-    # The embedded store is read without MLflow, whose import would delay the script by ~1.5 s;
-    # the recorder imports it anyway while the script starts.
-    local = local_record.find(settings.tracking_uri, ref)
-    artifacts: Any  # where the patch, untracked files and Dockerfile come from
-    if local is not None:
-        run_id, version, artifacts = local.run_id, local.version, local
-        manifest = json.loads((local.artifact_dir / ARTIFACT_PATH).read_text(encoding="utf-8"))
-        check_schema(manifest, run_id)
-    else:
-        artifacts = mlflow_store.client(settings.tracking_uri)
-        found = mlflow_store.resolve_run(artifacts, ref, settings.experiment)
-        run_id = found.info.run_id
-        manifest = manifest_data(artifacts, run_id)
-        version = found.data.tags.get(versions.VERSION_TAG)
+    # The embedded store is read without MLflow (fast=True), whose import would delay the script by
+    # ~1.5 s; the recorder imports it anyway while the script starts.
+    store = RunStore.open(settings)
+    found = store.resolve(ref, fast=True)
+    run_id, version = found.run_id, found.version
+    manifest = store.record(run_id)
     if steps is not None and steps < 1:
         raise UsageError("--steps must be a positive number of optimizer steps")
     if steps is not None and not (manifest.get("trace") or {}).get("steps"):
@@ -115,7 +104,7 @@ def restore(
         fetched = (
             [checking.fetch(cache, path, md5, settings.dvc_remote) for path, md5 in wanted] if cache else []
         )
-        tree = restoring.materialize(plan, root, artifacts, notify)
+        tree = restoring.materialize(plan, root, store, notify)
         try:
             if cache is not None and Cache.exists_for(tree.path) and not tree.reused:
                 cache.share_with(tree.path)  # the re-run's checkpoints go to this cache and remote
@@ -136,7 +125,7 @@ def restore(
     if not execute:
         return RestoreResult(plan, tree, None, None)
     image, drift = (
-        (None, []) if not docker else _restore_image(artifacts, manifest, plan, tree.path, settings, notify)
+        (None, []) if not docker else _restore_image(store, manifest, plan, tree.path, settings, notify)
     )
     image_tags = {}
     if image is not None:
@@ -169,17 +158,16 @@ def restore(
     notify(f"re-running {' '.join((plan.script, *plan.argv))} in {tree.path}")
     result = run(request, notify)
     restoring.write_marker(tree.path, plan)  # the re-run's own outputs belong to the state reuse expects
-    client = mlflow_store.client(settings.tracking_uri)  # imported by the run's recorder already
-    verdict = judge_runs(client, manifest, result.manifest.to_dict(), rtol, atol, steps=steps)
-    verdict = _crash_told(verdict, client, manifest, result)
-    record_verdict(client, verdict, result.run_id, run_id)
+    verdict = judge_runs(store, manifest, result.manifest.to_dict(), rtol, atol, steps=steps)
+    verdict = _crash_told(verdict, store, manifest, result)
+    record_verdict(store, verdict, result.run_id, run_id)
     return RestoreResult(plan, tree, result, verdict, image, tuple(drift))
 
 
 CRASH_LINES = 12  # of the re-run's output, in the verdict of a re-run that crashed
 
 
-def _crash_told(verdict: Verdict, client: Any, manifest: Mapping[str, Any], result: RunResult) -> Verdict:
+def _crash_told(verdict: Verdict, store: RunStore, manifest: Mapping[str, Any], result: RunResult) -> Verdict:
     """A re-run that crashed (the recorded run did not) is reported as that: its status, exit code,
     exception and last lines of output, not as whatever its shorter trace looks like."""
     from dataclasses import replace
@@ -193,7 +181,7 @@ def _crash_told(verdict: Verdict, client: Any, manifest: Mapping[str, Any], resu
     if verdict.comparison.compared:
         summary += f" after {verdict.comparison.compared} step(s), bitwise identical to the recorded ones"
     try:
-        text = mlflow_store.read_text_artifact(client, result.run_id, "cascade/output.log")
+        text = store.text(result.run_id, "cascade/output.log")
     except StoreError:
         text = ""
     lines = _without_our_frames([line for line in text.splitlines() if line.strip()])[-CRASH_LINES:]
@@ -221,7 +209,7 @@ def _without_our_frames(lines: list[str]) -> list[str]:
 
 
 def _restore_image(
-    client: Any,
+    store: RunStore,
     manifest: Mapping[str, Any],
     plan: RestorePlan,
     tree: Path,
@@ -238,10 +226,10 @@ def _restore_image(
     dockerfile = requirements = None
     if container.get("runtime") == "docker":
         dockerfile = _artifact_text(
-            client, plan.run_id, str(container.get("dockerfile_artifact") or "cascade/Dockerfile")
+            store, plan.run_id, str(container.get("dockerfile_artifact") or "cascade/Dockerfile")
         )
         requirements = _artifact_text(
-            client, plan.run_id, str(container.get("requirements_artifact") or "cascade/requirements.txt")
+            store, plan.run_id, str(container.get("requirements_artifact") or "cascade/requirements.txt")
         )
         found = prepare.recorded_image(docker, container, dockerfile or "", requirements or "")
         if found is not None:
@@ -291,10 +279,10 @@ def _restore_image(
     return prepared, drift
 
 
-def _artifact_text(client: Any, run_id: str, path: str) -> str | None:
+def _artifact_text(store: RunStore, run_id: str, path: str) -> str | None:
     """A recorded text artifact, or None when the record has none."""
     try:
-        return mlflow_store.read_text_artifact(client, run_id, path)
+        return store.text(run_id, path)
     except StoreError:
         return None
 

@@ -19,6 +19,7 @@ from cascade_repro.recorder import follow_rank, own_paths, record_run
 from cascade_repro.run_plan import ContainerPlan, Notify, RunPlan, RunResult
 from cascade_repro.settings import Settings, load_settings
 from cascade_repro.store import mlflow_store, spool, sqlite_store
+from cascade_repro.store.run_store import RunStore
 
 if TYPE_CHECKING:
     from cascade_repro.images.prepare import PreparedImage
@@ -166,8 +167,8 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
         later = f"`cascade sync`, then `cascade tag {result.run_id[:8]} {request.version}`"
         message = f"not tagged {request.version}: the record is incomplete; {later}"
         return replace(result, warnings=(*result.warnings, message))
-    client = mlflow_store.client(settings.tracking_uri)
-    tagged = versions.tag_run(client, root, client.get_run(result.run_id), request.version,
+    store = RunStore(settings.tracking_uri, settings.experiment)
+    tagged = versions.tag_run(store, root, store.get(result.run_id), request.version,
                               force=request.force_version, git_tag=request.git_tag)  # fmt: skip
     return replace(result, version=tagged.version)
 
@@ -218,10 +219,8 @@ def _after_usage_error(result: RunResult, settings: Settings, restore: bool) -> 
     if worked or restore or result.incomplete or result.spool:
         return result
     try:
-        client = mlflow_store.client(settings.tracking_uri)
         why = f"argparse usage error before the first step: {usage}"
-        client.set_tag(result.run_id, "cascade.discarded", why)
-        client.delete_run(result.run_id)
+        RunStore(settings.tracking_uri, settings.experiment).discard(result.run_id, why)
     except Exception as exc:  # the FAILED run stays, as it would have without this
         message = f"the run of a script that stopped in argument parsing is kept: deleting it failed: {exc}"
         return replace(result, warnings=(*result.warnings, message))
@@ -262,9 +261,8 @@ def _check_version_free(settings: Settings, root: Path, request: RunRequest) -> 
     """`--tag`: refuse a taken version before the script runs (costs the MLflow import, ~1.5 s)."""
     assert request.version is not None
     versions.validate_version(request.version, root)
-    client = mlflow_store.client(settings.tracking_uri)
-    experiment = client.get_experiment_by_name(settings.experiment)
-    versions.check_free(client, root, request.version, experiment.experiment_id if experiment else None,
+    store = RunStore(settings.tracking_uri, settings.experiment)
+    versions.check_free(store, root, request.version, store.experiment_id(),
                         None, request.force_version, request.git_tag)  # fmt: skip
 
 
@@ -357,29 +355,23 @@ class RunSummary:
 def list_runs(cwd: Path | None = None, all_experiments: bool = False, limit: int = 50,
               versions_only: bool = False) -> list[RunSummary]:  # fmt: skip
     settings = context(cwd)
-    mlflow_store.probe_store(settings.tracking_uri)
-    client = mlflow_store.client(settings.tracking_uri)
+    store = RunStore.open(settings)
     only = f"tags.`{versions.VERSION_TAG}` LIKE '%'" if versions_only else None
-    runs = mlflow_store.search_runs(client, None if all_experiments else settings.experiment, limit, only)
-    names: dict[str, str] = {}
     summaries = []
-    for run in runs:
-        info, data = run.info, run.data
-        if info.experiment_id not in names:
-            names[info.experiment_id] = client.get_experiment(info.experiment_id).name
-        end = info.end_time
+    for run in store.search(all_experiments, limit, only):
+        end, start = run.end_ms, run.start_ms
         summaries.append(
             RunSummary(
-                run_id=info.run_id,
-                name=info.run_name,
-                experiment=names[info.experiment_id],
-                version=data.tags.get("cascade.version"),
-                status=info.status,
-                start_time=info.start_time / 1000 if info.start_time else None,
-                duration_s=(end - info.start_time) / 1000 if end and info.start_time else None,
-                commit=data.tags.get("mlflow.source.git.commit"),
-                dirty={"true": True, "false": False}.get(data.tags.get("cascade.dirty", "")),
-                metrics=_key_metrics(data.metrics, settings.key_metrics),
+                run_id=run.run_id,
+                name=run.name,
+                experiment=store.experiment_name(str(run.experiment_id)),
+                version=run.version,
+                status=str(run.status),
+                start_time=start / 1000 if start else None,
+                duration_s=(end - start) / 1000 if end and start else None,
+                commit=run.tags.get("mlflow.source.git.commit"),
+                dirty={"true": True, "false": False}.get(run.tags.get("cascade.dirty", "")),
+                metrics=_key_metrics(run.metrics, settings.key_metrics),
             )
         )
     return _with_pending(summaries, settings, all_experiments)
@@ -425,10 +417,8 @@ def tag(ref: str, version: str, force: bool = False, git_tag: bool = True,
         cwd: Path | None = None) -> versions.TagResult:  # fmt: skip
     """Label a recorded run with a version (MLflow tag and annotated git tag)."""
     settings = context(cwd)
-    mlflow_store.probe_store(settings.tracking_uri)
-    client = mlflow_store.client(settings.tracking_uri)
-    found = mlflow_store.resolve_run(client, ref, settings.experiment)
-    return versions.tag_run(client, settings.root, found, version, force=force, git_tag=git_tag)
+    store = RunStore.open(settings)
+    return versions.tag_run(store, settings.root, store.resolve(ref), version, force=force, git_tag=git_tag)
 
 
 def ui(host: str = "127.0.0.1", port: int = 5000, cwd: Path | None = None) -> UiServer:

@@ -1,7 +1,8 @@
 """MLflow through `MlflowClient` with explicit run ids: open a run, write its record, find runs.
 
-MLflow exceptions are translated here into StoreError / RunNotFound; nothing above this module
-sees an mlflow type except `Run` objects returned by the read functions.
+The functions the store side uses (`run_store.RunStore`, `delivery.Delivery`, the metrics writer);
+nothing above `store/` calls them with a client of its own or sees an MLflow type: `RunStore` is the
+interface, and it hands out `StoredRun`s, never MLflow's `Run`.
 """
 
 from __future__ import annotations

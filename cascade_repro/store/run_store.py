@@ -1,0 +1,200 @@
+"""The runs cascade reads and labels, behind one interface: find a run, read its record and
+artifacts, tag it, list runs. Nothing above `store/` sees an MLflow type or exception.
+
+    store = RunStore.open(settings)          # probes the store first: a clear error, never a hang
+    run = store.resolve("v1.2.3")            # id, unique id prefix, run name or version
+    record = store.record(run.run_id)        # the checked record (`manifest.check_schema`)
+
+Over MLflow's client, chosen from the tracking URI (a local sqlite file, a database, a tracking
+server); `resolve(ref, fast=True)` first tries the embedded store's fast path (`local_record`: one
+read-only query, artifacts read as files, no MLflow import), for commands that must start quickly.
+Writing a run while it is recorded (open, params, metrics, artifacts, close) is `recording.py`'s, through
+the delivery outbox (`delivery.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
+
+from cascade_repro.errors import CascadeError, RunNotFound, StoreError
+from cascade_repro.store import local_record, mlflow_store
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+    from cascade_repro.settings import Settings
+
+RECORD_ARTIFACT = "cascade/run.json"
+VERSION_TAG = local_record.VERSION_TAG  # a run's version label (`cascade tag`, `--tag`)
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """A run as the store holds it, beside its record: status, times, tags, metrics' last values."""
+
+    run_id: str
+    name: str | None = None
+    experiment_id: str | None = None
+    status: str | None = None
+    start_ms: int | None = None
+    end_ms: int | None = None
+    artifact_uri: str | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def version(self) -> str | None:
+        return self.tags.get(VERSION_TAG)
+
+    @classmethod
+    def of(cls, run: Any) -> StoredRun:
+        """From MLflow's `Run`."""
+        info, data = run.info, run.data
+        return cls(
+            run_id=info.run_id, name=info.run_name, experiment_id=info.experiment_id, status=info.status,
+            start_ms=info.start_time, end_ms=info.end_time, artifact_uri=info.artifact_uri,
+            tags=dict(data.tags), metrics=dict(data.metrics),
+        )  # fmt: skip
+
+
+class RunStore:
+    """One project's store of runs (`tracking_uri`), with `experiment` preferred where a ref is ambiguous."""
+
+    def __init__(self, tracking_uri: str, experiment: str | None) -> None:
+        self.tracking_uri = tracking_uri
+        self.experiment = experiment
+        self._client: MlflowClient | None = None
+        self._local: dict[str, local_record.LocalRun] = {}  # runs found by the fast path
+        self._experiment_names: dict[str, str] = {}
+
+    @classmethod
+    def open(cls, settings: Settings) -> RunStore:
+        """The project's store, probed (unreachable server, missing driver: a StoreError that says so)."""
+        mlflow_store.probe_store(settings.tracking_uri)
+        return cls(settings.tracking_uri, settings.experiment)
+
+    @property
+    def client(self) -> MlflowClient:
+        """MLflow's client, made on first use (importing MLflow costs 1.5-2.5 s)."""
+        if self._client is None:
+            self._client = mlflow_store.client(self.tracking_uri)
+        return self._client
+
+    # -- finding runs -------------------------------------------------------------------------
+    def resolve(self, ref: str, fast: bool = False) -> StoredRun:
+        """The run `ref` names: its id, a unique id prefix, its run name, or its version."""
+        if fast:
+            local = local_record.find(self.tracking_uri, ref)
+            if local is not None:
+                self._local[local.run_id] = local
+                version = {VERSION_TAG: local.version} if local.version else {}
+                return StoredRun(local.run_id, tags=version)
+        with translated(f"finding run {ref!r}"):
+            return StoredRun.of(mlflow_store.resolve_run(self.client, ref, self.experiment))
+
+    def get(self, run_id: str) -> StoredRun:
+        with translated(f"reading run {run_id}"):
+            return StoredRun.of(self.client.get_run(run_id))
+
+    def search(
+        self, all_experiments: bool = False, limit: int = 1000, where: str | None = None
+    ) -> list[StoredRun]:
+        """Newest first, in the project's experiment (or all); `where`: an MLflow filter string."""
+        experiment = None if all_experiments else self.experiment
+        return [StoredRun.of(r) for r in mlflow_store.search_runs(self.client, experiment, limit, where)]
+
+    def search_ids(self, experiment_ids: list[str], where: str, limit: int) -> list[str]:
+        """Ids of the runs of those experiments that match an MLflow filter string, newest first."""
+        with translated("searching runs"):
+            found = self.client.search_runs(experiment_ids, filter_string=where, max_results=limit,
+                                            order_by=["attributes.start_time DESC"])  # fmt: skip
+        return [run.info.run_id for run in found]
+
+    def experiment_name(self, experiment_id: str) -> str:
+        if experiment_id not in self._experiment_names:
+            with translated(f"reading experiment {experiment_id}"):
+                self._experiment_names[experiment_id] = str(self.client.get_experiment(experiment_id).name)
+        return self._experiment_names[experiment_id]
+
+    def experiment_id(self, name: str | None = None) -> str | None:
+        """The id of experiment `name` (default: the project's), None when it does not exist yet."""
+        with translated("reading experiments"):
+            found = self.client.get_experiment_by_name(name or self.experiment or "")
+        return found.experiment_id if found else None
+
+    # -- reading records and artifacts --------------------------------------------------------
+    def record(self, run_id: str) -> dict[str, Any]:
+        """The run's record, its shape checked whole (it may come from a shared server)."""
+        from cascade_repro.manifest import check_schema
+
+        try:
+            data = json.loads(self.text(run_id, RECORD_ARTIFACT))
+        except (StoreError, ValueError):
+            raise RunNotFound(
+                f"run {run_id} has no cascade record ({RECORD_ARTIFACT})",
+                hint="it was not made by `cascade run`, or its recording stopped before the record was "
+                "written",
+            ) from None
+        if not isinstance(data, dict):
+            raise RunNotFound(f"run {run_id}: {RECORD_ARTIFACT} is not a record")
+        check_schema(data, run_id)
+        return data
+
+    def text(self, run_id: str, artifact: str) -> str:
+        """An artifact's text (StoreError when the run has none by that name)."""
+        local = self._local.get(run_id)
+        if local is not None:
+            source = (local.artifact_dir / artifact).resolve()
+            if not source.is_relative_to(local.artifact_dir.resolve()) or not source.is_file():
+                raise StoreError(f"run {run_id} has no artifact {artifact}")
+            return source.read_text(encoding="utf-8")
+        return mlflow_store.read_text_artifact(self.client, run_id, artifact)
+
+    def download_artifacts(self, run_id: str, artifact: str, into: str) -> str:
+        """An artifact (file or directory) copied under `into`, at its own path there; its local path."""
+        local = self._local.get(run_id)
+        if local is not None:
+            return local.download_artifacts(run_id, artifact, into)
+        with translated(f"downloading {artifact} of run {run_id}"):
+            return str(self.client.download_artifacts(run_id, artifact, into))
+
+    # -- recording a run ---------------------------------------------------------------------
+    def open_run(self, artifact_root: str, run_name: str | None, tags: Mapping[str, str], start_ms: int,
+                 existing_run_id: str | None = None) -> mlflow_store.OpenedRun:  # fmt: skip
+        """A new run of the experiment (made with `artifact_root` if it is new), or the existing one."""
+        return mlflow_store.open_run(self.client, self.experiment or "Default", artifact_root, run_name, tags,
+                                     start_ms, existing_run_id=existing_run_id)  # fmt: skip
+
+    # -- labelling runs -----------------------------------------------------------------------
+    def set_tags(self, run_id: str, tags: Mapping[str, Any]) -> list[str]:
+        """Tags in batches; the ones the store refused (a value too long, a bad key), one line each."""
+        return mlflow_store.set_tags(self.client, run_id, tags)
+
+    def delete_tag(self, run_id: str, key: str) -> None:
+        with translated(f"removing tag {key} from run {run_id}"):
+            self.client.delete_tag(run_id, key)
+
+    def log_json(self, run_id: str, data: Any, artifact_file: str) -> None:
+        mlflow_store.log_json(self.client, run_id, data, artifact_file)
+
+    def discard(self, run_id: str, why: str) -> None:
+        """Delete the run from the store (`mlflow gc` purges it), saying why in a tag first."""
+        with translated(f"deleting run {run_id}"):
+            self.client.set_tag(run_id, "cascade.discarded", why)
+            self.client.delete_run(run_id)
+
+
+@contextlib.contextmanager
+def translated(doing: str) -> Iterator[None]:
+    """MLflow's exceptions (and a driver's, a server's) as cascade's StoreError, saying what failed."""
+    try:
+        yield
+    except CascadeError:
+        raise
+    except Exception as exc:
+        raise StoreError(
+            f"{doing}: {mlflow_store.first_line(exc)}", hint="check the tracking URI and the store"
+        ) from exc

@@ -1,0 +1,64 @@
+"""The store seam (issue 16, item 2): MLflow is reached through `store/` only, and what it raises
+comes out as cascade's errors, never as a raw MLflow traceback."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from cascade_repro.errors import RunNotFound, StoreError
+from cascade_repro.store.run_store import RunStore, StoredRun, translated
+
+PACKAGE = Path(__file__).resolve().parents[2] / "cascade_repro"
+# store/ holds the adapters; child/ hooks MLflow's own client inside the user's script.
+ADAPTERS = ("store/", "child/")
+BYPASSES = re.compile(
+    r"^\s*(import|from) mlflow\b|MlflowClient|mlflow_store\.client\(|\.info\.run_id|\.data\.tags"
+)
+
+
+def test_mlflow_is_reached_only_through_the_store() -> None:
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith(ADAPTERS):
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if BYPASSES.search(code):
+                offenders.append(f"{rel}:{number}: {line.strip()}")
+    assert offenders == []
+
+
+def test_a_store_failure_is_a_store_error_that_says_what_failed() -> None:
+    class MlflowLike(Exception):
+        pass
+
+    expected = r"reading run abc: RESOURCE_DOES_NOT_EXIST: no such run"
+    with pytest.raises(StoreError, match=expected), translated("reading run abc"):
+        raise MlflowLike("RESOURCE_DOES_NOT_EXIST: no such run\nstack trace lines")
+    with pytest.raises(RunNotFound), translated("reading run abc"):  # cascade's own pass through
+        raise RunNotFound("no run 'abc' in the store")
+
+
+def test_the_fast_path_reads_the_embedded_store_without_mlflow(tmp_path: Path) -> None:
+    """`resolve(ref, fast=True)` of a ref the sqlite fast path cannot find falls back to MLflow, which
+    says the run does not exist; a run it found reads its artifacts as files, confined to the run."""
+    store = RunStore(f"sqlite:///{tmp_path / 'mlflow.db'}", "proj")
+    with pytest.raises(RunNotFound, match="no run 'nothing'"):
+        store.resolve("nothing", fast=True)
+    from cascade_repro.store import local_record
+
+    artifacts = tmp_path / "mlruns" / "1" / "r" / "artifacts"
+    (artifacts / "cascade").mkdir(parents=True)
+    (artifacts / "cascade" / "output.log").write_text("hello\n")
+    (tmp_path / "secret.txt").write_text("outside")
+    store._local["r"] = local_record.LocalRun("r", "v1", artifacts)
+    assert store.text("r", "cascade/output.log") == "hello\n"
+    with pytest.raises(StoreError, match="no artifact"):
+        store.text("r", "../../../../secret.txt")
+    with pytest.raises(RunNotFound, match="has no cascade record"):
+        store.record("r")
+    assert StoredRun("r", tags={"cascade.version": "v1"}).version == "v1"
