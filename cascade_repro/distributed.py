@@ -14,7 +14,6 @@ rank's trace is; `verify` and `restore` compare rank by rank.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -24,6 +23,7 @@ from typing import Any, Callable, Mapping
 
 from cascade_repro.child import protocol
 from cascade_repro.errors import UsageError
+from cascade_repro.store.spool import read_json
 
 LAUNCHED = "cascade"  # cascade run --nproc-per-node N started torchrun
 JOINED = "torchrun"  # the user's torchrun started one cascade run per rank
@@ -137,11 +137,11 @@ def collect_ranks(layout: Distributed, ranks_dir: Path, notify: Callable[[str], 
 
 
 def _rank_entry(rank: int, own: Path, ended: Path | None) -> dict[str, Any]:
-    facts = _read_json(own / protocol.FACTS_FILE)
+    facts = read_json(own / protocol.FACTS_FILE)
     trace = own / protocol.TRACE_FILE
     entry: dict[str, Any] = {"rank": rank, "error": facts.get("exception")}
     if ended is not None:
-        exit_code = _read_json(ended).get("exit_code")
+        exit_code = read_json(ended).get("exit_code")
         entry["exit_code"] = exit_code if isinstance(exit_code, int) else None
         if not ended.exists():
             entry["missing"] = "its cascade run did not say how it ended (still running, or on another node)"
@@ -253,11 +253,3 @@ class RankFollower:
     def ended(self, exit_code: int) -> None:
         protocol.write_json_atomic(self.own / protocol.RANK_EXIT_FILE, {"exit_code": exit_code,
                                                                           "pid": os.getpid()})  # fmt: skip
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
