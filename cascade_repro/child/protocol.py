@@ -41,11 +41,13 @@ NONDETERMINISTIC_MARKER = " does not have a deterministic implementation"
 
 
 def process_rank(environ: Mapping[str, str]) -> int:
-    """This process's rank under torchrun (or any launcher that sets RANK); 0 when there is none."""
+    """This process's rank in a job of several (torchrun, or any launcher that sets RANK and
+    WORLD_SIZE); 0 when there is none, or a RANK without a world of more than one process."""
     try:
-        return max(int(environ.get("RANK", "0")), 0)
+        rank, world_size = int(environ.get("RANK", "0")), int(environ.get("WORLD_SIZE", "1"))
     except ValueError:
         return 0
+    return rank if 0 <= rank < world_size else 0
 
 
 def rank_dir(run_dir: Path, rank: int) -> Path:

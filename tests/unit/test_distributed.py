@@ -73,6 +73,15 @@ def test_a_rank_of_the_users_torchrun_finds_its_job() -> None:
         launched(300, {})
 
 
+def test_a_rank_writes_apart_only_in_a_job_of_several() -> None:
+    from cascade_repro.child.protocol import process_rank
+
+    assert process_rank({"RANK": "1", "WORLD_SIZE": "2"}) == 1
+    assert process_rank({"RANK": "3"}) == 0  # an exported RANK alone is no job: the run dir is rank 0's
+    assert process_rank({"RANK": "5", "WORLD_SIZE": "2"}) == 0
+    assert process_rank({"RANK": "x", "WORLD_SIZE": "2"}) == 0
+
+
 def test_torchruns_variables_are_the_jobs_not_causes() -> None:
     assert all(map(is_launcher_variable, ("RANK", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE")))
     assert not any(map(is_launcher_variable, ("OMP_NUM_THREADS", "RANKING", "NCCL_ALGO")))
