@@ -8,8 +8,8 @@ artifacts, tag it, list runs. Nothing above `store/` sees an MLflow type or exce
 Over MLflow's client, chosen from the tracking URI (a local sqlite file, a database, a tracking
 server); `resolve(ref, fast=True)` first tries the embedded store's fast path (`local_record`: one
 read-only query, artifacts read as files, no MLflow import), for commands that must start quickly.
-Writing a run while it is recorded (open, params, metrics, artifacts, close) is `recording.py`'s, through
-the delivery outbox (`delivery.py`).
+`open_run` opens the run `cascade run` records; what it then writes (params, metrics, artifacts,
+the end) goes through the delivery outbox (`delivery.py`), which keeps what the store refused.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from cascade_repro.errors import CascadeError, RunNotFound, StoreError
+from cascade_repro.manifest import ARTIFACT_PATH, check_schema
 from cascade_repro.store import local_record, mlflow_store
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
     from cascade_repro.settings import Settings
 
-RECORD_ARTIFACT = "cascade/run.json"
+RECORD_ARTIFACT = ARTIFACT_PATH
 VERSION_TAG = local_record.VERSION_TAG  # a run's version label (`cascade tag`, `--tag`)
 
 
@@ -128,8 +129,6 @@ class RunStore:
     # -- reading records and artifacts --------------------------------------------------------
     def record(self, run_id: str) -> dict[str, Any]:
         """The run's record, its shape checked whole (it may come from a shared server)."""
-        from cascade_repro.manifest import check_schema
-
         try:
             data = json.loads(self.text(run_id, RECORD_ARTIFACT))
         except (StoreError, ValueError):
