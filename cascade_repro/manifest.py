@@ -51,6 +51,15 @@ class Manifest:
         return replace(self, outcome=outcome, **sections)
 
     @classmethod
+    def outcome_only(cls, run_id: str, experiment: str, cascade_version: str,
+                     outcome: dict[str, Any]) -> Manifest:  # fmt: skip
+        """No record, only how a script ended: rank K > 0 of the user's torchrun, whose run rank 0 records."""
+        empty: dict[str, Any] = {}
+        return cls(run_id, experiment, cascade_version, command=empty, params=empty, determinism=empty,
+                   git=empty, python=empty, torch=empty, hardware=empty, environment={}, container=empty,
+                   outcome=outcome)  # fmt: skip
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
         check_schema(data)
         names = {f.name for f in fields(cls)}

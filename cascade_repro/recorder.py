@@ -117,8 +117,8 @@ def follow_rank(plan: RunPlan, layout: Distributed, notify: Notify) -> RunResult
     run_id_file = job_dir / protocol.RUN_ID_FILE
     run_id = run_id_file.read_text(encoding="utf-8").strip() if run_id_file.exists() else ""
     status = "FINISHED" if ended.exit_code == 0 else "FAILED"
-    manifest = Manifest(run_id, plan.settings.experiment, __version__, {}, {}, {}, {}, {}, {}, {}, {}, {},
-                        outcome={"status": status, "exit_code": ended.exit_code})  # fmt: skip
+    outcome = {"status": status, "exit_code": ended.exit_code}
+    manifest = Manifest.outcome_only(run_id, plan.settings.experiment, __version__, outcome)
     return RunResult(run_id, status, ended.exit_code, plan.settings.tracking_uri, plan.settings.experiment,
                      manifest, (), rank=layout.rank)  # fmt: skip
 

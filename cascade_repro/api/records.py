@@ -66,7 +66,8 @@ def show_run(ref: str, cwd: Path | None = None, trace: bool = False) -> RunRecor
     run = store.resolve(ref)
     data = store.record(run.run_id)
     manifest = Manifest.from_dict(data)
-    summary = _summarize_trace(_trace(store, run.run_id, data), data.get("trace") or {}) if trace else None
+    header = data.get("trace") or {}
+    summary = _summarize_trace(_trace(store, run.run_id, header.get("artifact")), header) if trace else None
     return RunRecord(manifest, str(run.status), dict(run.metrics), dict(run.tags), str(run.artifact_uri),
                      summary)  # fmt: skip
 
@@ -135,13 +136,13 @@ def judge_runs(
 
 def _rank_traces(store: RunStore, run_id: str, manifest: Mapping[str, Any]) -> list[list[dict[str, Any]]]:
     """Each rank's step trace, rank 0 first (one for a single process); [] for a rank without one."""
-    traces = [_trace(store, run_id, manifest)]
+    traces = [_trace(store, run_id, (manifest.get("trace") or {}).get("artifact"))]
     layout = recorded_layout(manifest)
     traced = {e["rank"] for e in layout.get("ranks") or [] if isinstance(e, dict) and e.get("trace")}
     local = layout.get("nproc_per_node", 1)  # the ranks recorded on rank 0's machine (checked ≤ 256)
     for rank in range(1, local if isinstance(local, int) and layout.get("ranks") is not None else 1):
         if rank in traced:  # the artifact's name is made here from the (checked) rank, never read
-            traces.append(_trace(store, run_id, {"trace": {"artifact": trace_artifact(rank)}}))
+            traces.append(_trace(store, run_id, trace_artifact(rank)))
         else:
             traces.append([])
     return traces
@@ -153,11 +154,11 @@ def record_verdict(store: RunStore, verdict: Verdict, record_on: str, against: s
     store.log_json(record_on, verdict.to_dict(), f"cascade/verify/{against}.json")
 
 
-def _trace(store: RunStore, run_id: str, manifest: Mapping[str, Any]) -> list[dict[str, Any]]:
-    section = manifest.get("trace") or {}
-    if not section.get("artifact"):
+def _trace(store: RunStore, run_id: str, artifact: str | None) -> list[dict[str, Any]]:
+    """A step trace's records (none without an artifact); a run killed mid-write keeps its whole ones."""
+    if not artifact:
         return []
-    text = store.text(run_id, section["artifact"])
+    text = store.text(run_id, artifact)
     records = []
     for line in text.splitlines():
         if line.strip():

@@ -23,6 +23,7 @@ from cascade_repro.child import (
     file_access,
     framework_checkpoints,
     framework_logging,
+    parent_watch,
     parsed_args,
     protocol,
     runtime,
@@ -59,7 +60,7 @@ def main(argv: list[str]) -> None:
         sys.stderr.write("usage: python -m cascade_repro.child.bootstrap SCRIPT [ARGS]...\n")
         raise SystemExit(2)
     script, args = argv[0], argv[1:]
-    stop_with_parent()
+    parent_watch.stop_with_parent()
     job_dir = Path(os.environ[protocol.ENV_RUN_DIR])
     run_dir = _own_directory(job_dir)
     seed = int(os.environ.get(protocol.ENV_SEED, "0"))
@@ -191,26 +192,6 @@ def _guarded_hook(name: str, hook: Callable[[], None]) -> None:
         hook()
     except Exception as exc:  # observing must never break the user's script
         sys.stderr.write(f"cascade: {name} calls are not observed: {type(exc).__name__}: {exc}\n")
-
-
-def stop_with_parent() -> None:
-    """SIGTERM when `cascade run` dies (SIGKILL, OOM killer): the script unwinds and flushes to the
-    run directory, and the next cascade command delivers it. Linux only; elsewhere the script runs on."""
-    expected = os.environ.get(protocol.ENV_PARENT_PID)
-    if not expected or not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0) != 0:
-            return
-    except (OSError, AttributeError, ValueError):
-        return
-    if os.getppid() != int(expected):  # it died before prctl took effect: nobody will signal us
-        sys.stderr.write("cascade: the cascade process is gone; not starting the script\n")
-        raise SystemExit(128 + signal.SIGTERM)
 
 
 def _die_of_sigint() -> None:

@@ -16,7 +16,7 @@ import os
 import sys
 
 from cascade_repro.child import protocol
-from cascade_repro.child.bootstrap import stop_with_parent
+from cascade_repro.child.parent_watch import stop_with_parent
 
 
 def main(argv: list[str]) -> None:
