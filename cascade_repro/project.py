@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from cascade_repro.errors import CascadeError, NotAGitRepository
+from cascade_repro.errors import CascadeError
+from cascade_repro.store import dvc_store, git_repo
 
 IGNORE_ENTRIES = ("mlflow.db", "mlruns/", "mlartifacts/", ".cascade/")
 INIT_FILES = ("cascade.yaml", "hyperparameters.yaml", "Dockerfile.j2")
@@ -39,22 +39,7 @@ class InitResult:
 def find_repo_root(start: Path | None = None) -> Path:
     """The top of the git work tree containing `start` (default: the current directory)."""
     where = start or Path.cwd()
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--show-toplevel"],
-            cwd=where,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-    except FileNotFoundError:
-        raise CascadeError("git is not installed", hint="install git (e.g. apt-get install git)") from None
-    if out.returncode != 0:
-        raise NotAGitRepository(
-            f"{where} is not inside a git repository",
-            hint="cd into your project, or run `git init && git add -A && git commit -m init` first",
-        )
-    return Path(out.stdout.strip()).resolve()
+    return git_repo.toplevel(where)
 
 
 def template_path(name: str) -> Path:
@@ -78,7 +63,7 @@ def init_project(root: Path, checkpoints_dir: str = "checkpoints") -> InitResult
         target.write_text(template_path(name).read_text(encoding="utf-8"), encoding="utf-8")
         created.append(name)
     ignore_added = _add_ignores(root, _ignore_entries(checkpoints_dir))
-    dvc_initialized, remote = _init_dvc(root)
+    dvc_initialized, remote = dvc_store.init_repository(root, default_remote_dir(root))
     return InitResult(root, tuple(created), tuple(kept), dvc_initialized, remote, ignore_added)
 
 
@@ -117,33 +102,3 @@ def _add_ignores(root: Path, entries: tuple[str, ...]) -> tuple[str, ...]:
         block = "# cascade: local MLflow store, run scratch, checkpoints (DVC-tracked)\n"
         path.write_text(text + prefix + block + "\n".join(missing) + "\n", encoding="utf-8")
     return tuple(missing)
-
-
-def _init_dvc(root: Path) -> tuple[bool, str | None]:
-    import logging
-
-    from dvc.repo import Repo
-
-    initialized = False
-    if not (root / ".dvc").is_dir():
-        dvc_log = logging.getLogger("dvc")
-        level, dvc_log.level = dvc_log.level, logging.WARNING  # our summary says it instead
-        try:
-            Repo.init(str(root))
-        finally:
-            dvc_log.setLevel(level)
-        initialized = True
-    repo = Repo(str(root))
-    try:
-        remotes = repo.config["remote"]
-        if remotes:
-            return initialized, repo.config["core"].get("remote") or next(iter(remotes))
-        remote_dir = default_remote_dir(root)
-        remote_dir.mkdir(parents=True, exist_ok=True)
-        # config.local: a machine-specific path must not end up in the committed .dvc/config.
-        with repo.config.edit("local") as conf:
-            conf["remote"]["cascade-local"] = {"url": str(remote_dir)}
-            conf["core"]["remote"] = "cascade-local"
-        return initialized, "cascade-local"
-    finally:
-        repo.close()

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from cascade_repro.capture.git import has_commit
 from cascade_repro.errors import CascadeError, UsageError, VersionTaken
+from cascade_repro.store import git_repo
+from cascade_repro.store.git_repo import has_commit
 from cascade_repro.store.run_store import VERSION_TAG, RunStore, StoredRun
 
 GIT_TRAILER = "cascade-run:"
@@ -36,10 +36,7 @@ def validate_version(version: str, root: Path) -> None:
         raise UsageError(f"invalid version {version!r}: empty, too long or contains whitespace", hint=fix)
     if _RUN_ID.fullmatch(version):
         raise UsageError(f"invalid version {version!r}: it looks like a run id", hint=fix)
-    out = subprocess.run(
-        ["git", "check-ref-format", f"refs/tags/{version}"], cwd=root, capture_output=True, check=False
-    )
-    if out.returncode != 0:
+    if not git_repo.succeeds(root, "check-ref-format", f"refs/tags/{version}"):
         raise UsageError(f"invalid version {version!r}: not a valid git tag name", hint=fix)
 
 
@@ -108,21 +105,13 @@ def tag_run(store: RunStore, root: Path, run: StoredRun, version: str, force: bo
 
 
 def _git_tag_message(root: Path, version: str) -> str | None:
-    out = subprocess.run(
-        ["git", "for-each-ref", f"refs/tags/{version}", "--format=%(contents)"],
-        cwd=root, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    out = git_repo.run(root, "for-each-ref", f"refs/tags/{version}", "--format=%(contents)")
     if out.returncode != 0 or not out.stdout:
-        exists = subprocess.run(["git", "rev-parse", "-q", "--verify", f"refs/tags/{version}"], cwd=root,
-                                capture_output=True, check=False)  # fmt: skip
-        return "" if exists.returncode == 0 else None
-    return out.stdout
+        return "" if git_repo.succeeds(root, "rev-parse", "-q", "--verify", f"refs/tags/{version}") else None
+    return out.stdout.decode(errors="replace")
 
 
 def _git(root: Path, *args: str) -> None:
-    out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
-    if out.returncode != 0 and "tell me who you are" in out.stderr.lower() + out.stdout.lower():
-        identity = ["-c", "user.name=cascade", "-c", "user.email=cascade@localhost"]
-        out = subprocess.run(["git", *identity, *args], cwd=root, capture_output=True, text=True, check=False)
+    out = git_repo.as_committer(root, *args)
     if out.returncode != 0:
-        raise CascadeError(f"git {args[0]} failed: {out.stderr.strip()}")
+        raise CascadeError(f"git {args[0]} failed: {git_repo.stderr(out)}")

@@ -1,12 +1,18 @@
 """One function per use case; the CLI renders what these return. The only orchestrator.
 
     runs.py       init, run (with --tag), list_runs, tag, ui
-    records.py    show_run, verify, and what reading use cases share
+    records.py    show_run, verify
     restoring.py  restore
     data.py       checkout, checkpoint_path (load_checkpoint), push
     compare.py    diff, check
     images.py     build_image (`cascade image build`)
     spooled.py    sync (`cascade sync`, `cascade recover`), and recovering dead runs before a command
+    loading.py    what every use case starts from: load_project, record_of, dvc_cache
+    judging.py    the verdict on two recorded runs from the store (judge_runs, record_verdict)
+    replay.py     re-running both runs up to a divergence (`verify --replay`)
+
+Imports inside api/ go one way, with no cycle (tests/unit/test_layers.py reads them): records →
+replay → restoring → (runs, compare) → (judging, loading) → spooled.
 
 Only what `cascade run` needs is imported with the package (its start is a measured target); the
 rest loads on first use.

@@ -5,18 +5,19 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from cascade_repro.api.records import context, judge_runs
+from cascade_repro.api.judging import judge_runs
+from cascade_repro.api.loading import load_project
 from cascade_repro.check import CheckReport, check_against, check_machine
 from cascade_repro.diff import SECTIONS, Diff, diff_records
 from cascade_repro.errors import CascadeError, UsageError
 from cascade_repro.settings import Settings
+from cascade_repro.store import git_repo
 from cascade_repro.store.run_store import RunStore
 
 CURRENT = "current"
@@ -33,7 +34,7 @@ def diff(ref_a: str, ref_b: str, only: tuple[str, ...] = (), cwd: Path | None = 
     """What differs between two runs (ids, names, versions, or "current": this machine and tree).
 
     `current` has run nothing: results (metrics, checkpoints, trace) are not compared against it."""
-    settings = context(cwd)
+    settings = load_project(cwd)
     against_current = CURRENT in (ref_a, ref_b)
     if against_current:
         asked = [name for name in only if name in RESULT_SECTIONS]
@@ -75,7 +76,7 @@ def diff(ref_a: str, ref_b: str, only: tuple[str, ...] = (), cwd: Path | None = 
 
 def check(ref: str | None = None, cwd: Path | None = None) -> CheckReport:
     """Against a run: can this machine reproduce it bit for bit? Without: is cascade set up here?"""
-    settings = context(cwd)
+    settings = load_project(cwd)
     if ref is None:
         return check_machine(_machine_probes(settings))
     store = RunStore.open(settings)
@@ -151,14 +152,15 @@ def _code_stat(root: Path, a: Mapping[str, Any], b: Mapping[str, Any]) -> str | 
     commits = [str((m.get("git") or {}).get("commit") or "") for m in (a, b)]
     if not all(commits) or commits[0] == commits[1]:
         return None
-    out = subprocess.run(["git", "diff", "--stat", commits[0], commits[1]], cwd=root, capture_output=True,
-                         text=True, check=False)  # fmt: skip
-    return out.stdout if out.returncode == 0 else "(a commit is not in this repository: git fetch it)"
+    out = git_repo.run(root, "diff", "--stat", commits[0], commits[1])
+    if out.returncode != 0:
+        return "(a commit is not in this repository: git fetch it)"
+    return out.stdout.decode(errors="replace")
 
 
 def _machine_probes(settings: Settings) -> dict[str, tuple[bool, str, str]]:
-    from cascade_repro.capture.git import head_commit
     from cascade_repro.store.dvc_store import Cache
+    from cascade_repro.store.git_repo import head_commit
 
     probes: dict[str, tuple[bool, str, str]] = {}
     root = settings.root
@@ -209,8 +211,9 @@ def _machine_probes(settings: Settings) -> dict[str, tuple[bool, str, str]]:
         "",
     )
     if settings.docker.get("enabled"):
-        docker = shutil.which("docker")
-        ok = docker is not None and subprocess.run([docker, "info"], capture_output=True).returncode == 0
+        from cascade_repro.images.engine import engine_answers
+
+        ok = engine_answers()
         probes["Docker"] = (ok, "engine answers" if ok else "no engine answers",
                             "start Docker (dockerd) or set docker.enabled: false")  # fmt: skip
     probes["python"] = (True, f"{platform.python_version()} ({sys.executable})", "")

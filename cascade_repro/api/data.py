@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from cascade_repro.api.records import context, dvc_cache, record_of
+from cascade_repro.api.loading import dvc_cache, load_project, record_of
 from cascade_repro.errors import DataError, UsageError
 from cascade_repro.manifest import ARTIFACT_PATH, data_objects
 from cascade_repro.settings import Settings
@@ -32,7 +32,7 @@ def checkout(ref: str, checkpoint: str | None = None, data: bool = False, to: Pa
     """Fetch a run's checkpoint and/or data from the DVC cache or remote, md5-verified, into place."""
     from cascade_repro import checkout as checking
 
-    settings = context(cwd)
+    settings = load_project(cwd)
     root = settings.root
     run_id, manifest = record_of(settings, ref)
     cache = dvc_cache(root)
@@ -74,7 +74,7 @@ def checkpoint_path(ref: str, which: str = "best", cwd: Path | None = None) -> P
     """The verified DVC cache object of a run's checkpoint (read-only; for `load_checkpoint`)."""
     from cascade_repro import checkout as checking
 
-    settings = context(cwd)
+    settings = load_project(cwd)
     _, manifest = record_of(settings, ref)
     chosen = checking.select_checkpoint(manifest.get("checkpoints") or [], which)
     if str(chosen.get("md5", "")).endswith(DIR_SUFFIX):
@@ -98,7 +98,7 @@ class PushSummary:
 def push(ref: str, cwd: Path | None = None) -> PushSummary:
     """Push a run's kept checkpoints and the data it read to the DVC remote (retry after a failure)."""
 
-    settings = context(cwd)
+    settings = load_project(cwd)
     run_id, manifest = record_of(settings, ref)
     md5s = [
         str(c["md5"]) for c in manifest.get("checkpoints") or [] if c.get("status") == "kept" and c.get("md5")

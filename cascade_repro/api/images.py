@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cascade_repro.api.records import context
-from cascade_repro.capture.git import head_commit, is_dirty
+from cascade_repro.api.loading import load_project
+from cascade_repro.capture.git import is_dirty
 from cascade_repro.images.prepare import PreparedImage
 from cascade_repro.recorder import own_paths
 from cascade_repro.run_plan import Notify
+from cascade_repro.store.git_repo import head_commit
 
 
 def build_image(
@@ -19,7 +20,7 @@ def build_image(
     from cascade_repro.images import context as image_context
     from cascade_repro.images import engine, prepare
 
-    settings = context(cwd)
+    settings = load_project(cwd)
     root = settings.root
     docker = image_context.docker_settings(settings.docker, root)
     client = engine.connect()

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from cascade_repro.api.records import context
+from cascade_repro.api.loading import load_project
 from cascade_repro.api.restoring import restore
 from cascade_repro.child.protocol import DUMP_FILE
 from cascade_repro.determinism.magnitude import TENSOR_FACETS, Magnitude, magnitudes
@@ -30,7 +30,7 @@ def replay_divergence(
     if step is None or not tensor_facets:
         where = "no step differs" if step is None else f"at step {step} no tensor differs"
         return [], {"runs": {}, "not_measured": [f"nothing to replay: {where}"]}
-    root = context(cwd).root
+    root = load_project(cwd).root
     runs: dict[str, str] = {}
     dumps: list[Path] = []
     for side, run_id in (("a", verdict.run_a), ("b", verdict.run_b)):

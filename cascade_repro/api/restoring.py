@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from cascade_repro.api.compare import machine_record
-from cascade_repro.api.records import context, dvc_cache, judge_runs, record_verdict
+from cascade_repro.api.judging import judge_runs, record_verdict
+from cascade_repro.api.loading import dvc_cache, load_project
 from cascade_repro.api.runs import RunRequest, run
 from cascade_repro.errors import RestoreRefused, StoreError, UsageError
 from cascade_repro.manifest import data_objects
@@ -60,7 +61,7 @@ def restore(
     from cascade_repro import checkout as checking
     from cascade_repro import restore as restoring
 
-    settings = context(cwd)
+    settings = load_project(cwd)
     root = settings.root
     # The embedded store is read without MLflow (fast=True), whose import would delay the script by
     # ~1.5 s; the recorder imports it anyway while the script starts.

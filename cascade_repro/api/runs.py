@@ -9,16 +9,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from cascade_repro import distributed, versions
-from cascade_repro.api.records import context
+from cascade_repro.api.loading import load_project
 from cascade_repro.api.spooled import finish_dead_runs
-from cascade_repro.capture.git import head_commit, is_dirty
+from cascade_repro.capture.git import is_dirty
 from cascade_repro.errors import CascadeError, DirtyTreeRefused, UsageError
 from cascade_repro.params import ResolvedParams, find_params_file, resolve_params
 from cascade_repro.project import InitResult, find_repo_root, init_project, preview_init
 from cascade_repro.recorder import follow_rank, own_paths, record_run
 from cascade_repro.run_plan import ContainerPlan, Notify, RunPlan, RunResult
 from cascade_repro.settings import Settings, load_settings
-from cascade_repro.store import mlflow_store, spool, sqlite_store
+from cascade_repro.store import git_repo, mlflow_store, spool, sqlite_store
+from cascade_repro.store.git_repo import head_commit
 from cascade_repro.store.run_store import RunStore
 
 if TYPE_CHECKING:
@@ -271,13 +272,10 @@ def _closest_script(root: Path, cwd: Path, wanted: str) -> str | None:
     relative to `cwd`, the way it was typed."""
     import difflib
 
-    from cascade_repro.capture.git import git
-
     try:
-        listed = git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "*.py")
+        names = git_repo.visible_files(root, "*.py")
     except CascadeError:
         return None
-    names = [name for name in listed.decode(errors="replace").split("\0") if name]
     candidates = sorted({os.path.relpath(root / name, cwd) for name in names})
     close = difflib.get_close_matches(wanted, candidates, n=1, cutoff=0.75)
     if not close:  # the right name in another directory: `train.py` for examples/train.py
@@ -354,7 +352,7 @@ class RunSummary:
 
 def list_runs(cwd: Path | None = None, all_experiments: bool = False, limit: int = 50,
               versions_only: bool = False) -> list[RunSummary]:  # fmt: skip
-    settings = context(cwd)
+    settings = load_project(cwd)
     store = RunStore.open(settings)
     only = f"tags.`{versions.VERSION_TAG}` LIKE '%'" if versions_only else None
     summaries = []
@@ -416,7 +414,7 @@ def _key_metrics(metrics: Mapping[str, float], configured: Sequence[str]) -> dic
 def tag(ref: str, version: str, force: bool = False, git_tag: bool = True,
         cwd: Path | None = None) -> versions.TagResult:  # fmt: skip
     """Label a recorded run with a version (MLflow tag and annotated git tag)."""
-    settings = context(cwd)
+    settings = load_project(cwd)
     store = RunStore.open(settings)
     return versions.tag_run(store, settings.root, store.resolve(ref), version, force=force, git_tag=git_tag)
 
@@ -425,7 +423,7 @@ def ui(host: str = "127.0.0.1", port: int = 5000, cwd: Path | None = None) -> Ui
     """Start the MLflow UI on this project's store; the caller waits on it and stops it."""
     from cascade_repro.store import ui_server
 
-    settings = context(cwd)
+    settings = load_project(cwd)
     if not settings.tracking_uri.startswith(("sqlite:", "file:", "postgresql", "mysql", "mssql")):
         raise UsageError(
             f"the store {settings.tracking_uri} is a tracking server already: open it in a browser",

@@ -14,12 +14,12 @@ import hashlib
 import json
 import os
 import stat
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from cascade_repro.capture.git import excluded
+from cascade_repro.store import git_repo
 
 MAX_INPUTS = 1000  # the record stays bounded; the rest are named as left out
 MAX_OUTPUTS = 1000
@@ -154,11 +154,4 @@ def _inside(root: Path, path: Path) -> str | None:
 
 
 def _git_tracked(root: Path, paths: Sequence[str]) -> set[str]:
-    tracked: set[str] = set()
-    for start in range(0, len(paths), _BATCH):
-        specs = [f":(literal){p}" for p in paths[start : start + _BATCH]]
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--", *specs], cwd=root,
-                             capture_output=True, check=False)  # fmt: skip
-        if out.returncode == 0:
-            tracked.update(p for p in out.stdout.decode("utf-8", "surrogateescape").split("\0") if p)
-    return tracked
+    return git_repo.tracked(root, list(paths), _BATCH)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cascade_repro.errors import CascadeError, NotAGitRepository
+from cascade_repro.store import git_repo
+from cascade_repro.store.git_repo import head_commit
 
 
 @dataclass(frozen=True)
@@ -51,35 +51,10 @@ class GitState:
         }
 
 
-def git(root: Path, *args: str, binary: bool = False) -> bytes:
-    out = subprocess.run(["git", *args], cwd=root, capture_output=True, check=False)
-    if out.returncode != 0:
-        message = out.stderr.decode(errors="replace").strip()
-        raise CascadeError(f"git {' '.join(args)} failed: {message}")
-    return out.stdout
-
-
-def head_commit(root: Path) -> str:
-    """HEAD's commit; a repository with no commit yet cannot be recorded."""
-    out = subprocess.run(
-        ["git", "rev-parse", "--verify", "-q", "HEAD^{commit}"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise NotAGitRepository(
-            f"the git repository at {root} has no commit yet",
-            hint="commit your code first: git add -A && git commit -m 'initial'",
-        )
-    return out.stdout.strip()
-
-
 def is_dirty(root: Path, exclude: tuple[str, ...] = ()) -> list[str]:
     """Paths that differ from HEAD (tracked changes and untracked, non-ignored files)."""
-    text = git(root, "status", "--porcelain=v1", "-z", "--untracked-files=all").decode(errors="replace")
-    paths = [entry[3:] for entry in text.split("\0") if len(entry) > 3]
+    listing = git_repo.output(root, "status", "--porcelain=v1", "-z", "--untracked-files=all")
+    paths = [entry[3:] for entry in git_repo.names(listing) if len(entry) > 3]
     return [p for p in paths if not excluded(p, exclude)]
 
 
@@ -89,15 +64,15 @@ def capture_git(root: Path, exclude: tuple[str, ...], max_untracked_bytes: int,
     `keep`: a directory that receives a copy of each untracked file small enough to store, written
     from the same single read that hashes it (a file still being written is recorded as read)."""
     commit = head_commit(root)
-    branch = git(root, "rev-parse", "--abbrev-ref", "HEAD").decode().strip()
+    branch = git_repo.output(root, "rev-parse", "--abbrev-ref", "HEAD").decode().strip()
     # --binary (implies --full-index) makes binary changes round-trip through `git apply`.
-    patch = git(
+    patch = git_repo.output(
         root, "diff", "HEAD", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames"
     )
-    listed = git(root, "ls-files", "--others", "--exclude-standard", "-z").decode("utf-8", "surrogateescape")
+    listed = git_repo.names(git_repo.output(root, "ls-files", "--others", "--exclude-standard", "-z"))
     found = (
         _untracked(root, rel, max_untracked_bytes, keep)
-        for rel in sorted(p for p in listed.split("\0") if p and not excluded(p, exclude))
+        for rel in sorted(p for p in listed if not excluded(p, exclude))
     )
     untracked = tuple(u for u in found if u is not None)
     return GitState(
@@ -123,17 +98,11 @@ def strip_credentials(url: str) -> str:
 
 def _remotes(root: Path) -> dict[str, str]:
     remotes: dict[str, str] = {}
-    for line in git(root, "remote", "-v").decode(errors="replace").splitlines():
+    for line in git_repo.output(root, "remote", "-v").decode(errors="replace").splitlines():
         fields = line.split()
         if len(fields) >= 3 and fields[2] == "(fetch)":
             remotes[fields[0]] = strip_credentials(fields[1])
     return remotes
-
-
-def has_commit(root: Path, commit: str) -> bool:
-    """Whether `commit` is in the repository at `root` (a record may name one never fetched here)."""
-    out = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=root, capture_output=True)
-    return out.returncode == 0
 
 
 def sha256_of(path: Path) -> str:

@@ -13,14 +13,14 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from cascade_repro.capture.git import excluded, sha256_of
-from cascade_repro.errors import ConfigError, DockerError
+from cascade_repro.errors import CascadeError, ConfigError, DockerError
+from cascade_repro.store import git_repo
 
 DEFAULT_TEMPLATE = "Dockerfile.j2"
 LOCK_FILES = ("requirements.lock", "requirements-lock.txt", "requirements.txt")
@@ -302,15 +302,10 @@ def image_repository(project: str) -> str:
 def project_files(root: Path, exclude: tuple[str, ...] = ()) -> list[str]:
     """Files git sees in the working tree: tracked (as they are now) and untracked, not ignored, minus
     cascade's own (`exclude`: the store, run scratch; never part of the image even when not ignored)."""
-    out = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=root,
-        capture_output=True,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise DockerError(f"cannot list the project's files: {out.stderr.decode(errors='replace').strip()}")
-    names = sorted({n for n in out.stdout.decode("utf-8", "surrogateescape").split("\0") if n})
+    try:
+        names = sorted(set(git_repo.visible_files(root)))
+    except CascadeError as exc:
+        raise DockerError(f"cannot list the project's files: {exc.message}") from None
     return [
         n for n in names if not excluded(n, exclude) and ((root / n).is_file() or (root / n).is_symlink())
     ]

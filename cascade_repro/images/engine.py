@@ -46,6 +46,15 @@ def connect(timeout_s: float = 120) -> Any:
     return client
 
 
+def engine_answers(timeout_s: float = 10) -> bool:
+    """Whether a Docker engine answers at DOCKER_HOST (`cascade check`'s probe; never raises)."""
+    try:
+        connect(timeout_s).close()
+    except DockerError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class Image:
     """An image on the engine: what the record says about it."""

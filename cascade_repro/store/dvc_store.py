@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 import threading
@@ -285,6 +286,35 @@ class Cache:
                 }
             )
         return found
+
+
+def init_repository(root: Path, remote_dir: Path) -> tuple[bool, str | None]:
+    """`dvc init` where there is no .dvc/ yet, and a default remote: the one configured, else a local
+    directory `remote_dir` (in config.local). Returns (initialized now, the default remote's name)."""
+    from dvc.repo import Repo
+
+    initialized = False
+    if not (root / ".dvc").is_dir():
+        dvc_log = logging.getLogger("dvc")
+        level, dvc_log.level = dvc_log.level, logging.WARNING  # our summary says it instead
+        try:
+            Repo.init(str(root))
+        finally:
+            dvc_log.setLevel(level)
+        initialized = True
+    repo = Repo(str(root))
+    try:
+        remotes = repo.config["remote"]
+        if remotes:
+            return initialized, repo.config["core"].get("remote") or next(iter(remotes))
+        remote_dir.mkdir(parents=True, exist_ok=True)
+        # config.local: a machine-specific path must not end up in the committed .dvc/config.
+        with repo.config.edit("local") as conf:
+            conf["remote"]["cascade-local"] = {"url": str(remote_dir)}
+            conf["core"]["remote"] = "cascade-local"
+        return initialized, "cascade-local"
+    finally:
+        repo.close()
 
 
 def _place(source: Path, target: Path, hardlink: bool) -> str:

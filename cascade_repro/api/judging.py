@@ -1,0 +1,63 @@
+"""The verdict on two recorded runs, from their records and step traces in the store (every rank's),
+and the verdict recorded on the later run."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Mapping
+
+from cascade_repro.distributed import recorded_layout, trace_artifact
+from cascade_repro.store.run_store import RunStore
+
+if TYPE_CHECKING:
+    from cascade_repro.determinism.verdict import Verdict
+
+
+def judge_runs(
+    store: RunStore,
+    manifest_a: dict[str, Any],
+    manifest_b: dict[str, Any],
+    rtol: float,
+    atol: float,
+    steps: int | None = None,
+) -> Verdict:
+    """The verdict on two recorded runs, from their records and traces."""
+    from cascade_repro.determinism.verdict import judge_ranks  # not on `cascade run`'s start path
+
+    traces = [_rank_traces(store, str(m["run_id"]), m) for m in (manifest_a, manifest_b)]
+    return judge_ranks(manifest_a, manifest_b, traces[0], traces[1], rtol=rtol, atol=atol, steps=steps)
+
+
+def _rank_traces(store: RunStore, run_id: str, manifest: Mapping[str, Any]) -> list[list[dict[str, Any]]]:
+    """Each rank's step trace, rank 0 first (one for a single process); [] for a rank without one."""
+    traces = [trace_records(store, run_id, (manifest.get("trace") or {}).get("artifact"))]
+    layout = recorded_layout(manifest)
+    traced = {e["rank"] for e in layout.get("ranks") or [] if isinstance(e, dict) and e.get("trace")}
+    local = layout.get("nproc_per_node", 1)  # the ranks recorded on rank 0's machine (checked ≤ 256)
+    for rank in range(1, local if isinstance(local, int) and layout.get("ranks") is not None else 1):
+        if rank in traced:  # the artifact's name is made here from the (checked) rank, never read
+            traces.append(trace_records(store, run_id, trace_artifact(rank)))
+        else:
+            traces.append([])
+    return traces
+
+
+def record_verdict(store: RunStore, verdict: Verdict, record_on: str, against: str) -> None:
+    """The verdict as a tag and a report artifact on the later run."""
+    store.set_tags(record_on, {"cascade.verdict": verdict.verdict, "cascade.verified_against": against})
+    store.log_json(record_on, verdict.to_dict(), f"cascade/verify/{against}.json")
+
+
+def trace_records(store: RunStore, run_id: str, artifact: str | None) -> list[dict[str, Any]]:
+    """A step trace's records (none without an artifact); a run killed mid-write keeps its whole ones."""
+    if not artifact:
+        return []
+    text = store.text(run_id, artifact)
+    records = []
+    for line in text.splitlines():
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                break  # a run killed mid-write: its trace ends at the last whole record
+    return records

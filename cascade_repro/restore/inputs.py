@@ -1,0 +1,68 @@
+"""Inputs git and DVC could not see: where restore takes each recorded input file from."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import replace
+from pathlib import Path
+
+from cascade_repro import confined
+from cascade_repro.capture.git import sha256_of
+from cascade_repro.errors import RestoreRefused
+from cascade_repro.restore.plan import RestorePlan
+
+
+def locate_inputs(plan: RestorePlan, root: Path) -> RestorePlan:
+    """Where each recorded input comes from: the DVC cache (--track-inputs), else the user's checkout
+    when the file there still has the recorded size and sha256; else it is missing or changed."""
+    sources: dict[str, str] = {}
+    real_root = os.path.realpath(root)
+    for item in plan.inputs:
+        rel = posixpath.normpath(str(item["path"]))
+        if item.get("md5"):
+            sources[rel] = "dvc"
+            continue
+        real = os.path.realpath(root / rel)
+        if not real.startswith(real_root + os.sep) or not os.path.isfile(real):
+            sources[rel] = "missing"
+        elif os.path.getsize(real) != item.get("size") or sha256_of(Path(real)) != item.get("sha256"):
+            sources[rel] = "changed"
+        else:
+            sources[rel] = "checkout"
+    return replace(plan, input_sources=sources)
+
+
+def inputs_not_here(plan: RestorePlan) -> list[str]:
+    """`path (missing in your checkout)` / `path (changed: ...)` for each input restore cannot take."""
+    recorded = {posixpath.normpath(str(i["path"])): i for i in plan.inputs}
+    out = []
+    for rel, source in plan.input_sources.items():
+        if source == "missing":
+            out.append(f"{rel} (missing in your checkout)")
+        elif source == "changed":
+            item = recorded[rel]
+            out.append(f"{rel} (changed since the run: it read {item.get('size')} bytes with sha256 "
+                       f"{str(item.get('sha256'))[:12]}…)")  # fmt: skip
+    return out
+
+
+def deliver_inputs(plan: RestorePlan, root: Path, workdir: Path) -> list[str]:
+    """Copy the inputs taken from the checkout into the worktree (confined), each checked again there."""
+    recorded = {posixpath.normpath(str(i["path"])): i for i in plan.inputs}
+    copied = []
+    for rel, source in plan.input_sources.items():
+        if source != "checkout":
+            continue
+        expected = str(recorded[rel].get("sha256"))
+        existing = workdir / rel
+        if existing.is_file() and not existing.is_symlink() and sha256_of(existing) == expected:
+            continue  # a reused worktree has it already
+        original = Path(os.path.realpath(root / rel))
+        written = confined.write_file(workdir, rel, original, f"the input file {rel}")
+        if sha256_of(written) != expected:
+            written.unlink(missing_ok=True)
+            raise RestoreRefused(f"the input file {rel} changed in your checkout while it was copied",
+                                 hint="let whatever writes it finish, then restore again")  # fmt: skip
+        copied.append(rel)
+    return copied

@@ -1,0 +1,84 @@
+"""Reusing a restore worktree: only when it is exactly what the last restore left (a marker in git)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from cascade_repro.capture.git import capture_git
+from cascade_repro.errors import RestoreRefused
+from cascade_repro.restore.plan import RestorePlan
+from cascade_repro.restore.safety import safe_path
+from cascade_repro.store import git_repo
+
+MARKER = "cascade-restore.json"  # in the worktree's own git dir, never in its files
+
+
+def state_fingerprint(workdir: Path) -> dict[str, Any]:
+    """Commit, tracked changes and untracked files of a worktree: what "unchanged" means."""
+    state = capture_git(workdir, (".cascade", "mlruns", "mlartifacts", "mlflow.db"), 1 << 62)
+    return {
+        "commit": state.commit,
+        "patch_sha256": state.patch_sha256,
+        "untracked": sorted([u.path, u.sha256] for u in state.untracked),
+    }
+
+
+def write_marker(workdir: Path, plan: RestorePlan) -> None:
+    marker = git_repo.git_dir(workdir) / MARKER
+    body = {"run_id": plan.run_id, "version": plan.version, "state": state_fingerprint(workdir)}
+    marker.write_text(json.dumps(body, indent=2), encoding="utf-8")
+
+
+def remove_rerun_outputs(workdir: Path, plan: RestorePlan, state: Mapping[str, Any]) -> list[str]:
+    """Untracked files a previous re-run wrote (unchanged since: the state check passed), so the
+    next re-run starts from the recorded state, not from the last one's outputs."""
+    recorded = {str(u["path"]) for u in plan.untracked}
+    removed = []
+    for rel, _digest in state.get("untracked") or []:
+        if rel in recorded:
+            continue
+        path = workdir / safe_path(str(rel), "a re-run output")
+        path.unlink(missing_ok=True)
+        removed.append(str(rel))
+        parent = path.parent
+        while parent != workdir and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+    return removed
+
+
+def check_reusable(root: Path, workdir: Path, plan: RestorePlan) -> Mapping[str, Any]:
+    refuse_hint = f"remove it (`git worktree remove --force {workdir}`) or pass --workdir elsewhere"
+    marker = git_repo.git_dir(workdir) / MARKER if (workdir / ".git").is_file() else None
+    if marker is None or not marker.is_file():
+        raise RestoreRefused(f"{workdir} exists and is not a cascade restore worktree", hint=refuse_hint)
+    recorded = json.loads(marker.read_text(encoding="utf-8"))
+    if recorded.get("run_id") != plan.run_id:
+        raise RestoreRefused(
+            f"{workdir} holds a restore of run {str(recorded.get('run_id'))[:12]}, not {plan.run_id[:12]}",
+            hint=refuse_hint,
+        )
+    now = state_fingerprint(workdir)
+    if now != recorded.get("state"):
+        changed = _changed_paths(recorded.get("state") or {}, now)
+        raise RestoreRefused(
+            f"the restore worktree {workdir} was modified since the last restore ({changed})",
+            hint="keep your changes elsewhere, then " + refuse_hint,
+        )
+    return now
+
+
+def _changed_paths(before: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    if before.get("commit") != now.get("commit"):
+        return f"HEAD moved to {str(now.get('commit'))[:12]}"
+    files_before = {p: h for p, h in before.get("untracked") or []}
+    files_now = {p: h for p, h in now.get("untracked") or []}
+    changed = sorted(p for p in set(files_before) | set(files_now) if files_before.get(p) != files_now.get(p))
+    parts = []
+    if before.get("patch_sha256") != now.get("patch_sha256"):
+        parts.append("tracked files changed")
+    if changed:
+        parts.append("untracked: " + ", ".join(changed[:5]))
+    return "; ".join(parts) or "state differs"

@@ -1,0 +1,65 @@
+"""Paths and files from an untrusted record: each must stay inside the worktree and match its hash."""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path, PurePosixPath
+from typing import Any, Mapping
+
+from cascade_repro.capture.git import sha256_of
+from cascade_repro.errors import RestoreRefused, UnsafeRecord
+
+
+def untracked_links(untracked: Any) -> dict[str, str]:
+    return {
+        posixpath.normpath(str(u["path"])): str(u["symlink_target"])
+        for u in untracked
+        if u.get("symlink_target") is not None
+    }
+
+
+def written_paths(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every file a restore may write for this record: (path, what it is)."""
+    git = manifest.get("git") or {}
+    paths = [(str(u.get("path")), "the untracked file") for u in git.get("untracked") or []]
+    paths += [(str(d.get("path")), "the data path") for d in manifest.get("data") or []]
+    paths += [(str(i.get("path")), "the input file") for i in manifest.get("inputs") or []]
+    paths += [
+        (str(c.get("path")), "the checkpoint")
+        for c in manifest.get("checkpoints") or []
+        if c.get("status") == "kept" and c.get("md5")
+    ]
+    return paths
+
+
+def safe_path(path: str, what: str, allow_dot: bool = False) -> str:
+    """A relative POSIX path that stays inside the worktree and out of `.git`."""
+    normalized = posixpath.normpath(path) if path else ""
+    if allow_dot and normalized == ".":
+        return "."
+    parts = PurePosixPath(path).parts
+    if (
+        not path
+        or "\\" in path
+        or "\0" in path
+        or PurePosixPath(path).is_absolute()
+        or ".." in parts
+        or normalized in (".", "")
+        or parts[0] == ".git"
+    ):
+        raise UnsafeRecord(f"unsafe record: {what} has the path {path!r}, which escapes the worktree")
+    return normalized
+
+
+def safe_link(path: str, target: str, what: str = "the untracked symlink") -> None:
+    joined = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+    if target.startswith("/") or joined == ".." or joined.startswith("../"):
+        raise UnsafeRecord(f"unsafe record: {what} {path} points outside the worktree ({target})")
+
+
+def check_sha256(path: Path, expected: str, what: str) -> None:
+    if sha256_of(path) != expected:
+        raise RestoreRefused(
+            f"{what} does not match the sha256 in the record (tampered or corrupted artifact)",
+            hint="nothing was written; restore from an intact copy of the MLflow artifact store",
+        )
