@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from cascade_repro.determinism.record_compare import compare_records, record_gpus
+from cascade_repro.errors import EXIT_ERROR, EXIT_NOT_REPRODUCED, EXIT_OK
 
 BITWISE = "BITWISE_REPRODUCIBLE"
+MACHINE_OK, MACHINE_PROBLEMS = "OK", "PROBLEMS"  # `cascade check` without a run
 TOLERANCE = "WITHIN_TOLERANCE_ONLY"
 NOT_RUNNABLE = "NOT_RUNNABLE"
 
@@ -30,6 +32,14 @@ class CheckReport:
     subject: str  # the run checked against, or "this machine"
     verdict: str
     findings: tuple[Finding, ...]
+
+    @property
+    def exit_status(self) -> int:
+        """`cascade check`'s exit code: 0 bitwise reproducible here (or every machine check passed),
+        3 within tolerance only, 1 not runnable here (or a check failed)."""
+        if self.verdict in (BITWISE, MACHINE_OK):
+            return EXIT_OK
+        return EXIT_NOT_REPRODUCED if self.verdict == TOLERANCE else EXIT_ERROR
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": "cascade.check/1", "subject": self.subject, "verdict": self.verdict,
@@ -103,5 +113,5 @@ def check_machine(facts: Mapping[str, Any]) -> CheckReport:
         Finding("ok" if ok else "problem", f"{name}: {detail}", None if ok else fix)
         for name, (ok, detail, fix) in facts.items()
     )
-    verdict = "OK" if all(f.level == "ok" for f in findings) else "PROBLEMS"
+    verdict = MACHINE_OK if all(f.level == "ok" for f in findings) else MACHINE_PROBLEMS
     return CheckReport("this machine", verdict, findings)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ def _guard(fn: Callable[[], int | None], ctx: click.Context, fast_exit: bool = F
     takes ~0.7 s with MLflow and SQLAlchemy loaded (a run's wall time is a measured target). Every
     store write is synchronous and already done; only stdio needs flushing.
     """
-    from cascade_repro.errors import CascadeError
+    from cascade_repro.errors import EXIT_ERROR, EXIT_INTERRUPTED, CascadeError
 
     state: _State = ctx.obj
     try:
@@ -55,7 +54,7 @@ def _guard(fn: Callable[[], int | None], ctx: click.Context, fast_exit: bool = F
         ctx.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("cascade: interrupted\n")
-        ctx.exit(130)
+        ctx.exit(EXIT_INTERRUPTED)
     except click.exceptions.Exit:
         raise
     except Exception as exc:
@@ -65,7 +64,7 @@ def _guard(fn: Callable[[], int | None], ctx: click.Context, fast_exit: bool = F
 
         render.error(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         sys.stderr.write("  run with -v for the traceback\n")
-        ctx.exit(1)
+        ctx.exit(EXIT_ERROR)
     ctx.exit(code or 0)
 
 
@@ -216,11 +215,7 @@ def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options
             misplaced = _misplaced_options(script, script_args, result.usage_error)
             if misplaced:
                 render.misplaced_options(misplaced.options, misplaced.command)
-        if result.exit_code == 0 and result.incomplete:  # the script's own failure code wins
-            from cascade_repro.errors import RecordIncomplete
-
-            return RecordIncomplete.exit_code
-        return result.exit_code
+        return result.exit_status
 
     _guard(body, ctx, fast_exit=True)
 
@@ -369,7 +364,7 @@ def verify(ctx: click.Context, run_a: str, run_b: str, rtol: float, atol: float,
             render.emit_json("verify", verdict.to_dict())
         else:
             render.verdict(verdict)
-        return 0 if verdict.reproduced else 3
+        return verdict.exit_status
 
     _guard(body, ctx)
 
@@ -443,9 +438,7 @@ def restore(ctx: click.Context, ref: str, no_run: bool, steps: int | None, workd
             render.emit_json("restore", render.restore_dict(result))
         else:
             render.restore_result(result)
-        if result.verdict is None:
-            return 0 if no_run else 1
-        return 0 if result.reproduced else 3
+        return result.exit_status
 
     _guard(body, ctx)
 
@@ -490,14 +483,13 @@ def checkout_command(ctx: click.Context, ref: str, checkpoint: str | None, data:
 def _sync(ctx: click.Context, as_json: bool, command: str) -> None:
     def body() -> int:
         from cascade_repro import api, render
-        from cascade_repro.errors import RecordIncomplete
 
-        delivered = api.sync(notify=render.notice, command=command)
+        result = api.sync(notify=render.notice, command=command)
         if as_json:
-            render.emit_json(command, [d.to_dict() for d in delivered])
+            render.emit_json(command, [d.to_dict() for d in result.delivered])
         else:
-            render.sync_result(delivered)
-        return RecordIncomplete.exit_code if any(d.missing for d in delivered) else 0
+            render.sync_result(list(result.delivered))
+        return result.exit_status
 
     _guard(body, ctx)
 
@@ -585,22 +577,15 @@ def check_command(ctx: click.Context, ref: str | None, as_json: bool) -> None:
 
     def body() -> int:
         from cascade_repro import api, render
-        from cascade_repro.check import BITWISE, TOLERANCE
 
         report = api.check(ref)
         if as_json:
             render.emit_json("check", report.to_dict())
         else:
             render.check_report(report)
-        if report.verdict in (BITWISE, "OK"):
-            return 0
-        return 3 if report.verdict == TOLERANCE else 1
+        return report.exit_status
 
     _guard(body, ctx)
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 @main.command(name="ui")
@@ -613,17 +598,9 @@ def ui_command(ctx: click.Context, host: str, port: int) -> None:
     def body() -> int:
         from cascade_repro import api, render
 
-        server = api.ui(host=host, port=port)
-        signal.signal(signal.SIGTERM, _interrupt)  # stopped by a supervisor: stop the server too
-        try:  # Ctrl-C right after the URL is printed stops the server as well
-            render.ui_started(server.url, server.store, server.log)
-            code = server.wait()
-        except KeyboardInterrupt:
-            server.stop()
-            render.notice("MLflow UI stopped")
-            return 0
-        render.error(f"the MLflow UI exited with {code}; see {server.log}")
-        return 1
+        outcome = api.ui(host=host, port=port, started=render.ui_started)
+        render.ui_stopped(outcome)
+        return outcome.exit_status
 
     _guard(body, ctx)
 

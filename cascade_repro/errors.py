@@ -15,18 +15,26 @@
     └── RecordIncomplete         exit 4  (the script exited 0 but its record is incomplete or still
                                           pending delivery in .cascade/runs/; see `cascade sync`)
 
-`cli` is the only place that turns these into exit codes; library code only raises. `cascade run`
-returns 4 without raising (the run is recorded as far as it could be); a script's own nonzero
-code wins over 4.
+Library code only raises; a result that is not an error carries its own status (`exit_status` on
+`RunResult`, `Verdict`, `RestoreResult`, `CheckReport`, `SyncResult`), and `cli` exits with it.
+`cascade run` returns 4 without raising (the run is recorded as far as it could be); a script's own
+nonzero code wins over 4. The codes, in one place:
 """
 
 from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_NOT_REPRODUCED = 3  # verify, restore: diverged or incomparable; check: within tolerance only
+EXIT_INCOMPLETE = 4  # the record is incomplete or still pending delivery
+EXIT_INTERRUPTED = 130
 
 
 class CascadeError(Exception):
     """A failure with a message for the user and a hint that names the fix."""
 
-    exit_code = 1
+    exit_code = EXIT_ERROR
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
@@ -38,7 +46,7 @@ class CascadeError(Exception):
 
 
 class UsageError(CascadeError):
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class NotAGitRepository(CascadeError):
@@ -89,4 +97,4 @@ class DockerError(CascadeError):
 class RecordIncomplete(CascadeError):
     """The store lacks part of a record: pending in the spool (`cascade sync`) or refused (named)."""
 
-    exit_code = 4
+    exit_code = EXIT_INCOMPLETE

@@ -7,7 +7,6 @@ import datetime as dt
 import json
 import re
 import sys
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterator, Mapping, cast
 
 from cascade_repro.redaction import fill_argv, redact_text
@@ -25,6 +24,7 @@ if TYPE_CHECKING:
     from cascade_repro.recovery import Delivered
     from cascade_repro.restore import RestorePlan
     from cascade_repro.run_plan import RunResult
+    from cascade_repro.store.ui_server import UiOutcome, UiServer
     from cascade_repro.versions import TagResult
 
 JSON_SCHEMA = "cascade.cli/1"
@@ -344,11 +344,19 @@ def image_result(prepared: PreparedImage) -> None:
     print(f"{image.tag}  {image.image_id}  ({how})")
 
 
-def ui_started(url: str, store: str, log: Path) -> None:
+def ui_started(server: UiServer) -> None:
     """`cascade ui`: the store on stderr, the URL once, alone on stdout (scripts read that line)."""
-    notice(f"MLflow UI on the store {redact_text(store)} (log: {log}; Ctrl-C stops it)")
-    sys.stdout.write(url + "\n")
+    notice(f"MLflow UI on the store {redact_text(server.store)} (log: {server.log}; Ctrl-C stops it)")
+    sys.stdout.write(server.url + "\n")
     sys.stdout.flush()
+
+
+def ui_stopped(outcome: UiOutcome) -> None:
+    """`cascade ui`: how it ended (stopped here, or the server exited and its log says why)."""
+    if outcome.server_exit is None:
+        notice("MLflow UI stopped")
+    else:
+        error(f"the MLflow UI exited with {outcome.server_exit}; see {outcome.log}")
 
 
 def checkout_result(result: CheckoutResult) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from cascade_repro.distributed import Distributed
+from cascade_repro.errors import EXIT_INCOMPLETE
 from cascade_repro.manifest import Manifest
 from cascade_repro.params import ResolvedParams
 from cascade_repro.settings import Settings
@@ -74,3 +75,9 @@ class RunResult:
     usage_error: str | None = None  # argparse refused the script's arguments: the line it printed
     discarded: bool = False  # it did so before the first step: the run was deleted from the store
     rank: int | None = None  # rank K > 0 of the user's torchrun job: rank 0's `cascade run` records it
+
+    @property
+    def exit_status(self) -> int:
+        """`cascade run`'s exit code: the script's own, or 4 where it exited 0 but the record is
+        incomplete (the script's own failure code wins)."""
+        return EXIT_INCOMPLETE if self.exit_code == 0 and self.incomplete else self.exit_code

@@ -32,13 +32,13 @@ _LAZY = {
     "push": "data",
     "RestoreResult": "restoring", "restore": "restoring",
     "build_image": "images",
-    "sync": "spooled",
+    "SyncResult": "spooled", "sync": "spooled",
 }  # fmt: skip
 
 __all__ = [
     "CheckoutResult", "PushSummary", "RestoreResult", "RunRecord", "RunRequest", "RunSummary",
-    "TraceSummary", "build_image", "check", "checkout", "checkpoint_path", "diff", "init", "list_runs",
-    "push", "restore", "run", "show_run", "sync", "tag", "ui", "verify",
+    "SyncResult", "TraceSummary", "build_image", "check", "checkout", "checkpoint_path", "diff", "init",
+    "list_runs", "push", "restore", "run", "show_run", "sync", "tag", "ui", "verify",
 ]  # fmt: skip
 
 

@@ -11,7 +11,7 @@ from cascade_repro.api.compare import machine_record
 from cascade_repro.api.judging import judge_runs, record_verdict
 from cascade_repro.api.loading import dvc_cache, load_project
 from cascade_repro.api.runs import RunRequest, run
-from cascade_repro.errors import RestoreRefused, StoreError, UsageError
+from cascade_repro.errors import EXIT_ERROR, EXIT_OK, RestoreRefused, StoreError, UsageError
 from cascade_repro.manifest import data_objects
 from cascade_repro.params import ResolvedParams
 from cascade_repro.redaction import fill_argv
@@ -38,6 +38,14 @@ class RestoreResult:
     @property
     def reproduced(self) -> bool:
         return self.verdict is not None and self.verdict.reproduced
+
+    @property
+    def exit_status(self) -> int:
+        """`cascade restore`'s exit code: 0 reproduced (or only materialized, --no-run), 3 not
+        reproduced, 1 a re-run with no verdict."""
+        if self.verdict is None:
+            return EXIT_OK if self.run is None else EXIT_ERROR
+        return self.verdict.exit_status
 
 
 def restore(

@@ -6,7 +6,7 @@ import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from cascade_repro import distributed, versions
 from cascade_repro.api.loading import load_project
@@ -24,7 +24,7 @@ from cascade_repro.store.run_store import RunStore
 
 if TYPE_CHECKING:
     from cascade_repro.images.prepare import PreparedImage
-    from cascade_repro.store.ui_server import UiServer
+    from cascade_repro.store.ui_server import UiOutcome, UiServer
 
 log = logging.getLogger(__name__)
 
@@ -419,8 +419,10 @@ def tag(ref: str, version: str, force: bool = False, git_tag: bool = True,
     return versions.tag_run(store, settings.root, store.resolve(ref), version, force=force, git_tag=git_tag)
 
 
-def ui(host: str = "127.0.0.1", port: int = 5000, cwd: Path | None = None) -> UiServer:
-    """Start the MLflow UI on this project's store; the caller waits on it and stops it."""
+def ui(host: str = "127.0.0.1", port: int = 5000, cwd: Path | None = None,
+       started: Callable[[UiServer], None] = lambda server: None) -> UiOutcome:  # fmt: skip
+    """The MLflow UI on this project's store, served until the user stops it (Ctrl-C, SIGTERM) or
+    the server exits; `started` is told once it answers."""
     from cascade_repro.store import ui_server
 
     settings = load_project(cwd)
@@ -429,5 +431,6 @@ def ui(host: str = "127.0.0.1", port: int = 5000, cwd: Path | None = None) -> Ui
             f"the store {settings.tracking_uri} is a tracking server already: open it in a browser",
             hint="cascade ui serves a local store (sqlite or a database URI)",
         )
-    return ui_server.start(settings.tracking_uri, settings.artifact_root, host, port,
-                           settings.root / ".cascade" / "ui.log")  # fmt: skip
+    server = ui_server.start(settings.tracking_uri, settings.artifact_root, host, port,
+                             settings.root / ".cascade" / "ui.log")  # fmt: skip
+    return ui_server.serve(server, started)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cascade_repro.errors import EXIT_INCOMPLETE, EXIT_OK
 from cascade_repro.project import find_repo_root
 from cascade_repro.run_plan import Notify
 from cascade_repro.settings import Settings, load_settings
@@ -19,15 +21,24 @@ if TYPE_CHECKING:
 log = logging.getLogger("cascade_repro.recovery")
 
 
-def sync(cwd: Path | None = None, notify: Notify = lambda message: None,
-         command: str = "sync") -> list[Delivered]:  # fmt: skip
-    """Deliver every spooled run whose parent is gone; close the ones now complete.
+@dataclass(frozen=True)
+class SyncResult:
+    """`cascade sync`/`recover`: one `Delivered` per run directory (none: nothing was pending)."""
 
-    One `Delivered` per run directory (empty: nothing was pending)."""
+    delivered: tuple[Delivered, ...]
+
+    @property
+    def exit_status(self) -> int:
+        """0: nothing left pending; 4: some of it is still pending or was refused."""
+        return EXIT_INCOMPLETE if any(d.missing for d in self.delivered) else EXIT_OK
+
+
+def sync(cwd: Path | None = None, notify: Notify = lambda message: None, command: str = "sync") -> SyncResult:
+    """Deliver every spooled run whose parent is gone; close the ones now complete."""
     from cascade_repro.recovery import sync as deliver_all
 
     settings = load_settings(find_repo_root(cwd))
-    return deliver_all(settings, notify, f"`cascade {command}`")
+    return SyncResult(tuple(deliver_all(settings, notify, f"`cascade {command}`")))
 
 
 def finish_dead_runs(settings: Settings, notify: Notify | None = None,

@@ -14,6 +14,7 @@ from cascade_repro.determinism.compare import (
 )
 from cascade_repro.determinism.explain import Cause, Difference, likely_causes, manifest_differences
 from cascade_repro.determinism.magnitude import Magnitude
+from cascade_repro.errors import EXIT_NOT_REPRODUCED, EXIT_OK
 
 BITWISE_IDENTICAL = "BITWISE_IDENTICAL"
 NUMERICALLY_EQUIVALENT = "NUMERICALLY_EQUIVALENT"
@@ -40,6 +41,11 @@ class Verdict:
     @property
     def reproduced(self) -> bool:
         return self.verdict in REPRODUCED
+
+    @property
+    def exit_status(self) -> int:
+        """`cascade verify`'s exit code: 0 reproduced (bitwise or within tolerance), 3 not."""
+        return EXIT_OK if self.reproduced else EXIT_NOT_REPRODUCED
 
     def to_dict(self) -> dict[str, Any]:
         c = self.comparison

@@ -16,8 +16,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
-from cascade_repro.errors import StoreError, UsageError
+from cascade_repro.errors import EXIT_ERROR, EXIT_OK, StoreError, UsageError
 
 READY_TIMEOUT_S = 90.0
 
@@ -43,6 +44,37 @@ class UiServer:
             self.process.wait()
         except ProcessLookupError:
             pass
+
+
+@dataclass(frozen=True)
+class UiOutcome:
+    """How a `cascade ui` session ended: stopped by the user (Ctrl-C, SIGTERM), or the server exited."""
+
+    url: str
+    log: Path
+    server_exit: int | None  # None: stopped by the user
+
+    @property
+    def exit_status(self) -> int:
+        return EXIT_OK if self.server_exit is None else EXIT_ERROR
+
+
+def serve(server: UiServer, started: Callable[[UiServer], None]) -> UiOutcome:
+    """Wait on a started server until it exits or the user stops it (Ctrl-C, or SIGTERM from a
+    supervisor), and stop it and its workers in that case. `started` is told once it answers."""
+
+    def interrupted(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupted)
+    try:  # Ctrl-C right after the URL is shown stops the server as well
+        started(server)
+        return UiOutcome(server.url, server.log, server.wait())
+    except KeyboardInterrupt:
+        server.stop()
+        return UiOutcome(server.url, server.log, None)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def start(tracking_uri: str, artifact_root: str, host: str, port: int, log: Path) -> UiServer:
