@@ -21,6 +21,9 @@ ProgressFactory = Callable[[str, "int | None"], "Callable[[int], None] | None"] 
 
 @dataclass(frozen=True)
 class CheckoutResult:
+    """`cascade checkout`: each file fetched from the DVC cache or remote (md5-verified) and where
+    it went; `chosen` is the checkpoint picked by `--checkpoint` or the default rule."""
+
     run_id: str
     items: tuple[Fetched, ...]
     chosen: Chosen | None = None  # the checkpoint taken, and why (`--checkpoint` or the default)
@@ -89,6 +92,8 @@ def checkpoint_path(ref: str, which: str = "best", cwd: Path | None = None) -> P
 
 @dataclass(frozen=True)
 class PushSummary:
+    """`cascade push`: how many of a run's DVC objects reached the remote, and which did not."""
+
     run_id: str
     remote: str | None
     pushed: int

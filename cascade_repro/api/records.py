@@ -47,6 +47,8 @@ class TraceSummary:
 
 
 def show_run(ref: str, cwd: Path | None = None, trace: bool = False) -> RunRecord:
+    """`cascade show`: the record of a run (a version label, a run id or a prefix of one), its
+    status, metrics and tags; `trace`: a summary of its step trace as well."""
     settings = load_project(cwd)
     store = RunStore.open(settings)
     run = store.resolve(ref)

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RestoreResult:
+    """`cascade restore`: the plan, the worktree it made or reused, the re-run and its verdict
+    against the recorded run (both None with --no-run)."""
+
     plan: RestorePlan
     worktree: Worktree
     run: RunResult | None  # None with --no-run

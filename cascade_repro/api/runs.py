@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 
 def init(cwd: Path | None = None) -> InitResult:
+    """`cascade init`: cascade.yaml, hyperparameters.yaml, the ignores, `dvc init` and a DVC remote
+    (a local directory unless one is configured), in the git repository containing `cwd`."""
     root = find_repo_root(cwd)
     settings = load_settings(root)
     return init_project(root, settings.checkpoints_dir)
@@ -37,6 +39,16 @@ def init(cwd: Path | None = None) -> InitResult:
 
 @dataclass(frozen=True)
 class RunRequest:
+    """What `cascade run` was asked to do; `run()` turns it into a plan and records the run.
+
+    The script and its arguments (`script`, `args`); its hyperparameters (`params_file`, overrides
+    `sets` and `adds` as KEY=VALUE, `seed`, `restored_params` when restore replays a record);
+    how it runs (`determinism` mode, `trace_interval`, `cwd`, `environ`, `nproc_per_node` for
+    torchrun, and in a container: `docker`, `gpus`, `shm_size`, `image`, `no_cache`); what is
+    recorded (`run_name`, `experiment`, `extra_tags`, `log_checkpoints`, `track_inputs`,
+    `require_clean`); and the label given once it finished (`version`, `force_version`, `git_tag`).
+    """
+
     script: str
     args: Sequence[str] = ()
     params_file: str | None = None
@@ -333,6 +345,8 @@ def _invocation_options(request: RunRequest) -> list[str]:
 
 @dataclass(frozen=True)
 class RunSummary:
+    """One line of `cascade ls`: a run as the store knows it (its record is not read)."""
+
     run_id: str
     name: str | None
     experiment: str
@@ -352,6 +366,7 @@ class RunSummary:
 
 def list_runs(cwd: Path | None = None, all_experiments: bool = False, limit: int = 50,
               versions_only: bool = False) -> list[RunSummary]:  # fmt: skip
+    """`cascade ls`: the project's runs, newest first (`versions_only`: the labelled ones)."""
     settings = load_project(cwd)
     store = RunStore.open(settings)
     only = f"tags.`{versions.VERSION_TAG}` LIKE '%'" if versions_only else None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -13,9 +12,10 @@ from typing import Iterator
 
 import pytest
 
-from tests.conftest import CASCADE, Project, git
+from tests.capabilities import chromium_paths
+from tests.plugin import CASCADE, Project, git
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.requires_chromium]
 ARTIFACTS = Path(os.environ.get("CASCADE_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts"))
 
 
@@ -26,13 +26,9 @@ def _free_port() -> int:
 
 
 def _chromium() -> tuple[str, str]:
-    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    driver = shutil.which("chromedriver") or (
-        "/usr/bin/chromedriver" if Path("/usr/bin/chromedriver").exists() else None
-    )
-    if not browser or not driver:
-        pytest.skip("no Chromium + chromedriver on this machine (`make test` installs Debian's as root)")
-    return browser, driver
+    found = chromium_paths()
+    assert found is not None  # the module is marked requires_chromium
+    return found
 
 
 @pytest.fixture

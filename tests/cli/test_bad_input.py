@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Project, git
+from tests.plugin import Project, git
 
 
 def _nothing_recorded(project: Project) -> None:

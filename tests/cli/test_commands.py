@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import Project, git
+from tests.plugin import Project, git
 
 
 def test_init_is_idempotent_and_keeps_user_files(project: Project) -> None:

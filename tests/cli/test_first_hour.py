@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.conftest import CASCADE, Project
+from tests.plugin import CASCADE, Project
 
 STRICT = """\
 import argparse
@@ -238,7 +238,7 @@ def test_checkout_defaults_to_the_last_checkpoint_without_a_monitor_and_says_why
 
 @pytest.mark.slow
 def test_checkout_defaults_to_the_best_by_the_monitored_metric(project: Project, tmp_path: Path) -> None:
-    from tests.conftest import SCRIPTS
+    from tests.plugin import SCRIPTS
 
     project.write("ckpt.py", (SCRIPTS / "ckpt.py").read_text())
     project.cascade("init", check=True)

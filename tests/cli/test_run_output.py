@@ -9,7 +9,7 @@ import re
 import subprocess
 import time
 
-from tests.conftest import CASCADE, Project
+from tests.plugin import CASCADE, Project
 
 INTERLEAVED = """\
 import sys

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import CASCADE, Project, git
 from tests.docker.conftest import write_docker_project
+from tests.plugin import CASCADE, Project, git
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.requires_docker]
 
 
 def _artifact(project: Project, run_id: str, path: str) -> bytes:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tests.conftest import CASCADE, SCRIPTS, Project
+from tests.plugin import CASCADE, SCRIPTS, Project
 
 
 def add_faults_script(project: Project) -> None:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Project
 from tests.faults.helpers import (
     Background,
     add_faults_script,
@@ -24,6 +23,7 @@ from tests.faults.helpers import (
     statuses,
     stored_points,
 )
+from tests.plugin import Project
 
 pytestmark = pytest.mark.slow
 

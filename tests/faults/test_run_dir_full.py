@@ -9,9 +9,9 @@ from typing import Iterator
 
 import pytest
 
-from tests.conftest import Project
+from tests.plugin import Project
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.requires_root]
 
 SCRIPT = """
 import sys

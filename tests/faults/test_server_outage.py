@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Project
 from tests.faults.helpers import Background, add_faults_script, points_in, stored_points
+from tests.plugin import Project
 
 pytestmark = pytest.mark.slow
 

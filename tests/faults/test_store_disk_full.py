@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Project
 from tests.faults.helpers import add_faults_script, points_in, stored_points
+from tests.plugin import Project
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.requires_root]
 
 BULK = 100_000
 
@@ -27,8 +27,6 @@ def small_disk(tmp_path: Path) -> Path:
     """A 64 MiB tmpfs of its own (root only): a real ENOSPC, not a mock."""
     mount = tmp_path / "store-disk"
     mount.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
     done = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True
     )

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import SCRIPTS, Project, git
+from tests.plugin import SCRIPTS, Project, git
 
 pytestmark = pytest.mark.slow
 DVC = [sys.executable, "-m", "dvc"]  # the venv's dvc, whether or not the venv is on PATH

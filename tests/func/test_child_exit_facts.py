@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import Project
+from tests.plugin import Project
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import SCRIPTS, Project
+from tests.plugin import SCRIPTS, Project
 
 pytestmark = pytest.mark.slow
 

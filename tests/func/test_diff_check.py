@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.conftest import Project, git
+from tests.plugin import Project, git
 
 pytestmark = pytest.mark.slow
 

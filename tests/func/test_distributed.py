@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import SCRIPTS, Project
+from tests.plugin import SCRIPTS, Project
 
 pytest.importorskip("torch.distributed.run", reason="torchrun comes with torch")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SCRIPTS, Project
+from tests.plugin import SCRIPTS, Project
 
 lightning = pytest.importorskip("lightning", reason="lightning is a test extra (pip install -e '.[dev]')")
 transformers = pytest.importorskip("transformers", reason="transformers is a test extra")

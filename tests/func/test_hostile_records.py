@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.conftest import SCRIPTS, Project, git
+from tests.plugin import SCRIPTS, Project, git
 
 pytestmark = pytest.mark.slow
 DVC = [sys.executable, "-m", "dvc"]

@@ -7,7 +7,7 @@ import pytest
 from cascade_repro.images import context
 from cascade_repro.recorder import own_paths
 from cascade_repro.settings import load_settings
-from tests.conftest import Project, git
+from tests.plugin import Project, git
 
 
 def _collect(project: Project, dirty: bool = False) -> context.BuildContext:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import CASCADE, Project
+from tests.plugin import CASCADE, Project
 
 pytestmark = pytest.mark.slow
 

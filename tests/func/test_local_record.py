@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cascade_repro.store import local_record, mlflow_store
-from tests.conftest import Project
+from tests.plugin import Project
 
 pytestmark = pytest.mark.slow
 

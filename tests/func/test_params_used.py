@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.conftest import Project, git
+from tests.plugin import Project, git
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.conftest import Project
+from tests.plugin import Project
 
 pytestmark = pytest.mark.slow
 

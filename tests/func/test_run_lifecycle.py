@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.conftest import CASCADE, Project, wait_for_file
+from tests.plugin import CASCADE, Project, wait_for_file
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import Project, git
+from tests.plugin import Project, git
 
 pytestmark = pytest.mark.slow
 

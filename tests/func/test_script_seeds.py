@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Project
+from tests.plugin import Project
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CASCADE, Project, wait_for_file
+from tests.plugin import CASCADE, Project, wait_for_file
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CASCADE, Project
+from tests.plugin import CASCADE, Project
 
 # An MLflow 1.x revision; the migration after it (39d1c3be5f05) rebuilds latest_metrics through
 # `_alembic_tmp_latest_metrics`, the table that concurrent first runs left behind.

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Project
+from tests.plugin import Project
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +90,7 @@ def test_verify_of_an_unknown_run(project: Project) -> None:
 
 
 def test_manual_sgd_without_an_optimizer_is_traced_and_verified(project: Project) -> None:
-    from tests.conftest import SCRIPTS
+    from tests.plugin import SCRIPTS
 
     project.write("manual_sgd.py", (SCRIPTS / "manual_sgd.py").read_text())
     project.commit("manual sgd")
@@ -161,7 +161,7 @@ def test_trace_interval_zero_records_no_trace(project: Project) -> None:
 
 
 def test_shuffled_dataloader_with_workers_is_reproduced_batch_for_batch(project: Project) -> None:
-    from tests.conftest import SCRIPTS
+    from tests.plugin import SCRIPTS
 
     project.write("loader.py", (SCRIPTS / "loader.py").read_text())
     project.commit("loader")

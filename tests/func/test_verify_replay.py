@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import Project
+from tests.plugin import Project
 
 pytestmark = pytest.mark.slow
 
@@ -96,7 +96,7 @@ def test_unseeded_runs_replay_with_the_seeds_they_drew(project: Project) -> None
 
 
 def test_manual_sgd_without_an_optimizer_is_replayed_too(project: Project) -> None:
-    from tests.conftest import SCRIPTS
+    from tests.plugin import SCRIPTS
 
     project.write("manual_sgd.py", (SCRIPTS / "manual_sgd.py").read_text())
     project.commit("manual sgd")

@@ -12,11 +12,9 @@ import pytest
 import torch
 
 from cascade_repro.determinism.fingerprint import device_checksums, fingerprints
-from tests.conftest import Project
+from tests.plugin import Project
 
-pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is False here"
-)
+pytestmark = pytest.mark.requires_cuda
 
 SCRIPT = """
 import torch

@@ -1,0 +1,168 @@
+"""cascade's pytest plugin: the shared helpers every suite imports (`Project`, `git`, `CASCADE`,
+`SCRIPTS`, `wait_for_file`), the fixtures (an isolated environment, a real tmp git project) and the
+capability markers.
+
+A test that needs a service says so with a marker, and skips in one place with the reason:
+
+    requires_docker     a Docker engine answers (`make test` as root starts one: scripts/services.sh)
+    requires_chromium   Chromium and chromedriver are installed (Debian's, from scripts/services.sh)
+    requires_cuda       torch sees a CUDA device (the GPU machines some tasks are lent)
+    requires_postgres   PostgreSQL's server binaries are installed (the team-scale suite starts one)
+    requires_root       the test mounts filesystems (tmpfs) and needs root
+
+Registered by tests/conftest.py (`pytest_plugins`); test modules import from here, never from a
+conftest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.capabilities import CAPABILITIES, missing
+
+# The suite sends Ctrl-C (SIGINT) to `cascade run` and `cascade ui`. A shell without job control
+# starts a background job (`.ci/run &`) with SIGINT ignored, and every process inherits that, so
+# none of them would ever see the signal. Handled here, it reaches the children at its default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+SCRIPTS = Path(__file__).parent / "func" / "scripts"
+CASCADE = [sys.executable, "-m", "cascade_repro.cli"]
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No test sees the developer's HOME, git identity, MLflow or cascade settings."""
+    home = tmp_path_factory.mktemp("home")
+    for name in list(os.environ):
+        if name.startswith(("MLFLOW_", "CASCADE_")):
+            monkeypatch.delenv(name)
+    gitconfig = home / ".gitconfig"
+    gitconfig.write_text(
+        "[user]\n\tname = Test\n\temail = test@example.com\n[init]\n\tdefaultBranch = main\n"
+    )
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(gitconfig))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    return home
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout
+
+
+def wait_for_file(path: Path, process: subprocess.Popen[str], timeout: float = 120) -> None:
+    """Until the background `cascade` process's script writes `path` (a marker); fails with its output
+    if it ends first or the time runs out."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"the script never wrote {path.name}"
+        time.sleep(0.1)
+
+
+@dataclass
+class Project:
+    """A real git repository with a training script, driven through the real `cascade` CLI."""
+
+    root: Path
+
+    def write(self, rel: str, content: str | bytes) -> Path:
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+        return path
+
+    def commit(self, message: str = "change") -> str:
+        git(self.root, "add", "-A")
+        git(self.root, "commit", "-qm", message)
+        return git(self.root, "rev-parse", "HEAD").strip()
+
+    def cascade(self, *args: str, env: dict[str, str] | None = None, check: bool = False,
+                timeout: float = 300) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        result = subprocess.run(
+            [*CASCADE, *args], cwd=self.root, capture_output=True, text=True, timeout=timeout,
+            env={**os.environ, **(env or {})},
+        )  # fmt: skip
+        if check and result.returncode != 0:
+            raise AssertionError(f"cascade {' '.join(args)} exited {result.returncode}:\n{result.stderr}")
+        return result
+
+    def record(self, *args: str, env: dict[str, str] | None = None) -> str:
+        """`cascade run ARGS`, which must succeed; the id of the run it made."""
+        before = {r.info.run_id for r in self.runs()}
+        self.cascade("run", *args, env=env, check=True)
+        (new,) = {r.info.run_id for r in self.runs()} - before
+        return str(new)
+
+    @property
+    def tracking_uri(self) -> str:
+        return f"sqlite:///{self.root / 'mlflow.db'}"
+
+    def client(self) -> Any:
+        from mlflow import MlflowClient
+
+        return MlflowClient(tracking_uri=self.tracking_uri)
+
+    def runs(self) -> list[Any]:
+        if not (self.root / "mlflow.db").exists():
+            return []
+        client = self.client()
+        experiments = client.search_experiments()
+        return list(client.search_runs([e.experiment_id for e in experiments])) if experiments else []
+
+    def only_run(self) -> Any:
+        runs = self.runs()
+        assert len(runs) == 1, f"expected one run, found {len(runs)}"
+        return runs[0]
+
+    def manifest(self, run_id: str) -> dict[str, Any]:
+        local = self.client().download_artifacts(run_id, "cascade/run.json", str(self.root / ".dl"))
+        data = json.loads(Path(local).read_text())
+        shutil.rmtree(self.root / ".dl")
+        return data
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Project:
+    """A committed repo with tests/func/scripts/train.py as train.py and a hyperparameters.yaml."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    git(root, "init", "-q")
+    proj = Project(root)
+    proj.write("train.py", (SCRIPTS / "train.py").read_text())
+    proj.write(
+        "hyperparameters.yaml",
+        "seed: 3\nsteps: 20\noptimizer:\n  lr: 0.1\n  momentum: 0.9\nmodel:\n  hidden: 16\n",
+    )
+    proj.write(".gitignore", "mlflow.db\nmlruns/\n.cascade/\nout/\n")
+    proj.commit("initial")
+    return proj
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "slow: runs real training or several cascade runs (still run by .ci/run)"
+    )
+    for name, (what, _probe) in CAPABILITIES.items():
+        config.addinivalue_line("markers", f"{name}: skips, saying why, unless {what}")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for marker in item.iter_markers():
+        if marker.name in CAPABILITIES and (reason := missing(marker.name)):
+            pytest.skip(reason)

@@ -1,0 +1,41 @@
+"""The public Python API, pinned (issue 16): what a training script imports from `cascade_repro`, and
+the use cases `cascade_repro.api` offers; each with a docstring of its own."""
+
+from __future__ import annotations
+
+import inspect
+from types import ModuleType
+
+import pytest
+
+import cascade_repro
+import cascade_repro.api as api
+
+PINNED = {
+    cascade_repro: ["__version__", "checkpoint", "flush", "load_checkpoint", "log_metric", "log_metrics",
+                    "params"],
+    api: ["CheckoutResult", "PushSummary", "RestoreResult", "RunRecord", "RunRequest", "RunSummary",
+          "SyncResult", "TraceSummary", "build_image", "check", "checkout", "checkpoint_path", "diff",
+          "init", "list_runs", "push", "restore", "run", "show_run", "sync", "tag", "ui", "verify"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("module", list(PINNED), ids=lambda m: m.__name__)
+def test_the_public_api_is_what_is_pinned(module: ModuleType) -> None:
+    assert sorted(module.__all__) == sorted(PINNED[module])
+    for name in module.__all__:
+        getattr(module, name)  # every name resolves (the api's lazy ones included)
+
+
+@pytest.mark.parametrize("module", list(PINNED), ids=lambda m: m.__name__)
+def test_each_public_name_has_a_docstring_of_its_own(module: ModuleType) -> None:
+    missing = []
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if not callable(obj):
+            continue
+        doc = obj.__doc__ or ""
+        generated = inspect.isclass(obj) and doc.startswith(f"{obj.__name__}(")  # dataclass's own
+        if not doc.strip() or generated:
+            missing.append(name)
+    assert missing == []
