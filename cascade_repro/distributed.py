@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 
 from cascade_repro.child import protocol
 from cascade_repro.errors import UsageError
+from cascade_repro.settings import ProjectPaths
 from cascade_repro.store.spool import read_json
 
 LAUNCHED = "cascade"  # cascade run --nproc-per-node N started torchrun
@@ -56,7 +57,7 @@ class Distributed:
 
     def job_dir(self, root: Path) -> Path:
         assert self.job is not None
-        return root / ".cascade" / "jobs" / self.job
+        return ProjectPaths(root).jobs / self.job
 
     @property
     def local_ranks(self) -> range:

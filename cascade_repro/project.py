@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cascade_repro.errors import CascadeError
+from cascade_repro.settings import OWN_DIR
 from cascade_repro.store import dvc_store, git_repo
 
-IGNORE_ENTRIES = ("mlflow.db", "mlruns/", "mlartifacts/", ".cascade/")
+IGNORE_ENTRIES = ("mlflow.db", "mlruns/", "mlartifacts/", f"{OWN_DIR}/")
 INIT_FILES = ("cascade.yaml", "hyperparameters.yaml", "Dockerfile.j2")
 
 
@@ -70,7 +71,7 @@ def init_project(root: Path, checkpoints_dir: str = "checkpoints") -> InitResult
 def default_remote_dir(root: Path) -> Path:
     """A per-project local DVC remote outside the work tree, so `git clean` never removes it."""
     digest = hashlib.sha256(str(root).encode()).hexdigest()[:8]
-    return Path.home() / ".cascade" / "dvc-remote" / f"{root.name}-{digest}"
+    return Path.home() / OWN_DIR / "dvc-remote" / f"{root.name}-{digest}"
 
 
 def preview_init(root: Path, checkpoints_dir: str = "checkpoints") -> InitPreview:

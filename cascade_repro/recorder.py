@@ -30,7 +30,7 @@ from cascade_repro.recording import UNTRACKED_DIR, Recording, Worker
 from cascade_repro.redaction import redact_argv
 from cascade_repro.run_output import RunOutput
 from cascade_repro.run_plan import Notify, RunPlan, RunResult
-from cascade_repro.settings import Settings, sqlite_path
+from cascade_repro.settings import OWN_DIR, Settings, sqlite_path
 from cascade_repro.store import spool
 from cascade_repro.store.checkpoint_keeper import CheckpointKeeper
 from cascade_repro.store.dvc_store import Cache
@@ -280,7 +280,7 @@ def child_environment(plan: RunPlan, run_dir: Path) -> dict[str, str]:
 def own_paths(settings: Settings) -> tuple[str, ...]:
     """Root-relative paths of cascade's own files and of what runs write (the checkpoints directory,
     DVC's cache): never part of the user's dirty state, whether or not `cascade init` ignored them."""
-    paths = [".cascade", "mlruns", "mlartifacts", ".dvc/cache", ".dvc/tmp"]
+    paths = [OWN_DIR, "mlruns", "mlartifacts", ".dvc/cache", ".dvc/tmp"]
     db = sqlite_path(settings.tracking_uri)
     if db is not None:
         try:

@@ -1,4 +1,10 @@
-"""cascade.yaml + CASCADE_* / MLFLOW_TRACKING_URI variables → one frozen Settings object."""
+"""cascade.yaml + CASCADE_* / MLFLOW_TRACKING_URI variables → one frozen Settings object, and the
+two tables every module reads instead of spelling them itself: the variables a user may set
+(`VARIABLES`) and the paths cascade keeps in a project (`ProjectPaths`).
+
+The variables between `cascade run` and its child (the run directory, the seed, ...) are not user
+settings: they are the child's protocol (child/protocol.py). One name is both: CASCADE_DETERMINISM,
+which the user may set and which the parent passes on, resolved, for the child to apply."""
 
 from __future__ import annotations
 
@@ -12,6 +18,28 @@ from cascade_repro.errors import ConfigError
 from cascade_repro.yaml_io import read_yaml_mapping
 
 SETTINGS_FILE = "cascade.yaml"
+OWN_DIR = ".cascade"  # cascade's own files in a project; `cascade init` ignores it
+# What a project holds that is cascade's (the embedded store, its own directory): never the user's code.
+OWN_ENTRIES = (OWN_DIR, "mlruns", "mlartifacts", "mlflow.db")
+
+# Every environment variable a user may set for cascade, and what it does.
+VARIABLES = {
+    "MLFLOW_TRACKING_URI": "the store (wins over CASCADE_TRACKING_URI and cascade.yaml's tracking_uri)",
+    "CASCADE_TRACKING_URI": "the store, where MLFLOW_TRACKING_URI is not set",
+    "CASCADE_EXPERIMENT": "the experiment's name (wins over cascade.yaml's experiment)",
+    "CASCADE_DETERMINISM": "off | warn | strict (wins over cascade.yaml's determinism)",
+    "CASCADE_PROGRESS_EVERY": "seconds between progress lines when stderr is not a terminal (0: none)",
+    "CASCADE_IMAGE": "the image a container was started from, where cascade did not start it",
+    "CASCADE_IMAGE_ID": "that image's ID",
+    "CASCADE_SECRET_<NAME>": "a secret argument's value: pass ${CASCADE_SECRET_NAME}, recorded redacted",
+}
+# The variables that change Settings (`cascade run` names them as the source of its settings).
+SETTINGS_VARIABLES = (
+    "MLFLOW_TRACKING_URI",
+    "CASCADE_TRACKING_URI",
+    "CASCADE_EXPERIMENT",
+    "CASCADE_DETERMINISM",
+)
 DEFAULT_ENV_PREFIXES = (
     "CUDA_", "CUBLAS_", "CUDNN_", "NCCL_", "NVIDIA_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "KMP_",
     "OPENBLAS_", "ATEN_", "PYTHONHASHSEED", "CASCADE_", "MLFLOW_", "HF_", "XLA_", "LD_PRELOAD",
@@ -43,13 +71,62 @@ class Settings:
     log_checkpoints: bool = False  # also log checkpoint files as MLflow artifacts (heavy)
 
     @property
+    def paths(self) -> ProjectPaths:
+        return ProjectPaths(self.root)
+
+    @property
     def runs_dir(self) -> Path:
         """Where run directories live while a run is going (ignored by git, see `cascade init`)."""
-        return self.root / ".cascade" / "runs"
+        return self.paths.runs
 
     @property
     def artifact_root(self) -> str:
         return (self.root / "mlruns").as_uri()
+
+
+@dataclass(frozen=True)
+class ProjectPaths:
+    """Every path cascade keeps in a project: under `.cascade/`, which git ignores."""
+
+    root: Path
+
+    @property
+    def own(self) -> Path:
+        return self.root / OWN_DIR
+
+    @property
+    def runs(self) -> Path:
+        """A directory per run while it goes, and what is pending delivery (`cascade sync`)."""
+        return self.own / "runs"
+
+    @property
+    def jobs(self) -> Path:
+        """A torchrun job's directory per rendezvous id, where the other ranks hand over their files."""
+        return self.own / "jobs"
+
+    @property
+    def builds(self) -> Path:
+        """Image build contexts and logs (`--docker`, `cascade image build`)."""
+        return self.own / "builds"
+
+    @property
+    def restores(self) -> Path:
+        """The worktrees `cascade restore` makes, one per version or run."""
+        return self.own / "restore"
+
+    @property
+    def replays(self) -> Path:
+        """The tensors `cascade verify --replay` saves at a divergent step."""
+        return self.own / "replays"
+
+    @property
+    def ui_log(self) -> Path:
+        return self.own / "ui.log"
+
+    @property
+    def init_advised(self) -> Path:
+        """Marker: the first run without `cascade init` said what init would add (said once)."""
+        return self.own / "init-advised"
 
 
 def load_settings(root: Path, environ: Mapping[str, str] | None = None) -> Settings:

@@ -34,7 +34,7 @@ def build_image(
         head_commit(root),
         dirty,
         capture_packages(),
-        root / ".cascade" / "builds",
+        settings.paths.builds,
         notify,
         no_cache=no_cache,
         exclude=exclude,

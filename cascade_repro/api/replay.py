@@ -30,11 +30,11 @@ def replay_divergence(
     if step is None or not tensor_facets:
         where = "no step differs" if step is None else f"at step {step} no tensor differs"
         return [], {"runs": {}, "not_measured": [f"nothing to replay: {where}"]}
-    root = load_project(cwd).root
+    replays = load_project(cwd).paths.replays
     runs: dict[str, str] = {}
     dumps: list[Path] = []
     for side, run_id in (("a", verdict.run_a), ("b", verdict.run_b)):
-        directory = root / ".cascade" / "replays" / f"{run_id[:12]}-step{step}"
+        directory = replays / f"{run_id[:12]}-step{step}"
         shutil.rmtree(directory, ignore_errors=True)
         notify(f"replay {side}: re-running {run_id[:12]} for {step + 1} steps to save step {step}")
         result = restore(run_id, cwd=cwd, steps=step + 1, dump=(step, directory), notify=notify)

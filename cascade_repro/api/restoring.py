@@ -85,7 +85,7 @@ def restore(
     if steps is not None and not (manifest.get("trace") or {}).get("steps"):
         raise UsageError(f"run {run_id[:12]} has no step trace, so --steps has nothing to compare")
     label = (version or run_id[:12]).replace("/", "_")
-    workdir = (workdir or root / ".cascade" / "restore" / label).absolute()
+    workdir = (workdir or settings.paths.restores / label).absolute()
     plan = restoring.plan_restore(manifest, version, workdir, steps, os.environ, settings.env_allow_prefixes,
                                   machine_record(settings, os.environ, probe_torch=False))  # fmt: skip
     plan = restoring.locate_inputs(plan, root)
@@ -268,7 +268,7 @@ def _restore_image(
         plan.commit,
         plan.dirty,
         recorded_packages,
-        settings.root / ".cascade" / "builds",
+        settings.paths.builds,
         notify,
         dockerfile=dockerfile or None,
         requirements=reqs,

@@ -17,7 +17,7 @@ from cascade_repro.params import ResolvedParams, find_params_file, resolve_param
 from cascade_repro.project import InitResult, find_repo_root, init_project, preview_init
 from cascade_repro.recorder import follow_rank, own_paths, record_run
 from cascade_repro.run_plan import ContainerPlan, Notify, RunPlan, RunResult
-from cascade_repro.settings import Settings, load_settings
+from cascade_repro.settings import SETTINGS_VARIABLES, Settings, load_settings
 from cascade_repro.store import git_repo, mlflow_store, spool, sqlite_store
 from cascade_repro.store.git_repo import head_commit
 from cascade_repro.store.run_store import RunStore
@@ -186,12 +186,9 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
     return replace(result, version=tagged.version)
 
 
-INIT_ADVISED = "init-advised"  # in .cascade/: the first run without `cascade init` said what it would add
-
-
 def _advise_init_once(settings: Settings, notify: Notify) -> None:
     """The first run in a project without `cascade init` says what init would add, once."""
-    marker = settings.root / ".cascade" / INIT_ADVISED
+    marker = settings.paths.init_advised
     if marker.exists():
         return
     preview = preview_init(settings.root, settings.checkpoints_dir)
@@ -257,7 +254,7 @@ def _container_plan(request: RunRequest, settings: Settings, commit: str, exclud
     client = engine.connect()
     prepared = request.image or prepare.prepare_image(
         client, settings.root, docker, settings.experiment, commit, bool(is_dirty(settings.root, exclude)),
-        capture_packages(), settings.root / ".cascade" / "builds", notify, no_cache=request.no_cache,
+        capture_packages(), settings.paths.builds, notify, no_cache=request.no_cache,
         exclude=exclude,
     )  # fmt: skip
     for warning in prepared.warnings:
@@ -305,7 +302,7 @@ def _dirty_data(root: Path) -> list[str]:
 
 
 def _settings_source(root: Path, environ: Mapping[str, str]) -> str:
-    overrides = sorted(k for k in environ if k.startswith("CASCADE_"))
+    overrides = [name for name in SETTINGS_VARIABLES if environ.get(name)]
     base = "cascade.yaml" if (root / "cascade.yaml").is_file() else "defaults (no cascade.yaml)"
     return base + (f" + {', '.join(overrides)}" if overrides else "")
 
@@ -447,5 +444,5 @@ def ui(host: str = "127.0.0.1", port: int = 5000, cwd: Path | None = None,
             hint="cascade ui serves a local store (sqlite or a database URI)",
         )
     server = ui_server.start(settings.tracking_uri, settings.artifact_root, host, port,
-                             settings.root / ".cascade" / "ui.log")  # fmt: skip
+                             settings.paths.ui_log)  # fmt: skip
     return ui_server.serve(server, started)

@@ -23,6 +23,8 @@ import sys
 from types import ModuleType
 from typing import Any, Callable
 
+from cascade_repro.child import protocol
+
 RENAMED_PREFIX = "script/"
 LIGHTNING_MLFLOW_MODULES = ("lightning.pytorch.loggers.mlflow", "pytorch_lightning.loggers.mlflow")
 
@@ -34,7 +36,7 @@ def import_hooks() -> dict[str, Callable[[ModuleType], None]]:
 
 def cascade_run_id() -> str | None:
     """The cascade run's id once the parent wrote it (set when the script first imported mlflow)."""
-    return os.environ.get("CASCADE_MLFLOW_RUN_ID") or None
+    return os.environ.get(protocol.ENV_MLFLOW_RUN_ID) or None
 
 
 def after_mlflow(mlflow: ModuleType) -> None:
@@ -42,7 +44,7 @@ def after_mlflow(mlflow: ModuleType) -> None:
     run_id = os.environ.get("MLFLOW_RUN_ID")
     if not run_id:
         return
-    os.environ["CASCADE_MLFLOW_RUN_ID"] = run_id
+    os.environ[protocol.ENV_MLFLOW_RUN_ID] = run_id
     try:
         _keep_run_after_end(mlflow, run_id)
         _rename_colliding_params(mlflow.MlflowClient, run_id)

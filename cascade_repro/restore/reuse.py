@@ -10,6 +10,7 @@ from cascade_repro.capture.git import capture_git
 from cascade_repro.errors import RestoreRefused
 from cascade_repro.restore.plan import RestorePlan
 from cascade_repro.restore.safety import safe_path
+from cascade_repro.settings import OWN_ENTRIES
 from cascade_repro.store import git_repo
 
 MARKER = "cascade-restore.json"  # in the worktree's own git dir, never in its files
@@ -17,7 +18,7 @@ MARKER = "cascade-restore.json"  # in the worktree's own git dir, never in its f
 
 def state_fingerprint(workdir: Path) -> dict[str, Any]:
     """Commit, tracked changes and untracked files of a worktree: what "unchanged" means."""
-    state = capture_git(workdir, (".cascade", "mlruns", "mlartifacts", "mlflow.db"), 1 << 62)
+    state = capture_git(workdir, OWN_ENTRIES, 1 << 62)
     return {
         "commit": state.commit,
         "patch_sha256": state.patch_sha256,

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from cascade_repro.errors import StoreError
-from cascade_repro.settings import sqlite_path
+from cascade_repro.settings import OWN_DIR, sqlite_path
 from cascade_repro.store.mlflow_store import first_line
 
 log = logging.getLogger(__name__)
@@ -248,7 +248,7 @@ def _locked(db: Path) -> Iterator[None]:
 
 
 def _work_dir(db: Path) -> Path:
-    path = db.parent / ".cascade"
+    path = db.parent / OWN_DIR
     try:
         path.mkdir(exist_ok=True)
     except OSError as exc:
