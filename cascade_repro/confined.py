@@ -77,24 +77,7 @@ def symlinks_in_patch(patch: bytes) -> dict[str, str]:
     read from the patch (a binary hunk, several lines) is refused: git would write it blind."""
     links: dict[str, str] = {}
     for block in patch.split(b"\ndiff --git "):
-        lines = block.split(b"\n")
-        mode, path, added, binary = None, None, [], False
-        for line in lines:
-            text = line.decode("utf-8", "surrogateescape")
-            if text.startswith(("new file mode ", "new mode ")) or (
-                text.startswith("index ") and text.count(" ") == 2  # "index a..b MODE": a changed link
-            ):
-                mode = text.rsplit(" ", 1)[1]
-            elif text.startswith("deleted file mode "):
-                mode = None
-            elif text.startswith("+++ "):
-                path = None if text == "+++ /dev/null" else _unquote(text[4:])[2:]
-            elif text.startswith(("rename to ", "copy to ")):
-                path = _unquote(text.split(" to ", 1)[1])
-            elif text == "GIT binary patch":
-                binary = True
-            elif text.startswith("+") and not text.startswith("+++ "):
-                added.append(text[1:])
+        mode, path, added, binary = _file_in_patch(block)
         if mode != SYMLINK_MODE or path is None:
             continue
         if binary or len(added) != 1:
@@ -103,6 +86,29 @@ def symlinks_in_patch(patch: bytes) -> dict[str, str]:
             )
         links[path] = added[0]
     return links
+
+
+def _file_in_patch(block: bytes) -> tuple[str | None, str | None, list[str], bool]:
+    """One file's part of a git patch: its new mode, the path it writes, the lines it adds, and
+    whether its hunk is binary."""
+    mode, path, added, binary = None, None, [], False
+    for line in block.split(b"\n"):
+        text = line.decode("utf-8", "surrogateescape")
+        if text.startswith(("new file mode ", "new mode ")) or (
+            text.startswith("index ") and text.count(" ") == 2  # "index a..b MODE": a changed link
+        ):
+            mode = text.rsplit(" ", 1)[1]
+        elif text.startswith("deleted file mode "):
+            mode = None
+        elif text.startswith("+++ "):
+            path = None if text == "+++ /dev/null" else _unquote(text[4:])[2:]
+        elif text.startswith(("rename to ", "copy to ")):
+            path = _unquote(text.split(" to ", 1)[1])
+        elif text == "GIT binary patch":
+            binary = True
+        elif text.startswith("+") and not text.startswith("+++ "):
+            added.append(text[1:])
+    return mode, path, added, binary
 
 
 def _unquote(path: str) -> str:

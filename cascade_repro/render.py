@@ -12,10 +12,10 @@ from typing import IO, TYPE_CHECKING, Any, Callable, Iterator, Mapping, cast
 from cascade_repro.redaction import fill_argv, redact_text
 
 if TYPE_CHECKING:
+    from cascade_repro.api.browsing import RunSummary
     from cascade_repro.api.data import CheckoutResult
     from cascade_repro.api.records import RunRecord
     from cascade_repro.api.restoring import RestoreResult
-    from cascade_repro.api.runs import RunSummary
     from cascade_repro.check import CheckReport
     from cascade_repro.determinism.verdict import Verdict
     from cascade_repro.diff import Diff

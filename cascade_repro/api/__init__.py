@@ -1,6 +1,7 @@
 """One function per use case; the CLI renders what these return. The only orchestrator.
 
-    runs.py       init, run (with --tag), list_runs, tag, ui
+    runs.py       init, run (with --tag)
+    browsing.py   list_runs, tag, ui
     records.py    show_run, verify
     restoring.py  restore
     data.py       checkout, checkpoint_path (load_checkpoint), push
@@ -24,7 +25,7 @@ import importlib
 from typing import Any
 
 from cascade_repro.api.records import RunRecord, TraceSummary, show_run, verify
-from cascade_repro.api.runs import RunRequest, RunSummary, init, list_runs, run, tag, ui
+from cascade_repro.api.runs import RunRequest, init, run
 
 _LAZY = {
     "check": "compare", "diff": "compare",
@@ -33,6 +34,7 @@ _LAZY = {
     "RestoreResult": "restoring", "restore": "restoring",
     "build_image": "images",
     "SyncResult": "spooled", "sync": "spooled",
+    "RunSummary": "browsing", "list_runs": "browsing", "tag": "browsing", "ui": "browsing",
 }  # fmt: skip
 
 __all__ = [

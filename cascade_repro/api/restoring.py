@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from cascade_repro.api.compare import machine_record
 from cascade_repro.api.judging import judge_runs, record_verdict
@@ -69,7 +69,6 @@ def restore(
 
     `dump` (step, directory): the re-run saves that step's tensors there (`cascade verify --replay`).
     """
-    from cascade_repro import checkout as checking
     from cascade_repro import restore as restoring
 
     settings = load_project(cwd)
@@ -90,26 +89,62 @@ def restore(
                                   machine_record(settings, os.environ, probe_torch=False))  # fmt: skip
     plan = restoring.locate_inputs(plan, root)
     show_plan(plan)
+    _refuse_what_cannot_run(plan, execute)  # before anything is written
+    tree = _materialize(plan, manifest, settings, store, execute, notify)
+    if not execute:
+        return RestoreResult(plan, tree, None, None)
+    image, drift = (
+        (None, []) if not docker else _restore_image(store, manifest, plan, tree.path, settings, notify)
+    )
+    request = _rerun_request(plan, manifest, tree.path, settings, label, dump)
+    if docker:  # the recorded shared memory (DataLoader workers need it); GPUs follow this machine (auto)
+        shm_size = (manifest.get("container") or {}).get("shm_size") or None
+        request = replace(request, docker=True, gpus=gpus, image=image, shm_size=shm_size,
+                          extra_tags={**(request.extra_tags or {}), **_image_tags(image, drift)})  # fmt: skip
+    notify(f"re-running {' '.join((plan.script, *plan.argv))} in {tree.path}")
+    result = run(request, notify)
+    restoring.write_marker(tree.path, plan)  # the re-run's own outputs belong to the state reuse expects
+    verdict = judge_runs(store, manifest, result.manifest.to_dict(), rtol, atol, steps=steps)
+    verdict = _crash_told(verdict, store, manifest, result)
+    record_verdict(store, verdict, result.run_id, run_id)
+    return RestoreResult(plan, tree, result, verdict, image, tuple(drift))
+
+
+def _refuse_what_cannot_run(plan: RestorePlan, execute: bool) -> None:
+    """Untracked files the record did not keep, inputs not here as the run read them, and (to re-run)
+    secrets not set: each refused before anything is written."""
+    from cascade_repro import restore as restoring
+
     if plan.unavailable:
         raise RestoreRefused(
             f"the record names untracked files it did not keep: {', '.join(plan.unavailable[:5])}",
             hint="they were larger than untracked_max_bytes; track such files with `dvc add` next time",
         )
     not_here = restoring.inputs_not_here(plan)
-    if not_here:  # before anything is written: a re-run without them would only crash
+    if not_here:  # a re-run without them would only crash
         raise RestoreRefused(
             f"the run read {len(not_here)} file(s) that neither git nor DVC tracks, and your checkout "
             f"does not have them as the run read them: {'; '.join(not_here[:5])}",
             hint="put back the files the run read (the same bytes), then restore again; next time track "
             "them with `dvc add PATH` or `cascade run --track-inputs`",
         )
-    if execute and plan.secrets_missing:  # before anything is written
+    if execute and plan.secrets_missing:
         raise RestoreRefused(
             f"the recorded command has {len(plan.secret_args)} redacted value(s); set "
             + ", ".join(plan.secrets_missing)
             + " to re-run it",
             hint="export each variable with the secret's value (or restore with --no-run)",
         )
+
+
+def _materialize(plan: RestorePlan, manifest: Mapping[str, Any], settings: Settings, store: RunStore,
+                 execute: bool, notify: Notify) -> Worktree:  # fmt: skip
+    """The worktree with the recorded data, checkpoints and inputs in it: every DVC object fetched and
+    verified before the worktree is made; a worktree made here is removed again if that fails."""
+    from cascade_repro import checkout as checking
+    from cascade_repro import restore as restoring
+
+    root = settings.root
     wanted = _restore_objects(plan, manifest, execute)
     cache = dvc_cache(root) if wanted or Cache.exists_for(root) else None
     try:
@@ -134,21 +169,25 @@ def restore(
         notify(f"restored {len(fetched)} DVC object(s) into the worktree, md5-verified")
     if copied:
         notify(f"copied {len(copied)} input file(s) from your checkout into the worktree, sha256-verified")
-    if not execute:
-        return RestoreResult(plan, tree, None, None)
-    image, drift = (
-        (None, []) if not docker else _restore_image(store, manifest, plan, tree.path, settings, notify)
-    )
-    image_tags = {}
-    if image is not None:
-        image_tags = {
-            "cascade.image_source": "recorded" if image.reused_by_id else "rebuilt",
-            "cascade.image_drift": ", ".join(str(c) for c in drift)[:5000] or "none",
-        }
-    request = RunRequest(
-        script=str(tree.path / plan.script),
+    return tree
+
+
+def _image_tags(image: PreparedImage | None, drift: Sequence[PackageChange]) -> dict[str, str]:
+    if image is None:
+        return {}
+    return {
+        "cascade.image_source": "recorded" if image.reused_by_id else "rebuilt",
+        "cascade.image_drift": ", ".join(str(c) for c in drift)[:5000] or "none",
+    }
+
+
+def _rerun_request(plan: RestorePlan, manifest: Mapping[str, Any], tree: Path, settings: Settings, label: str,
+                   dump: tuple[int, Path] | None) -> RunRequest:  # fmt: skip
+    """The recorded command, run in the worktree with the recorded params, environment and world size."""
+    return RunRequest(
+        script=str(tree / plan.script),
         args=tuple(fill_argv(plan.argv, os.environ)[0]),
-        cwd=tree.path / plan.cwd,
+        cwd=tree / plan.cwd,
         determinism=plan.determinism,
         run_name=f"restore-{label}",
         experiment=plan.experiment,
@@ -157,23 +196,11 @@ def restore(
         environ=_restore_environ(plan, settings, dump),
         restored_params=_recorded_params(manifest),
         extra_tags={
-            "cascade.restored_from": run_id,
-            **({"cascade.restored_version": version} if version else {}),
-            **image_tags,
+            "cascade.restored_from": plan.run_id,
+            **({"cascade.restored_version": plan.version} if plan.version else {}),
         },
-        docker=docker,
-        gpus=gpus,
-        image=image,
-        # the recorded shared memory (DataLoader workers need it); GPUs follow this machine (auto)
-        shm_size=((manifest.get("container") or {}).get("shm_size") or None) if docker else None,
+        docker=False,  # in a container only with `restore --docker`, whatever cascade.yaml says
     )
-    notify(f"re-running {' '.join((plan.script, *plan.argv))} in {tree.path}")
-    result = run(request, notify)
-    restoring.write_marker(tree.path, plan)  # the re-run's own outputs belong to the state reuse expects
-    verdict = judge_runs(store, manifest, result.manifest.to_dict(), rtol, atol, steps=steps)
-    verdict = _crash_told(verdict, store, manifest, result)
-    record_verdict(store, verdict, result.run_id, run_id)
-    return RestoreResult(plan, tree, result, verdict, image, tuple(drift))
 
 
 CRASH_LINES = 12  # of the re-run's output, in the verdict of a re-run that crashed

@@ -6,10 +6,9 @@ import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from cascade_repro import distributed, versions
-from cascade_repro.api.loading import load_project
 from cascade_repro.api.spooled import finish_dead_runs
 from cascade_repro.capture.git import is_dirty
 from cascade_repro.errors import CascadeError, DirtyTreeRefused, UsageError
@@ -18,13 +17,12 @@ from cascade_repro.project import InitResult, find_repo_root, init_project, prev
 from cascade_repro.recorder import follow_rank, own_paths, record_run
 from cascade_repro.run_plan import ContainerPlan, Notify, RunPlan, RunResult
 from cascade_repro.settings import SETTINGS_VARIABLES, Settings, load_settings
-from cascade_repro.store import git_repo, mlflow_store, spool, sqlite_store
+from cascade_repro.store import git_repo, mlflow_store, sqlite_store
 from cascade_repro.store.git_repo import head_commit
 from cascade_repro.store.run_store import RunStore
 
 if TYPE_CHECKING:
     from cascade_repro.images.prepare import PreparedImage
-    from cascade_repro.store.ui_server import UiOutcome, UiServer
 
 log = logging.getLogger(__name__)
 
@@ -82,64 +80,24 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
     cwd = (request.cwd or Path.cwd()).resolve()
     environ = dict(os.environ if request.environ is None else request.environ)
     root = find_repo_root(cwd)
-    settings = load_settings(root, environ)
-    if request.experiment:
-        settings = replace(settings, experiment=request.experiment)
-    if request.log_checkpoints:
-        settings = replace(settings, log_checkpoints=True)
-    if request.trace_interval is not None:
-        if request.trace_interval < 0:
-            raise UsageError("--trace-interval must be 0 (no trace) or a positive number of steps")
-        settings = replace(settings, trace_interval=request.trace_interval)
-    script = (cwd / request.script).resolve()
-    if not script.is_file():
-        close = _closest_script(root, cwd, request.script)
-        hint = f"did you mean {close}?" if close else f"give a path relative to {cwd}"
-        raise UsageError(f"script not found: {request.script}", hint=hint)
-    try:
-        script_rel = script.relative_to(root).as_posix()
-    except ValueError:
-        raise UsageError(
-            f"{request.script} is outside the git repository {root}",
-            hint="cascade records code through git: move the script into the repository",
-        ) from None
+    settings = _settings_for(request, root, environ)
+    script, script_rel = _script_in_repository(request.script, root, cwd)
     commit = head_commit(root)
     exclude = own_paths(settings)
     if request.require_clean:
-        changed = is_dirty(root, exclude) + _dirty_data(root)
-        if changed:
-            shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
-            raise DirtyTreeRefused(
-                f"--require-clean: the working tree has uncommitted changes ({shown})",
-                hint="commit or stash them, or drop --require-clean to record them as a patch",
-            )
+        _refuse_dirty(root, exclude)
     if request.restored_params is not None:
         resolved = request.restored_params
     else:
         params_file = find_params_file(root, script, request.params_file, settings.params_file)
         resolved = resolve_params(params_file, root, request.sets, request.adds, request.seed)
-    log.debug("repo root %s, HEAD %s, settings %s", root, commit[:12], _settings_source(root, environ))
-    log.debug(
-        "params from %s; overrides %s", resolved.source or "(no params file)", resolved.overrides or "none"
-    )
-    log.debug("seed %d (from %s); determinism %s", resolved.seed, resolved.seed_source,
-              request.determinism or settings.determinism)  # fmt: skip
-    log.debug(
-        "store %s (%s), experiment %s", settings.tracking_uri, _store_source(environ), settings.experiment
-    )
+    _log_start(request, settings, environ, commit, resolved)
     mlflow_store.probe_store(settings.tracking_uri)
     sqlite_store.create_if_missing(settings.tracking_uri)  # before any script: never two at once
     if request.version is not None:
         _check_version_free(settings, root, request)
     layout = distributed.launched(request.nproc_per_node, environ) or distributed.joined(environ)
-    in_docker = bool(settings.docker.get("enabled")) if request.docker is None else request.docker
-    if in_docker and layout is not None:
-        raise UsageError(
-            "a torchrun job (--nproc-per-node, or RANK/WORLD_SIZE set) is not run in --docker yet",
-            hint="run it without --docker, or run torchrun inside your own image",
-        )
-    if not in_docker and (request.gpus or request.shm_size or request.no_cache):
-        raise UsageError("--gpus, --shm-size and --rebuild go with --docker", hint="add --docker")
+    in_docker = _in_docker(request, settings, layout)
     container = _container_plan(request, settings, commit, exclude, notify) if in_docker else None
     plan = RunPlan(
         settings=settings,
@@ -171,6 +129,79 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
         if recovering is not None:
             recovering.join()
     result = _after_usage_error(result, settings, restore=request.restored_params is not None)
+    return _tagged(result, request, settings)
+
+
+def _settings_for(request: RunRequest, root: Path, environ: Mapping[str, str]) -> Settings:
+    """The project's settings with this run's options over them."""
+    settings = load_settings(root, environ)
+    if request.experiment:
+        settings = replace(settings, experiment=request.experiment)
+    if request.log_checkpoints:
+        settings = replace(settings, log_checkpoints=True)
+    if request.trace_interval is not None:
+        if request.trace_interval < 0:
+            raise UsageError("--trace-interval must be 0 (no trace) or a positive number of steps")
+        settings = replace(settings, trace_interval=request.trace_interval)
+    return settings
+
+
+def _script_in_repository(given: str, root: Path, cwd: Path) -> tuple[Path, str]:
+    """The script's path, and relative to the repository root; a typo gets the closest name."""
+    script = (cwd / given).resolve()
+    if not script.is_file():
+        close = _closest_script(root, cwd, given)
+        hint = f"did you mean {close}?" if close else f"give a path relative to {cwd}"
+        raise UsageError(f"script not found: {given}", hint=hint)
+    try:
+        return script, script.relative_to(root).as_posix()
+    except ValueError:
+        raise UsageError(
+            f"{given} is outside the git repository {root}",
+            hint="cascade records code through git: move the script into the repository",
+        ) from None
+
+
+def _refuse_dirty(root: Path, exclude: tuple[str, ...]) -> None:
+    changed = is_dirty(root, exclude) + _dirty_data(root)
+    if changed:
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        raise DirtyTreeRefused(
+            f"--require-clean: the working tree has uncommitted changes ({shown})",
+            hint="commit or stash them, or drop --require-clean to record them as a patch",
+        )
+
+
+def _log_start(request: RunRequest, settings: Settings, environ: Mapping[str, str], commit: str,
+               resolved: ResolvedParams) -> None:  # fmt: skip
+    """`-v`: where each decision came from."""
+    root = settings.root
+    log.debug("repo root %s, HEAD %s, settings %s", root, commit[:12], _settings_source(root, environ))
+    log.debug(
+        "params from %s; overrides %s", resolved.source or "(no params file)", resolved.overrides or "none"
+    )
+    log.debug("seed %d (from %s); determinism %s", resolved.seed, resolved.seed_source,
+              request.determinism or settings.determinism)  # fmt: skip
+    log.debug(
+        "store %s (%s), experiment %s", settings.tracking_uri, _store_source(environ), settings.experiment
+    )
+
+
+def _in_docker(request: RunRequest, settings: Settings, layout: distributed.Distributed | None) -> bool:
+    """Whether the script runs in the project's image (--docker, or docker.enabled in cascade.yaml)."""
+    in_docker = bool(settings.docker.get("enabled")) if request.docker is None else request.docker
+    if in_docker and layout is not None:
+        raise UsageError(
+            "a torchrun job (--nproc-per-node, or RANK/WORLD_SIZE set) is not run in --docker yet",
+            hint="run it without --docker, or run torchrun inside your own image",
+        )
+    if not in_docker and (request.gpus or request.shm_size or request.no_cache):
+        raise UsageError("--gpus, --shm-size and --rebuild go with --docker", hint="add --docker")
+    return in_docker
+
+
+def _tagged(result: RunResult, request: RunRequest, settings: Settings) -> RunResult:
+    """`--tag`: the version given to a run that finished with its record complete (else a warning)."""
     if request.version is None or result.discarded:
         return result
     if result.status != "FINISHED":
@@ -181,7 +212,7 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
         message = f"not tagged {request.version}: the record is incomplete; {later}"
         return replace(result, warnings=(*result.warnings, message))
     store = RunStore(settings.tracking_uri, settings.experiment)
-    tagged = versions.tag_run(store, root, store.get(result.run_id), request.version,
+    tagged = versions.tag_run(store, settings.root, store.get(result.run_id), request.version,
                               force=request.force_version, git_tag=request.git_tag)  # fmt: skip
     return replace(result, version=tagged.version)
 
@@ -338,111 +369,3 @@ def _invocation_options(request: RunRequest) -> list[str]:
         if value is not None:
             options += [flag, value]
     return options
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    """One line of `cascade ls`: a run as the store knows it (its record is not read)."""
-
-    run_id: str
-    name: str | None
-    experiment: str
-    version: str | None
-    status: str
-    start_time: float | None
-    duration_s: float | None
-    commit: str | None
-    dirty: bool | None
-    metrics: dict[str, float]
-    pending: bool = False  # its record is not all in the store yet (status PENDING-SYNC): `cascade sync`
-    spool: str | None = None  # the run directory holding what is pending
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
-
-
-def list_runs(cwd: Path | None = None, all_experiments: bool = False, limit: int = 50,
-              versions_only: bool = False) -> list[RunSummary]:  # fmt: skip
-    """`cascade ls`: the project's runs, newest first (`versions_only`: the labelled ones)."""
-    settings = load_project(cwd)
-    store = RunStore.open(settings)
-    only = f"tags.`{versions.VERSION_TAG}` LIKE '%'" if versions_only else None
-    summaries = []
-    for run in store.search(all_experiments, limit, only):
-        end, start = run.end_ms, run.start_ms
-        summaries.append(
-            RunSummary(
-                run_id=run.run_id,
-                name=run.name,
-                experiment=store.experiment_name(str(run.experiment_id)),
-                version=run.version,
-                status=str(run.status),
-                start_time=start / 1000 if start else None,
-                duration_s=(end - start) / 1000 if end and start else None,
-                commit=run.tags.get("mlflow.source.git.commit"),
-                dirty={"true": True, "false": False}.get(run.tags.get("cascade.dirty", "")),
-                metrics=_key_metrics(run.metrics, settings.key_metrics),
-            )
-        )
-    return _with_pending(summaries, settings, all_experiments)
-
-
-def _with_pending(summaries: list[RunSummary], settings: Settings, all_experiments: bool) -> list[RunSummary]:
-    """Runs whose record is still (partly) in the spool show as PENDING-SYNC; spooled runs the store
-    has never seen are listed too."""
-    from cascade_repro.recovery import PENDING_SYNC
-
-    spooled = {entry.run_id or entry.path.name: entry for entry in spool.scan(settings.runs_dir)}
-    if not spooled:
-        return summaries
-    listed = []
-    for summary in summaries:
-        entry = spooled.pop(summary.run_id, None)
-        if entry is not None:
-            summary = replace(summary, status=PENDING_SYNC, pending=True, spool=str(entry.path))
-        listed.append(summary)
-    for entry in spooled.values():
-        plan = spool.read_json(entry.path / spool.PLAN_FILE)
-        experiment = str(plan.get("experiment") or settings.experiment)
-        if not all_experiments and experiment != settings.experiment:
-            continue
-        start = plan.get("start_ms")
-        listed.append(RunSummary(
-            run_id=entry.run_id or "", name=plan.get("run_name"), experiment=experiment, version=None,
-            status=PENDING_SYNC, start_time=start / 1000 if start else None, duration_s=None,
-            commit=(plan.get("tags") or {}).get("mlflow.source.git.commit"), dirty=None, metrics={},
-            pending=True, spool=str(entry.path),
-        ))  # fmt: skip
-    return listed
-
-
-def _key_metrics(metrics: Mapping[str, float], configured: Sequence[str]) -> dict[str, float]:
-    if configured:
-        return {k: metrics[k] for k in configured if k in metrics}
-    own = sorted(k for k in metrics if not k.startswith("cascade."))
-    return {k: metrics[k] for k in own[:3]}
-
-
-def tag(ref: str, version: str, force: bool = False, git_tag: bool = True,
-        cwd: Path | None = None) -> versions.TagResult:  # fmt: skip
-    """Label a recorded run with a version (MLflow tag and annotated git tag)."""
-    settings = load_project(cwd)
-    store = RunStore.open(settings)
-    return versions.tag_run(store, settings.root, store.resolve(ref), version, force=force, git_tag=git_tag)
-
-
-def ui(host: str = "127.0.0.1", port: int = 5000, cwd: Path | None = None,
-       started: Callable[[UiServer], None] = lambda server: None) -> UiOutcome:  # fmt: skip
-    """The MLflow UI on this project's store, served until the user stops it (Ctrl-C, SIGTERM) or
-    the server exits; `started` is told once it answers."""
-    from cascade_repro.store import ui_server
-
-    settings = load_project(cwd)
-    if not settings.tracking_uri.startswith(("sqlite:", "file:", "postgresql", "mysql", "mssql")):
-        raise UsageError(
-            f"the store {settings.tracking_uri} is a tracking server already: open it in a browser",
-            hint="cascade ui serves a local store (sqlite or a database URI)",
-        )
-    server = ui_server.start(settings.tracking_uri, settings.artifact_root, host, port,
-                             settings.paths.ui_log)  # fmt: skip
-    return ui_server.serve(server, started)

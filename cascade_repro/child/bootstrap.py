@@ -55,6 +55,34 @@ class Facts:
             pass  # the run directory vanished: nothing useful left to do
 
 
+def _observe_torch(torch: ModuleType, run_dir: Path, facts: Facts, determinism: dict[str, Any],
+                   script_seeds: ScriptSeeds) -> None:  # fmt: skip
+    """torch's flags as the script starts, its GPU memory, and the step trace (unless turned off)."""
+    from cascade_repro.child.torch_probe import flags
+
+    determinism["flags_at_start"] = flags(torch)
+    facts.update()
+    _sample_gpu_memory(torch)
+    interval = int(os.environ.get(protocol.ENV_TRACE_INTERVAL, "1") or 0)
+    if interval <= 0:
+        return
+    from cascade_repro.child.trace import StepTracer
+
+    grads = {"1": True, "0": False}.get(os.environ.get(protocol.ENV_TRACE_GRADS, "auto"))
+    stop = int(os.environ.get(protocol.ENV_STOP_AFTER) or 0) or None
+    tracer = StepTracer(torch, run_dir / protocol.TRACE_FILE, interval, grads=grads, stop_after=stop,
+                        on_header=lambda header: facts.update(trace=header))  # fmt: skip
+    dump = os.environ.get(protocol.ENV_TRACE_DUMP)
+    if dump:
+        step, _, directory = dump.partition(":")
+        tracer.dump_at(int(step), Path(directory))
+    tracer.install()
+    script_seeds.step = tracer.reseeded
+    atexit.register(tracer.close)
+    checkpoint_log(run_dir).current_step = lambda: tracer.step - 1 if tracer.step > 0 else None
+    facts.update(trace=tracer.header())
+
+
 def main(argv: list[str]) -> None:
     if not argv:
         sys.stderr.write("usage: python -m cascade_repro.child.bootstrap SCRIPT [ARGS]...\n")
@@ -83,33 +111,9 @@ def main(argv: list[str]) -> None:
         except Exception as exc:  # observing must never break the user's script
             sys.stderr.write(f"cascade: torch.save is not observed: {type(exc).__name__}: {exc}\n")
         try:
-            _observe_torch(torch)
+            _observe_torch(torch, run_dir, facts, determinism, script_seeds)
         except Exception as exc:  # observing must never break the user's script
             sys.stderr.write(f"cascade: the step trace is off: {type(exc).__name__}: {exc}\n")
-
-    def _observe_torch(torch: ModuleType) -> None:
-        from cascade_repro.child.torch_probe import flags
-
-        determinism["flags_at_start"] = flags(torch)
-        facts.update()
-        _sample_gpu_memory(torch)
-        interval = int(os.environ.get(protocol.ENV_TRACE_INTERVAL, "1") or 0)
-        if interval > 0:
-            from cascade_repro.child.trace import StepTracer
-
-            grads = {"1": True, "0": False}.get(os.environ.get(protocol.ENV_TRACE_GRADS, "auto"))
-            stop = int(os.environ.get(protocol.ENV_STOP_AFTER) or 0) or None
-            tracer = StepTracer(torch, run_dir / protocol.TRACE_FILE, interval, grads=grads, stop_after=stop,
-                                on_header=lambda header: facts.update(trace=header))  # fmt: skip
-            dump = os.environ.get(protocol.ENV_TRACE_DUMP)
-            if dump:
-                step, _, directory = dump.partition(":")
-                tracer.dump_at(int(step), Path(directory))
-            tracer.install()
-            script_seeds.step = tracer.reseeded
-            atexit.register(tracer.close)
-            checkpoint_log(run_dir).current_step = lambda: tracer.step - 1 if tracer.step > 0 else None
-            facts.update(trace=tracer.header())
 
     def after_numpy(numpy: ModuleType) -> None:
         applied.update(seeding.on_numpy_import(numpy, seed))

@@ -22,6 +22,24 @@ MAX_PATHS = 10_000  # per kind: a script that opens millions of files gets a bou
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
+def _absolute(file: Any) -> str | None:
+    """An opened path as an absolute, normalized one; None for an fd (whoever opened it was seen
+    then) or a value that is no path."""
+    if isinstance(file, int):
+        return None
+    try:
+        path = os.fspath(file)
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        if not os.path.isabs(path):
+            path = os.path.join(os.getcwd(), path)
+        if "/." in path or "//" in path or os.sep != "/":  # only then is there anything to normalize
+            path = os.path.normpath(path)
+    except (TypeError, ValueError, OSError):
+        return None
+    return path
+
+
 class FileAccess:
     """Root-relative POSIX paths opened for reading and for writing, each noted once."""
 
@@ -34,19 +52,8 @@ class FileAccess:
         self.log = log  # an O_APPEND descriptor of files.jsonl, or None
 
     def note(self, file: Any, writing: bool) -> None:
-        if isinstance(file, int):
-            return  # an fd: whoever opened it was seen then
-        try:
-            path = os.fspath(file)
-            if isinstance(path, bytes):
-                path = os.fsdecode(path)
-            if not os.path.isabs(path):
-                path = os.path.join(os.getcwd(), path)
-            if "/." in path or "//" in path or os.sep != "/":  # only then is there anything to normalize
-                path = os.path.normpath(path)
-        except (TypeError, ValueError, OSError):
-            return
-        if not path.startswith(self.root) or path.startswith(self.skip):
+        path = _absolute(file)
+        if path is None or not path.startswith(self.root) or path.startswith(self.skip):
             return
         seen = self.written if writing else self.read
         rel = path[len(self.root) :].replace(os.sep, "/")
@@ -57,10 +64,14 @@ class FileAccess:
             return
         seen[rel] = None
         if self.log is not None:
-            try:
-                os.write(self.log, (json.dumps({"written" if writing else "read": rel}) + "\n").encode())
-            except OSError:
-                self.log = None  # the run directory is gone or full: the in-memory notes stay
+            self._append(rel, writing)
+
+    def _append(self, rel: str, writing: bool) -> None:
+        assert self.log is not None
+        try:
+            os.write(self.log, (json.dumps({"written" if writing else "read": rel}) + "\n").encode())
+        except OSError:
+            self.log = None  # the run directory is gone or full: the in-memory notes stay
 
     def facts(self) -> dict[str, Any]:
         return {"read": list(self.read), "written": list(self.written), "truncated": self.truncated}
