@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, NoReturn, Sequence
 
 from cascade_repro.distributed import check_section as check_distributed
 from cascade_repro.errors import CascadeError
@@ -93,10 +93,13 @@ _ENTRY_LISTS = ("data", "checkpoints", "git.untracked", "inputs", "outputs")  # 
 MAX_FILE_ENTRIES = 10_000  # inputs, outputs: a record naming more was not made by cascade
 
 
+Refuse = Callable[[str, Any, str], NoReturn]
+
+
 def check_shape(data: Mapping[str, Any], run_id: str | None = None) -> None:
     """Refuse a record whose sections or the fields commands act on have the wrong JSON types."""
 
-    def refuse(where: str, value: Any, expected: str) -> None:
+    def refuse(where: str, value: Any, expected: str) -> NoReturn:
         raise CascadeError(
             f"{'run ' + run_id + ': ' if run_id else ''}the run record is malformed: {where} is "
             f"{type(value).__name__} {str(value)[:40]!r}, expected {expected}",
@@ -106,6 +109,19 @@ def check_shape(data: Mapping[str, Any], run_id: str | None = None) -> None:
     for name, types in _SECTIONS.items():
         if name in data and not isinstance(data[name], types):
             refuse(name, data[name], " or ".join("null" if t is type(None) else t.__name__ for t in types))
+    _check_command(data, refuse)
+    _check_script_seeds(data.get("determinism") or {}, refuse)
+    check_distributed(data.get("distributed"), refuse)
+    _check_entries(data, refuse)
+    _check_hashes(data, refuse)
+    for section in ("environment", "environment_read"):
+        for name, value in (data.get(section) or {}).items():
+            if not isinstance(value, (str, type(None))):
+                refuse(f"{section}.{name}", value, "a string or null")
+
+
+def _check_command(data: Mapping[str, Any], refuse: Refuse) -> None:
+    """command.argv and script, git.commit, params.file and params.seed."""
     command, git, params = data.get("command") or {}, data.get("git") or {}, data.get("params") or {}
     argv = command.get("argv", [])
     if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
@@ -119,8 +135,11 @@ def check_shape(data: Mapping[str, Any], run_id: str | None = None) -> None:
     seed = params.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
         refuse("params.seed", seed, "an integer from 0 to 2**64-1")
-    _check_script_seeds(data.get("determinism") or {}, refuse)
-    check_distributed(data.get("distributed"), refuse)
+
+
+def _check_entries(data: Mapping[str, Any], refuse: Refuse) -> None:
+    """The lists of files (data, checkpoints, untracked, inputs, outputs): objects with a string path,
+    bounded in number where the script decides how many."""
     for where in _ENTRY_LISTS:
         section, _, key = where.partition(".")
         entries = (data.get(section) or {}).get(key) if key else data.get(section)
@@ -141,7 +160,11 @@ def check_shape(data: Mapping[str, Any], run_id: str | None = None) -> None:
             size = entry.get("size")
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 refuse(f"{where}[{index}].size", size, "a non-negative integer")
-    for index, entry in enumerate(data.get("checkpoints") or []):  # md5 names a cache path: hex only
+
+
+def _check_hashes(data: Mapping[str, Any], refuse: Refuse) -> None:
+    """Hashes that name cache paths or are compared: hex digits of the right length only."""
+    for index, entry in enumerate(data.get("checkpoints") or []):
         md5, files = entry.get("md5"), entry.get("files")
         if md5 is not None and not _hex(str(md5).removesuffix(".dir"), 32):
             refuse(f"checkpoints[{index}].md5", md5, "32 hex digits (a directory's: then .dir)")
@@ -152,16 +175,12 @@ def check_shape(data: Mapping[str, Any], run_id: str | None = None) -> None:
             value = entry.get(key)
             if (key == "sha256" or value is not None) and not _hex(value, length):
                 refuse(f"inputs[{index}].{key}", value, f"{length} hex digits")
-    for section in ("environment", "environment_read"):
-        for name, value in (data.get(section) or {}).items():
-            if not isinstance(value, (str, type(None))):
-                refuse(f"{section}.{name}", value, "a string or null")
 
 
 MAX_SCRIPT_SEEDS = 64  # the child keeps 32 calls and counts the rest
 
 
-def _check_script_seeds(determinism: Mapping[str, Any], refuse: Any) -> None:
+def _check_script_seeds(determinism: Mapping[str, Any], refuse: Refuse) -> None:
     """determinism.script_seeds: the seeding calls the script made (child/script_seeds.py), bounded."""
     calls = determinism.get("script_seeds", [])
     if not isinstance(calls, list) or len(calls) > MAX_SCRIPT_SEEDS:

@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from cascade_repro import __version__, distributed
 from cascade_repro.capture.environment import environment_read
@@ -147,29 +147,15 @@ class Recording:
         delivery.do(record_op(ARTIFACT_PATH))
 
     # -- after the child ended --------------------------------------------------------------
-    def finish(self, ended: ChildExit) -> RunResult:
-        assert self.opened is not None and self.writer is not None and self.delivery is not None
-        run_id = self.opened.run_id
-        end_ms = int(time.time() * 1000)
-        facts = spool.read_json(self.run_dir / protocol.FACTS_FILE)
-        status = _status(ended)
-        signal = ended.signal_received or ended.killed_by_signal
-        self.ledger.update(ended={"status": status, "exit_code": ended.exit_code, "signal": signal,
-                                  "end_ms": end_ms})  # fmt: skip
+    def _outcome(self, ended: ChildExit, facts: Mapping[str, Any], status: str, signal: Any,
+                 end_ms: int) -> dict[str, Any]:  # fmt: skip
+        """The record's outcome section; what the child could not say is named in it and warned about."""
         refused = (facts.get("determinism") or {}).get("stopped_by")
         if refused:
             self.warnings.append(
                 f"--deterministic strict stopped the script: torch has no deterministic implementation of "
                 f"{refused}. Replace that op, or run with --deterministic warn to record it and go on"
             )
-        params = used_params(resolved_dict(self.plan.params), facts)
-        self.warnings.extend(unused_overrides(params, self.plan.script_rel))
-        self.delivery.do(params_op(params))
-        resources = self._resources(facts)
-        self.writer.add(resources)
-        self.writer.stop()
-        if self.writer.errors:
-            self.warnings.extend(self.writer.errors[:3])
         outcome = {
             "status": status,
             "exit_code": ended.exit_code,
@@ -185,14 +171,13 @@ class Recording:
             outcome["child_errors"] = facts["errors"]
             lost = "; ".join(f"{part} ({error})" for part, error in facts["errors"].items())
             self.warnings.append(f"the script's exit facts are incomplete: {lost}")
-        try:
-            captured = self.capture.value()
-        except Exception as exc:  # the run still gets closed with its outcome
-            self.warnings.append(f"capture failed: {exc}")
-            captured = empty_snapshot()
-        files = self._run_files(captured)
+        return outcome
+
+    def _checkpoints(self, captured: Mapping[str, Any], files: RunFiles) -> CheckpointsRecorded:
+        """The checkpoints into the DVC cache and remote, with the data the run read (pushed with them)."""
+        assert self.delivery is not None
         read = [md5 for _, md5 in data_objects(captured.get("data") or [])]
-        read += [str(i["md5"]) for i in files.inputs if i.get("md5")]  # pushed with the checkpoints
+        read += [str(i["md5"]) for i in files.inputs if i.get("md5")]
         try:
             settings = self.plan.settings
             checkpoints = finish_checkpoints(self.keeper, self.delivery, settings.dvc_remote,
@@ -204,6 +189,33 @@ class Recording:
             if self.keeper.cache is not None:
                 self.keeper.cache.close()
         self.warnings.extend(checkpoints.warnings)
+        return checkpoints
+
+    def finish(self, ended: ChildExit) -> RunResult:
+        assert self.opened is not None and self.writer is not None and self.delivery is not None
+        run_id = self.opened.run_id
+        end_ms = int(time.time() * 1000)
+        facts = spool.read_json(self.run_dir / protocol.FACTS_FILE)
+        status = _status(ended)
+        signal = ended.signal_received or ended.killed_by_signal
+        self.ledger.update(ended={"status": status, "exit_code": ended.exit_code, "signal": signal,
+                                  "end_ms": end_ms})  # fmt: skip
+        params = used_params(resolved_dict(self.plan.params), facts)
+        self.warnings.extend(unused_overrides(params, self.plan.script_rel))
+        self.delivery.do(params_op(params))
+        resources = self._resources(facts)
+        self.writer.add(resources)
+        self.writer.stop()
+        if self.writer.errors:
+            self.warnings.extend(self.writer.errors[:3])
+        outcome = self._outcome(ended, facts, status, signal, end_ms)
+        try:
+            captured = self.capture.value()
+        except Exception as exc:  # the run still gets closed with its outcome
+            self.warnings.append(f"capture failed: {exc}")
+            captured = empty_snapshot()
+        files = self._run_files(captured)
+        checkpoints = self._checkpoints(captured, files)
         for name in (protocol.OUTPUT_LOG, protocol.TRACE_FILE):  # before the record, which says if stored
             if (self.run_dir / name).exists():
                 self.delivery.do(file_op(self.run_dir / name, "cascade"))

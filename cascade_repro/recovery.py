@@ -198,28 +198,43 @@ def _recovered_record(run_dir: Path, ledger: spool.Ledger, plan: dict[str, Any],
             "capture: git state, packages, system and environment (the cascade process died first)"
         )
     if ledger.stage != "final":
-        if isinstance(plan.get("resolved_params"), dict):  # what the script used, as finish() says it
-            record["params"] = used_params(plan["resolved_params"], facts)
-        if facts.get("torch"):
-            record["torch"] = facts["torch"]
-        if facts.get("determinism"):
-            record["determinism"] = facts["determinism"]
-        record["trace"] = spool.trace_section(run_dir, facts.get("trace"))
-        layout = distributed.from_section(record.get("distributed") or {})
-        if layout is not None:  # a torchrun job: the other ranks' traces, as finish() stores them
-            entries = distributed.collect_ranks(layout, run_dir, notify, wait_s=0)
-            for path, artifact_dir in distributed.gather(layout, run_dir, run_dir):
-                delivery.do(file_op(path, artifact_dir))
-            record["distributed"] = layout.section(entries)
-        record["checkpoints"] = _checkpoints(run_dir, plan, settings, delivery, notify)
-        record["inputs"], record["outputs"] = _files(run_dir, plan, record, settings)
-        for name in (protocol.OUTPUT_LOG, protocol.TRACE_FILE):
-            if (run_dir / name).exists():
-                delivery.do(file_op(run_dir / name, "cascade"))
-        if not (run_dir / protocol.OUTPUT_LOG).exists():
-            missing.append("the output log")
+        missing += _complete_from_run_dir(record, run_dir, plan, facts, settings, delivery, notify)
     if not facts.get("ended_at"):
         missing.append("the script's exit facts (torch stack, GPU memory): it was stopped, not ended")
+    outcome, status, end_ms = _recovered_outcome(record, ledger, plan, facts, run_dir, command, missing)
+    record["outcome"] = outcome
+    return record, status, end_ms
+
+
+def _complete_from_run_dir(record: dict[str, Any], run_dir: Path, plan: dict[str, Any], facts: dict[str, Any],
+                           settings: Settings, delivery: Delivery, notify: Notify) -> list[str]:  # fmt: skip
+    """What finish() would have added to the record, from what the child left in the run directory
+    (params used, torch stack, trace, ranks, checkpoints, inputs and outputs); returns what is lost."""
+    if isinstance(plan.get("resolved_params"), dict):  # what the script used, as finish() says it
+        record["params"] = used_params(plan["resolved_params"], facts)
+    if facts.get("torch"):
+        record["torch"] = facts["torch"]
+    if facts.get("determinism"):
+        record["determinism"] = facts["determinism"]
+    record["trace"] = spool.trace_section(run_dir, facts.get("trace"))
+    layout = distributed.from_section(record.get("distributed") or {})
+    if layout is not None:  # a torchrun job: the other ranks' traces, as finish() stores them
+        entries = distributed.collect_ranks(layout, run_dir, notify, wait_s=0)
+        for path, artifact_dir in distributed.gather(layout, run_dir, run_dir):
+            delivery.do(file_op(path, artifact_dir))
+        record["distributed"] = layout.section(entries)
+    record["checkpoints"] = _checkpoints(run_dir, plan, settings, delivery, notify)
+    record["inputs"], record["outputs"] = _files(run_dir, plan, record, settings)
+    for name in (protocol.OUTPUT_LOG, protocol.TRACE_FILE):
+        if (run_dir / name).exists():
+            delivery.do(file_op(run_dir / name, "cascade"))
+    return [] if (run_dir / protocol.OUTPUT_LOG).exists() else ["the output log"]
+
+
+def _recovered_outcome(record: dict[str, Any], ledger: spool.Ledger, plan: dict[str, Any],
+                       facts: dict[str, Any], run_dir: Path, command: str,
+                       missing: list[str]) -> tuple[dict[str, Any], str, int]:  # fmt: skip
+    """The outcome as it really ended: the status the parent saw (else KILLED), and when."""
     ended = ledger.ended or {}
     died_at = spool.last_heartbeat(run_dir)
     end_ms = int(ended.get("end_ms") or (facts.get("ended_at") or died_at) * 1000)
@@ -240,8 +255,7 @@ def _recovered_record(run_dir: Path, ledger: spool.Ledger, plan: dict[str, Any],
     outcome["missing"] = list(dict.fromkeys([*(record.get("outcome") or {}).get("missing", []), *missing]))
     if facts.get("errors"):  # parts of the child's exit facts it could not take, as `finish` keeps them
         outcome["child_errors"] = facts["errors"]
-    record["outcome"] = outcome
-    return record, status, end_ms
+    return outcome, status, end_ms
 
 
 def _checkpoints(run_dir: Path, plan: dict[str, Any], settings: Settings, delivery: Delivery,

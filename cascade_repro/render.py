@@ -261,6 +261,7 @@ def run_record(record: RunRecord) -> None:
 
 
 def verdict(result: Verdict) -> None:
+    """`cascade verify`: the verdict, each rank's, the first divergence, the likely causes."""
     console = _console()
     style = "green" if result.reproduced else "red"
     console.print(_styled((result.verdict, f"bold {style}"), f"  {result.run_a[:12]} → {result.run_b[:12]}"))
@@ -274,13 +275,7 @@ def verdict(result: Verdict) -> None:
             console.print(f"  step {c.step} · {difference.facet}:{names} ({difference.detail})")
         for magnitude in result.magnitudes:
             console.print(f"  step {c.step} · {magnitude.facet} {magnitude.name}: {magnitude.detail}")
-    if result.replay is not None:
-        runs = result.replay.get("runs") or {}
-        if runs:
-            shown = ", ".join(f"{side}: {run[:12]}" for side, run in runs.items())
-            console.print(f"  replayed as runs {shown}")
-        for reason in result.replay.get("not_measured") or []:
-            console.print(f"  not measured: {reason}")
+    _replay(console, result.replay)
     if result.causes:
         console.print("  Likely causes, most likely first:")
         for index, cause in enumerate(result.causes, 1):
@@ -292,6 +287,17 @@ def verdict(result: Verdict) -> None:
             console.print(f"  also differs (class {record_difference.klass}): {record_difference.summary}")
     for note in c.notes:
         console.print(f"  note: {note}")
+
+
+def _replay(console: Any, replay: Mapping[str, Any] | None) -> None:
+    """`verify --replay`: the runs it made, and what it could not measure."""
+    if replay is None:
+        return
+    runs = replay.get("runs") or {}
+    if runs:
+        console.print("  replayed as runs " + ", ".join(f"{side}: {run[:12]}" for side, run in runs.items()))
+    for reason in replay.get("not_measured") or []:
+        console.print(f"  not measured: {reason}")
 
 
 def checkpoints(entries: list[dict[str, Any]]) -> None:

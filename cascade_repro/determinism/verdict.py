@@ -123,6 +123,23 @@ def judge_ranks(
     return replace(chosen, ranks=ranks, summary=summary)
 
 
+def _incomparable(manifest_a: Mapping[str, Any], manifest_b: Mapping[str, Any], traced_a: bool,
+                  traced_b: bool) -> str | None:  # fmt: skip
+    """Why two runs' traces cannot be compared at all: one has none, or they were made differently."""
+    if not traced_a or not traced_b:
+        record = manifest_a if not traced_a else manifest_b
+        missing = str(record.get("run_id"))
+        ended = crashed(record)
+        if ended:  # a script that died before its first step: that is the reason, not a trace setting
+            return f"run {missing[:12]} {ended} before its first traced step"
+        return f"run {missing[:12]} has no step trace (recorded with --trace-interval 0 or no optimizer)"
+    header_a, header_b = manifest_a.get("trace") or {}, manifest_b.get("trace") or {}
+    for key in ("algorithm", "interval"):
+        if header_a.get(key) != header_b.get(key):
+            return f"the traces differ in {key}: {header_a.get(key)} vs {header_b.get(key)}"
+    return None
+
+
 def judge(
     manifest_a: Mapping[str, Any],
     manifest_b: Mapping[str, Any],
@@ -145,17 +162,9 @@ def judge(
         return Verdict(kind, a_id, b_id, comparison, differences, causes, summary)
 
     header_a, header_b = manifest_a.get("trace") or {}, manifest_b.get("trace") or {}
-    if not trace_a or not trace_b:
-        missing, record = (a_id, manifest_a) if not trace_a else (b_id, manifest_b)
-        reason = f"run {missing[:12]} has no step trace (recorded with --trace-interval 0 or no optimizer)"
-        ended = crashed(record)
-        if ended:  # a script that died before its first step: that is the reason, not a trace setting
-            reason = f"run {missing[:12]} {ended} before its first traced step"
+    reason = _incomparable(manifest_a, manifest_b, bool(trace_a), bool(trace_b))
+    if reason:
         return verdict(INCOMPARABLE, reason, compare_traces([], []))
-    for key in ("algorithm", "interval"):
-        if header_a.get(key) != header_b.get(key):
-            reason = f"the traces differ in {key}: {header_a.get(key)} vs {header_b.get(key)}"
-            return verdict(INCOMPARABLE, reason, compare_traces([], []))
     notes: tuple[str, ...] = ()
     if header_a.get("grads", True) != header_b.get("grads", True):  # e.g. a CPU run against a GPU run
         trace_a, trace_b = _without_grads(trace_a), _without_grads(trace_b)

@@ -93,6 +93,12 @@ class CheckpointKeeper:
                 log.debug("checkpoint event %s failed", event, exc_info=True)
                 self.errors.append(f"checkpoint {event.get('path')}: {type(exc).__name__}: {exc}")
 
+    def _pruned(self, rel: str) -> None:
+        for entry in reversed(self.entries):
+            if entry.path == rel and entry.status in ("kept", "missing"):
+                entry.status, entry.reason = "pruned", None
+                return
+
     def _handle(self, event: dict[str, Any]) -> None:
         path = Path(str(event["path"]))
         rel = dvc_store.relative_posix(path, self.root)
@@ -100,10 +106,7 @@ class CheckpointKeeper:
             self._superseded(rel, event)
             return
         if event.get("event") == "pruned":
-            for entry in reversed(self.entries):
-                if entry.path == rel and entry.status in ("kept", "missing"):
-                    entry.status, entry.reason = "pruned", None
-                    break
+            self._pruned(rel)
             return
         for entry in self.entries:  # a version in the cache stays kept; one never hashed was overwritten
             if entry.path == rel and entry.status == "kept" and entry.md5 is None:
