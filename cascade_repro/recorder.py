@@ -64,7 +64,7 @@ def _record(plan: RunPlan, notify: Notify, run_dir: Path, start_ms: int) -> RunR
     output = RunOutput(run_dir / protocol.OUTPUT_LOG, run_dir)
     notify = output.wrap(notify)
     try:
-        child = _start_child(plan, env, run_dir, output)
+        child = _start_child(plan, env, run_dir, output, notify)
     except BaseException:
         output.close()
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing ran, nothing recorded: leave nothing behind
@@ -108,7 +108,7 @@ def follow_rank(plan: RunPlan, layout: Distributed, notify: Notify) -> RunResult
     log.debug("rank %d of %d: files in %s", layout.rank, layout.world_size, follower.own)
     output = RunOutput(follower.own / protocol.OUTPUT_LOG, follower.own, progress=False)
     child = Child([sys.executable, "-m", "cascade_repro.child.bootstrap", str(plan.script), *plan.args],
-                  env, plan.cwd, output)  # fmt: skip
+                  env, plan.cwd, output, output.wrap(notify))  # fmt: skip
     try:
         ended = child.wait()
     finally:
@@ -157,7 +157,8 @@ def _start_recording(plan: RunPlan, notify: Notify, child: RunningChild, env: di
     return recording, store
 
 
-def _start_child(plan: RunPlan, env: dict[str, str], run_dir: Path, output: RunOutput) -> RunningChild:
+def _start_child(plan: RunPlan, env: dict[str, str], run_dir: Path, output: RunOutput,
+                 notify: Notify) -> RunningChild:  # fmt: skip
     bootstrap = ["-m", "cascade_repro.child.bootstrap", str(plan.script), *plan.args]
     layout = plan.distributed
     if layout is not None and layout.launcher == distributed.LAUNCHED:  # torchrun starts the ranks
@@ -165,7 +166,7 @@ def _start_child(plan: RunPlan, env: dict[str, str], run_dir: Path, output: RunO
                      *plan.args]  # fmt: skip
     if plan.container is None:
         env = {**env, protocol.ENV_PARENT_PID: str(os.getpid())}  # the child stops if we die
-        return Child([sys.executable, *bootstrap], env, plan.cwd, output)
+        return Child([sys.executable, *bootstrap], env, plan.cwd, output, notify)
     from cascade_repro.images import engine
     from cascade_repro.images.container import (
         ContainerChild,
@@ -194,7 +195,7 @@ def _start_child(plan: RunPlan, env: dict[str, str], run_dir: Path, output: RunO
         network=plan.container.network,
         labels={"cascade.run_dir": str(run_dir)},
     )
-    return ContainerChild(plan.container.client or engine.connect(), spec, output)
+    return ContainerChild(plan.container.client or engine.connect(), spec, output, notify)
 
 
 def _in_image(plan: RunPlan, captured: dict[str, Any]) -> dict[str, Any]:

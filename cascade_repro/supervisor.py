@@ -6,7 +6,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,8 +41,10 @@ class RunningChild(Protocol):
 class Child:
     """The training process. Its output goes to `output` (the terminal and the run's log) as it comes."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, output: RunOutput) -> None:
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, output: RunOutput,
+                 notify: Callable[[str], None]) -> None:  # fmt: skip
         self._output = output  # closed in wait()
+        self._notify = notify
         self.process = subprocess.Popen(
             list(argv), env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
@@ -67,7 +68,7 @@ class Child:
         A terminal's Ctrl-C reaches both processes; the child's bootstrap ignores a repeat within a
         second, so forwarding is always safe. The third signal kills the child outright.
         """
-        with forwarding_signals(self._forward) as self._previous_handlers:
+        with forwarding_signals(self._forward, self._notify) as self._previous_handlers:
             while True:
                 try:
                     code = self.process.wait(timeout=0.2)
@@ -119,9 +120,15 @@ class Child:
 
 
 @contextlib.contextmanager
-def forwarding_signals(handler: Callable[[int, FrameType | None], None]) -> Iterator[dict[int, object]]:
+def forwarding_signals(handler: Callable[[int, FrameType | None], None],
+                       notify: Callable[[str], None]) -> Iterator[dict[int, object]]:  # fmt: skip
     """While the child runs, Ctrl-C/SIGTERM/SIGHUP go to `handler`; once it ended they only warn
-    (nothing may cut the record short). Yields the handlers they replaced, for `restore_signals`."""
+    through `notify` (nothing may cut the record short). Yields the handlers they replaced, for
+    `restore_signals`."""
+
+    def finishing(signum: int, frame: FrameType | None) -> None:
+        notify("finishing the run record, one moment...")
+
     previous: dict[int, object] = {}
     in_main_thread = threading.current_thread() is threading.main_thread()
     if in_main_thread:
@@ -134,7 +141,3 @@ def forwarding_signals(handler: Callable[[int, FrameType | None], None]) -> Iter
         if in_main_thread:
             for sig in FORWARDED:
                 signal.signal(sig, finishing)
-
-
-def finishing(signum: int, frame: FrameType | None) -> None:
-    sys.stderr.write("cascade: finishing the run record, one moment...\n")

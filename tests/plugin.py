@@ -16,6 +16,7 @@ conftest.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -101,6 +102,21 @@ class Project:
         if check and result.returncode != 0:
             raise AssertionError(f"cascade {' '.join(args)} exited {result.returncode}:\n{result.stderr}")
         return result
+
+    def invoke(self, *args: str, env: dict[str, str] | None = None,
+               check: bool = False) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        """`cascade ARGS` inside this process (click's CliRunner), for refusals and reads where no
+        child process is the point: the same exit code, stdout and stderr, without a new interpreter."""
+        from click.testing import CliRunner
+
+        from cascade_repro.cli import main
+        from cascade_repro.cli.base import IN_PROCESS
+
+        with contextlib.chdir(self.root):
+            result = CliRunner().invoke(main, list(args), env=env, obj=IN_PROCESS, catch_exceptions=False)
+        if check and result.exit_code != 0:
+            raise AssertionError(f"cascade {' '.join(args)} exited {result.exit_code}:\n{result.stderr}")
+        return subprocess.CompletedProcess(["cascade", *args], result.exit_code, result.stdout, result.stderr)
 
     def record(self, *args: str, env: dict[str, str] | None = None) -> str:
         """`cascade run ARGS`, which must succeed; the id of the run it made."""

@@ -12,12 +12,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from cascade_repro.errors import DockerError
 from cascade_repro.run_output import STDERR, STDOUT, RunOutput
@@ -93,7 +92,10 @@ def mount_points(paths: Iterable[Path]) -> list[str]:
 class ContainerChild:
     """The training process inside a container. Output goes to the terminal as it comes and to `log_path`."""
 
-    def __init__(self, client: Any, spec: ContainerSpec, output: RunOutput) -> None:
+    def __init__(
+        self, client: Any, spec: ContainerSpec, output: RunOutput, notify: Callable[[str], None]
+    ) -> None:
+        self._notify = notify
         import docker
 
         self._output = output  # closed in wait()
@@ -148,7 +150,7 @@ class ContainerChild:
 
     def wait(self) -> ChildExit:
         """Wait for the container, forwarding Ctrl-C/SIGTERM/SIGHUP; the third signal kills it."""
-        with forwarding_signals(self._forward) as self._previous_handlers:
+        with forwarding_signals(self._forward, self._notify) as self._previous_handlers:
             while self._waiter.is_alive():
                 self._waiter.join(timeout=0.2)
         self._pump_thread.join(timeout=10)
@@ -156,7 +158,7 @@ class ContainerChild:
         self.remove()
         code = int(self._exit.get("StatusCode", 1))
         if self._exit.get("error"):
-            sys.stderr.write(f"cascade: lost track of the container: {self._exit['error']}\n")
+            self._notify(f"lost track of the container: {self._exit['error']}")
         # Docker's init exits 128+N when the script died of signal N.
         killed = (
             code - 128

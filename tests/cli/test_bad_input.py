@@ -23,7 +23,7 @@ def test_not_a_git_repository(project: Project, tmp_path: Path) -> None:
     elsewhere = tmp_path / "plain"
     elsewhere.mkdir()
     (elsewhere / "train.py").write_text("print('hi')\n")
-    result = Project(elsewhere).cascade("run", "train.py")
+    result = Project(elsewhere).invoke("run", "train.py")
     assert result.returncode == 1
     assert "not inside a git repository" in result.stderr and "git init" in result.stderr
 
@@ -33,13 +33,13 @@ def test_repository_without_commit(tmp_path: Path) -> None:
     root.mkdir()
     git(root, "init", "-q")
     (root / "train.py").write_text("print('hi')\n")
-    result = Project(root).cascade("run", "train.py")
+    result = Project(root).invoke("run", "train.py")
     assert result.returncode == 1
     assert "no commit yet" in result.stderr and "git commit" in result.stderr
 
 
 def test_script_not_found(project: Project) -> None:
-    result = project.cascade("run", "trian.py")
+    result = project.invoke("run", "trian.py")
     assert result.returncode == 2
     assert "script not found: trian.py" in result.stderr
     _nothing_recorded(project)
@@ -47,7 +47,7 @@ def test_script_not_found(project: Project) -> None:
 
 def test_malformed_yaml_names_file_and_line(project: Project) -> None:
     project.write("hyperparameters.yaml", "seed: 1\noptimizer:\n  lr: 0.1\n   momentum: [0.9\n")
-    result = project.cascade("run", "train.py")
+    result = project.invoke("run", "train.py")
     assert result.returncode == 1
     assert "malformed YAML in" in result.stderr and "hyperparameters.yaml:4" in result.stderr
     _nothing_recorded(project)
@@ -55,19 +55,19 @@ def test_malformed_yaml_names_file_and_line(project: Project) -> None:
 
 def test_malformed_cascade_yaml(project: Project) -> None:
     project.write("cascade.yaml", "determinism: sometimes\n")
-    result = project.cascade("run", "train.py")
+    result = project.invoke("run", "train.py")
     assert result.returncode == 1
     assert "cascade.yaml: determinism is 'sometimes'; expected off, warn or strict" in result.stderr
     _nothing_recorded(project)
     project.write("cascade.yaml", "trace_grads: sometimes\n")
-    result = project.cascade("run", "train.py")
+    result = project.invoke("run", "train.py")
     assert result.returncode == 1
     assert "cascade.yaml: trace_grads is 'sometimes'; expected true, false or auto" in result.stderr
     _nothing_recorded(project)
 
 
 def test_unknown_override_key_names_the_closest(project: Project) -> None:
-    result = project.cascade("run", "--set", "optimiser.lr=0.2", "train.py")
+    result = project.invoke("run", "--set", "optimiser.lr=0.2", "train.py")
     assert result.returncode == 2
     assert "no such key" in result.stderr and "did you mean optimizer.lr?" in result.stderr
     assert "--add optimiser.lr" in result.stderr
@@ -78,7 +78,7 @@ def test_unreachable_store(project: Project) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed again below: nothing listens there
-    result = project.cascade("run", "train.py", env={"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"})
+    result = project.invoke("run", "train.py", env={"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"})
     assert result.returncode == 1
     assert "unreachable" in result.stderr and "MLFLOW_TRACKING_URI" in result.stderr
     _nothing_recorded(project)
@@ -86,7 +86,7 @@ def test_unreachable_store(project: Project) -> None:
 
 def test_require_clean_refuses_a_dirty_tree(project: Project) -> None:
     project.write("train.py", (project.root / "train.py").read_text() + "# edit\n")
-    result = project.cascade("run", "--require-clean", "train.py")
+    result = project.invoke("run", "--require-clean", "train.py")
     assert result.returncode == 1
     assert "uncommitted changes (train.py)" in result.stderr and "commit or stash" in result.stderr
     _nothing_recorded(project)
@@ -97,13 +97,13 @@ def test_require_clean_accepts_a_clean_tree_and_show_suggests_close_ids(project:
     project.cascade("run", "--require-clean", "train.py", check=True)
     run_id = project.only_run().info.run_id
     typo = run_id[:-1] + ("0" if run_id[-1] != "0" else "1")
-    result = project.cascade("show", typo)
+    result = project.invoke("show", typo)
     assert result.returncode == 1
     assert f"no run '{typo}'" in result.stderr and f"did you mean {run_id}" in result.stderr
 
 
 def test_bad_seed_is_a_usage_error(project: Project) -> None:
-    result = project.cascade("run", "--seed", "abc", "train.py")
+    result = project.invoke("run", "--seed", "abc", "train.py")
     assert result.returncode == 2 and "--seed must be an integer or 'random'" in result.stderr
     _nothing_recorded(project)
 
@@ -113,7 +113,7 @@ def test_a_run_not_made_by_cascade_is_named_as_such(project: Project) -> None:
     experiment = client.create_experiment("plain", artifact_location=(project.root / "mlruns").as_uri())
     foreign = client.create_run(experiment).info.run_id
     for command in (["show", foreign], ["verify", foreign, foreign]):
-        result = project.cascade(*command)
+        result = project.invoke(*command)
         assert result.returncode == 1
         assert f"run {foreign} has no cascade record" in result.stderr
         assert "not made by `cascade run`" in result.stderr
@@ -181,7 +181,7 @@ def test_recursive_binary_and_malformed_yaml_name_file_and_line(
     project: Project, name: str, content: str | bytes, message: str
 ) -> None:
     project.write(name, content)
-    result = project.cascade("run", "train.py")
+    result = project.invoke("run", "train.py")
     assert result.returncode == 1 and message in result.stderr, result.stderr
     assert "run with -v for the traceback" not in result.stderr  # a named error, not a generic one
     _nothing_recorded(project)
@@ -200,26 +200,26 @@ def test_mistyped_settings_name_file_key_value_and_the_expected(
     project: Project, setting: str, message: str
 ) -> None:
     project.write("cascade.yaml", setting + "\n")
-    result = project.cascade("run", "train.py")
+    result = project.invoke("run", "train.py")
     assert result.returncode == 1 and message in result.stderr, result.stderr
     _nothing_recorded(project)
 
 
 def test_negative_trace_interval_option_is_a_usage_error(project: Project) -> None:
-    result = project.cascade("run", "--trace-interval", "-1", "train.py")
+    result = project.invoke("run", "--trace-interval", "-1", "train.py")
     assert result.returncode == 2 and "--trace-interval must be 0 (no trace) or a positive" in result.stderr
     _nothing_recorded(project)
 
 
 def test_seed_out_of_range_is_refused_before_the_script_starts(project: Project) -> None:
-    result = project.cascade("run", "--seed", "99999999999999999999999", "train.py")
+    result = project.invoke("run", "--seed", "99999999999999999999999", "train.py")
     assert result.returncode == 2
     assert f"--seed 99999999999999999999999 is out of range; expected an integer from 0 to {2**64 - 1}" in (
         result.stderr
     )
     _nothing_recorded(project)
     project.write("hyperparameters.yaml", "seed: -7\nsteps: 2\noptimizer: {lr: 0.1, momentum: 0.9}\n")
-    result = project.cascade("run", "train.py")
+    result = project.invoke("run", "train.py")
     assert result.returncode == 1
     assert "hyperparameters.yaml: seed is -7; expected an integer from 0" in result.stderr
     _nothing_recorded(project)

@@ -13,7 +13,7 @@ from tests.plugin import Project, git
 
 def test_init_is_idempotent_and_keeps_user_files(project: Project) -> None:
     (project.root / "hyperparameters.yaml").write_text("seed: 9\nmine: true\n")
-    first = project.cascade("init", check=True)
+    first = project.invoke("init", check=True)
     assert "created  cascade.yaml" in first.stdout
     assert "kept     hyperparameters.yaml" in first.stdout
     assert (project.root / ".dvc" / "config").is_file()
@@ -23,7 +23,7 @@ def test_init_is_idempotent_and_keeps_user_files(project: Project) -> None:
     (project.root / "cascade.yaml").write_text("experiment: custom\n")
     gitignore = (project.root / ".gitignore").read_text()
 
-    second = project.cascade("init", check=True)
+    second = project.invoke("init", check=True)
     assert "kept     cascade.yaml" in second.stdout
     assert (project.root / "cascade.yaml").read_text() == "experiment: custom\n"
     assert (project.root / "hyperparameters.yaml").read_text() == "seed: 9\nmine: true\n"
@@ -34,7 +34,7 @@ def test_init_is_idempotent_and_keeps_user_files(project: Project) -> None:
 
 
 def test_init_outside_git(tmp_path) -> None:
-    result = Project(tmp_path).cascade("init")
+    result = Project(tmp_path).invoke("init")
     assert result.returncode == 1 and "not inside a git repository" in result.stderr
 
 
@@ -42,7 +42,7 @@ def test_init_outside_git(tmp_path) -> None:
 def test_ls_and_show_json_match_the_store(project: Project) -> None:
     project.cascade("run", "--name", "alpha", "train.py", check=True)
     project.cascade("run", "--name", "beta", "--set", "optimizer.lr=0.01", "train.py", check=True)
-    listed = json.loads(project.cascade("ls", "--json", check=True).stdout)
+    listed = json.loads(project.invoke("ls", "--json", check=True).stdout)
     assert listed["schema"] == "cascade.cli/1"
     runs = {r["name"]: r for r in listed["data"]}
     assert set(runs) == {"alpha", "beta"}
@@ -54,15 +54,15 @@ def test_ls_and_show_json_match_the_store(project: Project) -> None:
     )
     assert runs["alpha"]["dirty"] is False
 
-    shown = json.loads(project.cascade("show", "beta", "--json", check=True).stdout)["data"]
+    shown = json.loads(project.invoke("show", "beta", "--json", check=True).stdout)["data"]
     assert shown["manifest"]["run_id"] == runs["beta"]["run_id"]
     assert shown["manifest"]["params"]["values"]["optimizer"]["lr"] == 0.01
-    by_prefix = json.loads(project.cascade("show", runs["alpha"]["run_id"][:8], "--json", check=True).stdout)
+    by_prefix = json.loads(project.invoke("show", runs["alpha"]["run_id"][:8], "--json", check=True).stdout)
     assert by_prefix["data"]["manifest"]["command"]["run_name"] == "alpha"
 
-    table = project.cascade("ls", check=True).stdout
+    table = project.invoke("ls", check=True).stdout
     assert runs["alpha"]["run_id"][:12] in table and "alpha" in table and head[:10] in table
-    human = project.cascade("show", "alpha", check=True).stdout
+    human = project.invoke("show", "alpha", check=True).stdout
     assert head in human and "optimizer.lr" in human and "seed" in human
 
 

@@ -19,7 +19,7 @@ from cascade_repro.recovery import Delivered
 from cascade_repro.run_plan import RunResult
 from cascade_repro.store.ui_server import UiOutcome
 
-CLI = Path(__file__).resolve().parents[2] / "cascade_repro" / "cli.py"
+CLI = Path(__file__).resolve().parents[2] / "cascade_repro" / "cli"
 
 
 def _step(step: int, loss: float) -> dict[str, Any]:
@@ -92,5 +92,6 @@ def test_the_ui_exits_0_when_stopped_and_1_when_the_server_died() -> None:
 
 def test_the_cli_decides_no_exit_code_itself() -> None:
     """Bodies return a result's `exit_status`; no verdict string or bare code is compared or returned."""
-    source = CLI.read_text(encoding="utf-8")
+    source = "\n".join(path.read_text(encoding="utf-8") for path in sorted(CLI.glob("*.py")))
+    assert "def verify(" in source and "def restore(" in source
     assert re.findall(r"return\s+\d+\b|==\s*\"OK\"|\.reproduced\b|ctx\.exit\(\d+\)", source) == []

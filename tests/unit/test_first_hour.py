@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from cascade_repro.child import usage_errors
-from cascade_repro.cli import _misplaced_options
+from cascade_repro.cli.run import _misplaced_options
 from cascade_repro.project import preview_init
 from cascade_repro.recorder import own_paths
 from cascade_repro.settings import Settings

@@ -1,97 +1,23 @@
-"""Everything cascade prints: rich tables for people, a versioned JSON envelope for machines."""
+"""What `run`, `init`, `ls`, `show`, `tag`, `sync`, `image build` and `ui` print."""
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
 import json
-import re
 import sys
-from typing import IO, TYPE_CHECKING, Any, Callable, Iterator, Mapping, cast
+from typing import TYPE_CHECKING, Any
 
-from cascade_repro.redaction import fill_argv, redact_text
+from cascade_repro.redaction import redact_text
+from cascade_repro.render.console import _console, _num, _size, _styled, _time, error, notice
 
 if TYPE_CHECKING:
     from cascade_repro.api.browsing import RunSummary
-    from cascade_repro.api.data import CheckoutResult
     from cascade_repro.api.records import RunRecord
-    from cascade_repro.api.restoring import RestoreResult
-    from cascade_repro.check import CheckReport
-    from cascade_repro.determinism.verdict import Verdict
-    from cascade_repro.diff import Diff
     from cascade_repro.images.prepare import PreparedImage
     from cascade_repro.project import InitResult
     from cascade_repro.recovery import Delivered
-    from cascade_repro.restore import RestorePlan
     from cascade_repro.run_plan import RunResult
     from cascade_repro.store.ui_server import UiOutcome, UiServer
     from cascade_repro.versions import TagResult
-
-JSON_SCHEMA = "cascade.cli/1"
-
-
-# Run records may come from a shared server: text from them reaches the terminal without its control
-# characters (an escape sequence could retitle the window, write the clipboard or hide a line), and
-# rich's markup is off, so brackets in a name or a param are printed, not interpreted.
-_CONTROL = re.compile(r"\x1b\[[0-9;]*m|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-_SGR = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def printable(text: str) -> str:
-    """`text` without terminal control characters (newlines and tabs stay)."""
-    return _CONTROL.sub("", text)
-
-
-class _Printable:
-    """A stream for rich: its own colour sequences pass, any other control character is dropped."""
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        kept = []
-        position = 0
-        for match in _SGR.finditer(text):
-            kept += [printable(text[position : match.start()]), match.group()]
-            position = match.end()
-        kept.append(printable(text[position:]))
-        self._stream.write("".join(kept))
-        return len(text)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-
-def notice(message: str) -> None:
-    """A one-line status message on stderr (plain: used while the script's output streams)."""
-    sys.stderr.write(f"cascade: {printable(message)}\n")
-    sys.stderr.flush()
-
-
-def error(message: str) -> None:
-    sys.stderr.write(f"cascade: error: {printable(message)}\n")
-    sys.stderr.flush()
-
-
-def emit_json(command: str, data: Any) -> None:
-    envelope = {"schema": JSON_SCHEMA, "command": command, "data": data}
-    sys.stdout.write(json.dumps(envelope, indent=2, sort_keys=True, default=str) + "\n")
-
-
-def _console() -> Any:
-    from rich.console import Console
-
-    # Piped output is for grep and less: do not squeeze tables into 80 columns.
-    width = None if sys.stdout.isatty() else 220
-    stream = cast(IO[str], _Printable(sys.stdout))
-    return Console(highlight=False, soft_wrap=False, width=width, markup=False, file=stream)
-
-
-def _styled(*parts: str | tuple[str, str]) -> Any:
-    """Text with some parts styled: ("run abc", "bold"), plain strings as they are (never markup)."""
-    from rich.text import Text
-
-    return Text.assemble(*parts)
 
 
 def init_result(result: InitResult) -> None:
@@ -260,46 +186,6 @@ def run_record(record: RunRecord) -> None:
         console.print(metrics)
 
 
-def verdict(result: Verdict) -> None:
-    """`cascade verify`: the verdict, each rank's, the first divergence, the likely causes."""
-    console = _console()
-    style = "green" if result.reproduced else "red"
-    console.print(_styled((result.verdict, f"bold {style}"), f"  {result.run_a[:12]} → {result.run_b[:12]}"))
-    console.print(f"  {result.summary}")
-    for rank in result.ranks:
-        console.print(f"  rank {rank.rank}: {rank.verdict} ({rank.steps} steps compared)")
-    c = result.comparison
-    if c.step is not None:
-        for difference in c.differences:
-            names = f" {', '.join(difference.names[:6])}" if difference.names else ""
-            console.print(f"  step {c.step} · {difference.facet}:{names} ({difference.detail})")
-        for magnitude in result.magnitudes:
-            console.print(f"  step {c.step} · {magnitude.facet} {magnitude.name}: {magnitude.detail}")
-    _replay(console, result.replay)
-    if result.causes:
-        console.print("  Likely causes, most likely first:")
-        for index, cause in enumerate(result.causes, 1):
-            console.print(f"    {index}. {cause.summary}")
-            console.print(f"       evidence: {cause.evidence}")
-            console.print(f"       fix: {cause.fix}")
-    for record_difference in result.differences:
-        if not any(record_difference.summary == cause.summary for cause in result.causes):
-            console.print(f"  also differs (class {record_difference.klass}): {record_difference.summary}")
-    for note in c.notes:
-        console.print(f"  note: {note}")
-
-
-def _replay(console: Any, replay: Mapping[str, Any] | None) -> None:
-    """`verify --replay`: the runs it made, and what it could not measure."""
-    if replay is None:
-        return
-    runs = replay.get("runs") or {}
-    if runs:
-        console.print("  replayed as runs " + ", ".join(f"{side}: {run[:12]}" for side, run in runs.items()))
-    for reason in replay.get("not_measured") or []:
-        console.print(f"  not measured: {reason}")
-
-
 def checkpoints(entries: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
@@ -319,27 +205,6 @@ def checkpoints(entries: list[dict[str, Any]]) -> None:
             metrics, str(entry.get("md5") or "")[:12], _size(entry.get("size")), pushed,
         )  # fmt: skip
     console.print(table)
-
-
-@contextlib.contextmanager
-def byte_progress() -> Iterator[Callable[[str, int | None], Callable[[int], None] | None]]:
-    """A progress-bar factory for long hashing and copying: bars on a terminal, nothing elsewhere."""
-    if not sys.stderr.isatty():
-        yield lambda label, total: None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-
-    with Progress(
-        "{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-        console=Console(stderr=True), transient=True,
-    ) as bars:  # fmt: skip
-
-        def factory(label: str, total: int | None) -> Callable[[int], None]:
-            task = bars.add_task(label, total=total or None)
-            return lambda advance: bars.advance(task, advance)
-
-        yield factory
 
 
 def image_result(prepared: PreparedImage) -> None:
@@ -365,171 +230,11 @@ def ui_stopped(outcome: UiOutcome) -> None:
         error(f"the MLflow UI exited with {outcome.server_exit}; see {outcome.log}")
 
 
-def checkout_result(result: CheckoutResult) -> None:
-    if result.chosen is not None:
-        entry = result.chosen.entry
-        step = f"step {entry['step']}; " if entry.get("step") is not None else ""
-        notice(f"took {entry.get('path')} ({step}{result.chosen.why})")
-    for item in result.items:
-        notice(f"{item.path} → {item.written_to} (md5 {item.md5[:12]} verified, from the {item.source})")
-
-
-def _size(size: Any) -> str:
-    if not isinstance(size, (int, float)):
-        return ""
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return ""
-
-
-CLASS_WORDS = {"A": "class A · bitwise impossible", "B": "class B · likely cause", "C": "class C · info",
-               "R": "results"}  # fmt: skip
-
-
-def diff(result: Diff) -> None:
-    from rich.table import Table
-
-    console = _console()
-    console.print(_styled((result.run_a[:12], "bold"), " → ", (result.run_b[:12], "bold")))
-    for note in result.notes:
-        console.print(f"  note: {note}")
-    if result.identical:
-        console.print("  no differences")
-    for section in result.sections:
-        if not section.changes:
-            continue
-        console.print(
-            _styled("\n", (section.name, "bold"), f" ({CLASS_WORDS[section.klass]}; {section.equal} equal)")
-        )
-        table = Table(box=None, header_style="bold", show_header=True, pad_edge=False)
-        for column in ("", "key", "A", "B", "note"):
-            table.add_column(column, overflow="fold")
-        for change in section.changes:
-            table.add_row(change.klass, change.key, _cell(change.a), _cell(change.b), change.note or "")
-        console.print(table)
-    same = [s.name for s in result.sections if not s.changes and s.equal]
-    if same:
-        console.print(f"\nequal: {', '.join(same)}")
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "—"
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def check_report(report: CheckReport) -> None:
-    console = _console()
-    style = {"BITWISE_REPRODUCIBLE": "green", "OK": "green", "WITHIN_TOLERANCE_ONLY": "yellow"}.get(
-        report.verdict, "red"
-    )
-    console.print(_styled((report.verdict, f"bold {style}"), f"  ({report.subject})"))
-    marks = {"ok": "ok  ", "problem": "FAIL", "not_runnable": "STOP", "tolerance": "A   ",
-             "restore_fixes": "B   "}  # fmt: skip
-    for finding in report.findings:
-        console.print(f"  {marks.get(finding.level, '    ')} {finding.summary}")
-        if finding.fix:
-            console.print(f"       fix: {finding.fix}")
-
-
 def tag_result(result: TagResult) -> None:
     where = f" and git tag at {result.commit[:12]}" if result.git_tag else ""
     moved = f" (moved from run {result.moved_from[:12]})" if result.moved_from else ""
     text = _styled(f"tagged run {result.run_id[:12]} as ", (result.version, "bold"), f"{where}{moved}")
     _console().print(text)
-
-
-def restore_plan(plan: RestorePlan) -> None:
-    """Printed before anything heavy happens (stderr: stdout stays for the verdict)."""
-    what = f"{plan.version} (run {plan.run_id[:12]})" if plan.version else f"run {plan.run_id[:12]}"
-    notice(f"restore plan for {what}, experiment {plan.experiment}")
-    patch = plan.patch
-    notice(
-        f"  code       commit {plan.commit[:12]}"
-        + (f" + patch of {patch.get('size')} bytes" if patch else "")
-    )
-    if plan.untracked:
-        names = ", ".join(str(u["path"]) for u in plan.untracked[:5])
-        notice(f"  untracked  {len(plan.untracked)} file(s), sha256-checked: {names}")
-    notice(f"  data       {len(plan.data)} DVC object(s); checkpoints {len(plan.checkpoints)}")
-    for line in _plan_inputs(plan.input_sources):
-        notice(f"  inputs     {line}")
-    command = " ".join((plan.script, *plan.argv))
-    notice(f"  command    {command} (cwd {plan.cwd}), seed {plan.seed}, determinism {plan.determinism}"
-           + (f", first {plan.steps} steps" if plan.steps else ""))  # fmt: skip
-    if plan.num_threads:
-        notice(f"  threads    torch.set_num_threads({plan.num_threads}), as recorded")
-    for name, value in plan.environment.items():
-        notice(f"  env        {name}={value}" if value is not None else f"  env        unset {name}")
-    for slot in plan.secret_args:
-        state = "NOT SET: set it to re-run" if slot.variable in plan.secrets_missing else "set"
-        notice(f"  secret     {slot.option}: redacted in the record, taken from ${slot.variable} ({state})")
-    for name, here in plan.secret_env.items():
-        state = "" if here else " (not set here: the re-run goes without it)"
-        notice(f"  secret     {name}: redacted in the record, this machine's value{state}")
-    for difference in plan.differences:
-        meaning = "bitwise not expected here" if difference.klass == "A" else "fixed by restore"
-        notice(f"  machine    class {difference.klass}: {difference.summary} ({meaning})")
-    notice(f"  worktree   {plan.workdir}")
-
-
-def _plan_inputs(sources: Mapping[str, str]) -> list[str]:
-    """Where the files the run read that neither git nor DVC tracked come from, one line per source."""
-    by: dict[str, list[str]] = {}
-    for path, source in sources.items():
-        by.setdefault(source, []).append(path)
-    words = {
-        "checkout": "neither git nor DVC tracks, taken from your checkout (sha256-verified)",
-        "dvc": "kept with --track-inputs, from the DVC cache (md5-verified)",
-        "missing": "NOT in your checkout",
-        "changed": "CHANGED in your checkout since the run",
-    }
-    return [
-        f"{len(paths)} file(s) {words.get(source, source)}: " + ", ".join(paths[:5])
-        + (" ..." if len(paths) > 5 else "")
-        for source, paths in by.items()
-    ]  # fmt: skip
-
-
-def restore_result(result: RestoreResult) -> None:
-    tree = result.worktree
-    if result.run is None:
-        notice(f"restored into {tree.path}" + (" (reused)" if tree.reused else ""))
-        shell = {slot.variable: f"${{{slot.variable}}}" for slot in result.plan.secret_args}
-        argv, _ = fill_argv(result.plan.argv, shell)  # redacted values from the variables the plan named
-        command = " ".join(("cascade", "run", "--seed", str(result.plan.seed), "--deterministic",
-                            result.plan.determinism, result.plan.script, *argv))  # fmt: skip
-        notice(f"run it: cd {tree.path / result.plan.cwd} && {command}")
-        return
-    run_result(result.run)
-    if result.verdict is not None:
-        verdict(result.verdict)
-
-
-def restore_dict(result: RestoreResult) -> dict[str, Any]:
-    run = result.run
-    return {
-        "plan": result.plan.to_dict(),
-        "worktree": {
-            "path": str(result.worktree.path),
-            "reused": result.worktree.reused,
-            "restored_files": list(result.worktree.restored_files),
-        },  # fmt: skip
-        "run": None
-        if run is None
-        else {"run_id": run.run_id, "status": run.status, "exit_code": run.exit_code},
-        "verdict": None if result.verdict is None else result.verdict.to_dict(),
-        "image": None
-        if result.image is None
-        else {
-            **result.image.record(),
-            "source": "recorded" if result.image.reused_by_id else "rebuilt",
-            "drift": [c.to_dict() for c in result.drift],
-        },
-    }
 
 
 def _trace_summary(console: Any, t: Any) -> None:
@@ -557,14 +262,6 @@ def _trace_summary(console: Any, t: Any) -> None:
     if t.nonfinite_losses:
         parts.append(f"{t.nonfinite_losses} non-finite")
     console.print("  " + ", ".join(parts))
-
-
-def _num(value: float) -> str:
-    return f"{value:.4g}"
-
-
-def _time(ts: float | None) -> str:
-    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M") if ts else ""
 
 
 def _dirty(git: dict[str, Any]) -> str:

@@ -1,0 +1,171 @@
+"""Reading recorded runs: `cascade ls`, `show`, `verify`, `tag`, `diff`, `check`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import click
+
+from cascade_repro.cli.base import _guard, main
+
+
+@main.command(name="ls")
+@click.option("--all", "all_experiments", is_flag=True, help="Runs of every experiment in the store.")
+@click.option("--versions", "versions_only", is_flag=True, help="Only runs that carry a version.")
+@click.option("--limit", default=50, show_default=True, help="At most this many runs, newest first.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def list_command(ctx: click.Context, all_experiments: bool, versions_only: bool, limit: int,
+                 as_json: bool) -> None:  # fmt: skip
+    """List recorded runs: id, name, version, status, start, duration, commit, key metrics."""
+
+    def body() -> None:
+        from cascade_repro import api, render
+
+        runs = api.list_runs(all_experiments=all_experiments, limit=limit, versions_only=versions_only)
+        if as_json:
+            render.emit_json("ls", [r.to_dict() for r in runs])
+        else:
+            render.run_list(runs, show_experiment=all_experiments, versions_only=versions_only)
+
+    _guard(body, ctx)
+
+
+@main.command()
+@click.argument("run_ref", metavar="RUN")
+@click.option("--trace", "with_trace", is_flag=True, help="Summarize the step trace (steps, loss extremes).")
+@click.option(
+    "--checkpoints", "with_checkpoints", is_flag=True, help="Checkpoints: step, metrics, md5, kept/pruned."
+)
+@click.option("--json", "as_json", is_flag=True, help="The full record as JSON.")
+@click.pass_context
+def show(ctx: click.Context, run_ref: str, with_trace: bool, with_checkpoints: bool, as_json: bool) -> None:
+    """Show the record of RUN (a run id, a unique prefix of one, a run name or a version)."""
+
+    def body() -> None:
+        from cascade_repro import api, render
+
+        record = api.show_run(run_ref, trace=with_trace)
+        if as_json:
+            data = asdict(record)
+            data["manifest"] = record.manifest.to_dict()
+            render.emit_json("show", data)
+        elif with_checkpoints:
+            render.checkpoints(record.manifest.checkpoints)
+        else:
+            render.run_record(record)
+
+    _guard(body, ctx)
+
+
+@main.command()
+@click.argument("run_a", metavar="RUN_A")
+@click.argument("run_b", metavar="RUN_B")
+@click.option(
+    "--rtol", default=1e-5, show_default=True, help="Relative loss tolerance for NUMERICALLY_EQUIVALENT."
+)
+@click.option("--atol", default=1e-8, show_default=True, help="Absolute loss tolerance.")
+@click.option("--no-record", is_flag=True, help="Do not tag the later run with the verdict.")
+@click.option(
+    "--replay",
+    is_flag=True,
+    help="Where tensors differ, re-run both runs up to that step (as cascade restore --steps does) and "
+    "measure the difference: max |Δ| and how many elements.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable verdict.")
+@click.pass_context
+def verify(ctx: click.Context, run_a: str, run_b: str, rtol: float, atol: float, no_record: bool,
+           replay: bool, as_json: bool) -> None:  # fmt: skip
+    """Compare two runs step by step and say whether they reproduce each other.
+
+    Exit 0: BITWISE_IDENTICAL or NUMERICALLY_EQUIVALENT; 3: DIVERGED or INCOMPARABLE; 1: error.
+    """
+
+    def body() -> int:
+        from cascade_repro import api, render
+
+        verdict = api.verify(run_a, run_b, rtol=rtol, atol=atol, record=not no_record, replay=replay,
+                             notify=render.notice)  # fmt: skip
+        if as_json:
+            render.emit_json("verify", verdict.to_dict())
+        else:
+            render.verdict(verdict)
+        return verdict.exit_status
+
+    _guard(body, ctx)
+
+
+@main.command(name="tag")
+@click.argument("run_ref", metavar="RUN")
+@click.argument("version")
+@click.option("--force", is_flag=True, help="Move VERSION from the run that has it (the move is recorded).")
+@click.option("--no-git-tag", is_flag=True, help="Only the MLflow tag, no annotated git tag.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+@click.pass_context
+def tag_command(ctx: click.Context, run_ref: str, version: str, force: bool, no_git_tag: bool,
+                as_json: bool) -> None:  # fmt: skip
+    """Label RUN with VERSION: the MLflow tag cascade.version and an annotated git tag at its commit."""
+
+    def body() -> None:
+        from cascade_repro import api, render
+
+        result = api.tag(run_ref, version, force=force, git_tag=not no_git_tag)
+        if as_json:
+            render.emit_json("tag", asdict(result))
+        else:
+            render.tag_result(result)
+
+    _guard(body, ctx)
+
+
+@main.command(name="diff")
+@click.argument("ref_a", metavar="A")
+@click.argument("ref_b", metavar="B")
+@click.option("--only", "only", multiple=True, metavar="SECTION",
+              help="Only these sections: stack code params seed packages environment data container "
+              "machine metrics checkpoints trace.")  # fmt: skip
+@click.option("--log-to", metavar="RUN", help="Attach the diff report to RUN as an MLflow artifact.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable diff.")
+@click.pass_context
+def diff_command(ctx: click.Context, ref_a: str, ref_b: str, only: tuple[str, ...], log_to: str | None,
+                 as_json: bool) -> None:  # fmt: skip
+    """What differs between runs A and B (ids, names, versions, or `current`: this machine and tree).
+
+    Sections are ordered by what matters for reproduction: class A (bitwise impossible), class B
+    (likely root causes), class C (informational), then results.
+    """
+
+    def body() -> None:
+        from cascade_repro import api, render
+
+        result = api.diff(ref_a, ref_b, only=only, log_to=log_to)
+        if as_json:
+            render.emit_json("diff", result.to_dict())
+        else:
+            render.diff(result)
+
+    _guard(body, ctx)
+
+
+@main.command(name="check")
+@click.argument("ref", metavar="[VERSION|RUN]", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable findings.")
+@click.pass_context
+def check_command(ctx: click.Context, ref: str | None, as_json: bool) -> None:
+    """Can this machine reproduce RUN bit for bit? Without RUN: is cascade set up on this machine?
+
+    Exit 0: bitwise reproducible here (or all checks pass); 3: within tolerance only; 1: not
+    runnable here (or a check failed).
+    """
+
+    def body() -> int:
+        from cascade_repro import api, render
+
+        report = api.check(ref)
+        if as_json:
+            render.emit_json("check", report.to_dict())
+        else:
+            render.check_report(report)
+        return report.exit_status
+
+    _guard(body, ctx)

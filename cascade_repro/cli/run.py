@@ -1,0 +1,121 @@
+"""`cascade run`: record a run of an unmodified script (its arguments pass through)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from cascade_repro.cli.base import _guard, main
+
+
+@main.command(
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--params", "params_file", metavar="FILE", help="Params file (default: hyperparameters.yaml).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a param (YAML-typed).")
+@click.option("--add", "adds", multiple=True, metavar="KEY=VALUE", help="Add a param not in the file.")
+@click.option("--seed", metavar="N|random", help="Seed (default: `seed` in the params file, else 0).")
+@click.option(
+    "--deterministic",
+    "determinism",
+    type=click.Choice(["off", "warn", "strict"]),
+    help="Determinism mode (default: cascade.yaml, else warn).",
+)
+@click.option("--name", "run_name", help="MLflow run name (default: generated).")
+@click.option("--experiment", help="MLflow experiment (default: cascade.yaml, else the repo name).")
+@click.option("--require-clean", is_flag=True, help="Refuse to run with uncommitted changes.")
+@click.option(
+    "--tag", "version", metavar="VERSION", help="Label the finished run with a version (e.g. v1.2.3)."
+)
+@click.option("--force-tag", "force_version", is_flag=True, help="Move VERSION here if another run has it.")
+@click.option("--no-git-tag", "no_git_tag", is_flag=True, help="With --tag: no annotated git tag.")
+@click.option("--log-checkpoints", is_flag=True, help="Also log checkpoint files as MLflow artifacts.")
+@click.option(
+    "--track-inputs",
+    is_flag=True,
+    help="Put files the script reads that neither git nor DVC tracks (e.g. ignored data) into the DVC cache.",
+)
+@click.option(
+    "--trace-interval",
+    type=int,
+    metavar="N",
+    help="Fingerprint every Nth optimizer step (default: cascade.yaml, else 1); 0: no trace.",
+)
+@click.option(
+    "--nproc-per-node",
+    type=int,
+    metavar="N",
+    help="Start N processes with torchrun (DDP: gloo on CPU, nccl on GPU); one run, every rank traced.",
+)
+@click.option("--docker/--no-docker", default=None, help="In the project's image (default: docker.enabled).")
+@click.option("--gpus", metavar="all|none|N", help="With --docker: GPUs to give it (default: all there are).")
+@click.option("--shm-size", metavar="SIZE", help="With --docker: shared memory, e.g. 8g (default: 1g).")
+@click.option("--rebuild", "no_cache", is_flag=True, help="With --docker: build even if already built.")
+@click.pass_context
+def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options: Any) -> None:
+    """Run SCRIPT with ARGS and record everything about it.
+
+    Options go before SCRIPT; everything after SCRIPT is passed to it untouched. Exits with the
+    script's own exit code.
+
+    \b
+    cascade run train.py --epochs 3
+    cascade run --set optimizer.lr=1e-3 --seed 7 train.py
+    cascade run --docker --gpus all train.py     in the project's image (templates/Dockerfile.j2)
+    cascade run --nproc-per-node 2 train_ddp.py   torchrun, 2 ranks, one run
+    torchrun --nproc-per-node 2 --no-python cascade run train_ddp.py   the same, torchrun yours
+    """
+
+    def body() -> int:
+        from cascade_repro import api, render
+
+        git_tag = not options.pop("no_git_tag")
+        request = api.RunRequest(script=script, args=script_args, git_tag=git_tag, **options)
+        result = api.run(request, notify=render.notice)
+        render.run_result(result)
+        if result.usage_error:
+            misplaced = _misplaced_options(script, script_args, result.usage_error)
+            if misplaced:
+                render.misplaced_options(misplaced.options, misplaced.command)
+        return result.exit_status
+
+    _guard(body, ctx, fast_exit=True)
+
+
+@dataclass(frozen=True)
+class _Misplaced:
+    options: list[str]  # cascade's options that the script's argparse refused, e.g. ["--seed"]
+    command: str  # the command in the right order: `cascade run --seed 7 train.py`
+
+
+def _misplaced_options(script: str, script_args: tuple[str, ...], usage_error: str) -> _Misplaced | None:
+    """`cascade run train.py --seed 7`: the script's argparse refused `--seed`, an option of `cascade run`
+    that went to the script because it came after it. None when it refused none of cascade's."""
+    import re
+    import shlex
+
+    ours = {name: param for param in run.params if isinstance(param, click.Option)
+            for name in (*param.opts, *param.secondary_opts)}  # fmt: skip
+    refused = set(re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", usage_error))
+    moved: list[str] = []
+    kept: list[str] = []
+    index = 0
+    while index < len(script_args):
+        token = script_args[index]
+        name = token.split("=", 1)[0]
+        option = ours.get(name)
+        if option is None or name not in refused:
+            kept.append(token)
+            index += 1
+            continue
+        takes_value = not option.is_flag and "=" not in token
+        moved += script_args[index : index + 1 + takes_value]
+        index += 1 + takes_value
+    if not moved:
+        return None
+    names = list(dict.fromkeys(t.split("=", 1)[0] for t in moved if t.split("=", 1)[0] in ours))
+    return _Misplaced(names, shlex.join(["cascade", "run", *moved, script, *kept]))

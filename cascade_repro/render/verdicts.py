@@ -1,0 +1,96 @@
+"""What `verify`, `diff` and `check` print: verdicts, causes and differences by class."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from cascade_repro.render.console import _cell, _console, _styled
+
+if TYPE_CHECKING:
+    from cascade_repro.check import CheckReport
+    from cascade_repro.determinism.verdict import Verdict
+    from cascade_repro.diff import Diff
+
+
+def verdict(result: Verdict) -> None:
+    """`cascade verify`: the verdict, each rank's, the first divergence, the likely causes."""
+    console = _console()
+    style = "green" if result.reproduced else "red"
+    console.print(_styled((result.verdict, f"bold {style}"), f"  {result.run_a[:12]} → {result.run_b[:12]}"))
+    console.print(f"  {result.summary}")
+    for rank in result.ranks:
+        console.print(f"  rank {rank.rank}: {rank.verdict} ({rank.steps} steps compared)")
+    c = result.comparison
+    if c.step is not None:
+        for difference in c.differences:
+            names = f" {', '.join(difference.names[:6])}" if difference.names else ""
+            console.print(f"  step {c.step} · {difference.facet}:{names} ({difference.detail})")
+        for magnitude in result.magnitudes:
+            console.print(f"  step {c.step} · {magnitude.facet} {magnitude.name}: {magnitude.detail}")
+    _replay(console, result.replay)
+    if result.causes:
+        console.print("  Likely causes, most likely first:")
+        for index, cause in enumerate(result.causes, 1):
+            console.print(f"    {index}. {cause.summary}")
+            console.print(f"       evidence: {cause.evidence}")
+            console.print(f"       fix: {cause.fix}")
+    for record_difference in result.differences:
+        if not any(record_difference.summary == cause.summary for cause in result.causes):
+            console.print(f"  also differs (class {record_difference.klass}): {record_difference.summary}")
+    for note in c.notes:
+        console.print(f"  note: {note}")
+
+
+def _replay(console: Any, replay: Mapping[str, Any] | None) -> None:
+    """`verify --replay`: the runs it made, and what it could not measure."""
+    if replay is None:
+        return
+    runs = replay.get("runs") or {}
+    if runs:
+        console.print("  replayed as runs " + ", ".join(f"{side}: {run[:12]}" for side, run in runs.items()))
+    for reason in replay.get("not_measured") or []:
+        console.print(f"  not measured: {reason}")
+
+
+CLASS_WORDS = {"A": "class A · bitwise impossible", "B": "class B · likely cause", "C": "class C · info",
+               "R": "results"}  # fmt: skip
+
+
+def diff(result: Diff) -> None:
+    from rich.table import Table
+
+    console = _console()
+    console.print(_styled((result.run_a[:12], "bold"), " → ", (result.run_b[:12], "bold")))
+    for note in result.notes:
+        console.print(f"  note: {note}")
+    if result.identical:
+        console.print("  no differences")
+    for section in result.sections:
+        if not section.changes:
+            continue
+        console.print(
+            _styled("\n", (section.name, "bold"), f" ({CLASS_WORDS[section.klass]}; {section.equal} equal)")
+        )
+        table = Table(box=None, header_style="bold", show_header=True, pad_edge=False)
+        for column in ("", "key", "A", "B", "note"):
+            table.add_column(column, overflow="fold")
+        for change in section.changes:
+            table.add_row(change.klass, change.key, _cell(change.a), _cell(change.b), change.note or "")
+        console.print(table)
+    same = [s.name for s in result.sections if not s.changes and s.equal]
+    if same:
+        console.print(f"\nequal: {', '.join(same)}")
+
+
+def check_report(report: CheckReport) -> None:
+    console = _console()
+    style = {"BITWISE_REPRODUCIBLE": "green", "OK": "green", "WITHIN_TOLERANCE_ONLY": "yellow"}.get(
+        report.verdict, "red"
+    )
+    console.print(_styled((report.verdict, f"bold {style}"), f"  ({report.subject})"))
+    marks = {"ok": "ok  ", "problem": "FAIL", "not_runnable": "STOP", "tolerance": "A   ",
+             "restore_fixes": "B   "}  # fmt: skip
+    for finding in report.findings:
+        console.print(f"  {marks.get(finding.level, '    ')} {finding.summary}")
+        if finding.fix:
+            console.print(f"       fix: {finding.fix}")
