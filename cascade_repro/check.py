@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from cascade_repro.determinism.record_compare import compare_records, record_gpus
+from cascade_repro.determinism.record_compare import compare_records
 from cascade_repro.errors import EXIT_ERROR, EXIT_NOT_REPRODUCED, EXIT_OK
+from cascade_repro.manifest import record_gpus
 
 BITWISE = "BITWISE_REPRODUCIBLE"
 MACHINE_OK, MACHINE_PROBLEMS = "OK", "PROBLEMS"  # `cascade check` without a run

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from cascade_repro.determinism import record_compare
+from cascade_repro.determinism.catalogue import lookup
 from cascade_repro.determinism.record_compare import CLASS_ORDER, MISSING, Change, Section, compare_records
 
 RECORD_SECTIONS = record_compare.SECTIONS
@@ -57,7 +58,7 @@ def diff_records(a: Mapping[str, Any], b: Mapping[str, Any], only: tuple[str, ..
         sections[code] = _with_stat(sections[code], code_stat)
     results: dict[str, Callable[[], Section]] = {
         "metrics": lambda: _metrics(a, b),
-        "checkpoints": lambda: _mapping("checkpoints", _checkpoints(a), _checkpoints(b), "R"),
+        "checkpoints": lambda: _mapping("checkpoints", _checkpoints(a), _checkpoints(b)),
         "trace": lambda: _trace(trace_note),
     }
     sections += [build() for name, build in results.items() if not only or name in only]
@@ -69,7 +70,7 @@ def diff_records(a: Mapping[str, Any], b: Mapping[str, Any], only: tuple[str, ..
     return Diff(str(a.get("run_id")), str(b.get("run_id")), experiments, tuple(sections), tuple(notes))
 
 
-def _mapping(name: str, a: Mapping[str, Any], b: Mapping[str, Any], klass: str) -> Section:
+def _mapping(name: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
     changes, equal = [], 0
     for key in sorted(set(a) | set(b)):
         va, vb = a.get(key, MISSING), b.get(key, MISSING)
@@ -77,7 +78,7 @@ def _mapping(name: str, a: Mapping[str, Any], b: Mapping[str, Any], klass: str) 
             equal += 1
             continue
         note = "added" if key not in a else "removed" if key not in b else None
-        changes.append(Change(key, va, vb, klass, note))
+        changes.append(Change(key, va, vb, lookup(name, key).klass, note))
     return Section(name, tuple(changes), equal)
 
 
@@ -105,7 +106,7 @@ def _metrics(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
 
     if not all(((m.get("metrics") or {}).get("keys")) for m in (a, b)):
         return Section("metrics", (), 0)  # `current`, or a run that logged nothing: nothing to compare
-    section = _mapping("metrics", view(a), view(b), "R")
+    section = _mapping("metrics", view(a), view(b))
     changes = tuple(
         Change(c.key, c.a, c.b, c.klass, f"Δ {c.b - c.a:+.4g}")
         if isinstance(c.a, (int, float)) and isinstance(c.b, (int, float))
@@ -124,4 +125,6 @@ def _trace(note: str | None) -> Section:
         return Section("trace", (), 0)
     if note.startswith(("BITWISE_IDENTICAL", "all ")):
         return Section("trace", (), 1)
-    return Section("trace", (Change("first divergence", None, None, "R", note),), 0)
+    return Section(
+        "trace", (Change("first divergence", None, None, lookup("trace", "first divergence").klass, note),), 0
+    )

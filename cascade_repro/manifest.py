@@ -43,6 +43,11 @@ class Manifest:
     # a torchrun job: launcher, world_size, nproc_per_node, nnodes, and ranks 1.. (trace, exit, error)
     distributed: dict[str, Any] | None = None
 
+    @property
+    def gpus(self) -> list[dict[str, Any]]:
+        """The GPUs the run used (see `record_gpus`)."""
+        return record_gpus({"torch": self.torch, "hardware": self.hardware})
+
     def to_dict(self) -> dict[str, Any]:
         body = {f.name: getattr(self, f.name) for f in fields(self)}
         return {"schema": SCHEMA, **body}
@@ -64,6 +69,12 @@ class Manifest:
         check_schema(data)
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def record_gpus(record: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The GPUs a run used: the ones torch saw, else the ones the machine has."""
+    gpus = (record.get("torch") or {}).get("gpus") or (record.get("hardware") or {}).get("gpus") or []
+    return [g for g in gpus if isinstance(g, dict)] if isinstance(gpus, list) else []
 
 
 def check_schema(data: Mapping[str, Any], run_id: str | None = None) -> None:

@@ -308,12 +308,12 @@ class Recording:
 
     def _end_tags(self, manifest: Manifest) -> dict[str, str | None]:
         torch = manifest.torch
-        gpus = torch.get("gpus") or manifest.hardware.get("gpus") or []
+        gpus = manifest.gpus
         return {
             "cascade.torch": torch.get("version"),
             "cascade.cuda": torch.get("cuda") or "none",
             "cascade.cpu_capability": torch.get("cpu_capability"),
-            "cascade.gpu": ", ".join(g["name"] for g in gpus) if isinstance(gpus, list) and gpus else "none",
+            "cascade.gpu": ", ".join(str(g.get("name")) for g in gpus) or "none",
             "cascade.python": manifest.python.get("version"),
             "cascade.status": manifest.outcome["status"] if manifest.outcome else None,
             "cascade.image": manifest.container.get("image"),

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from cascade_repro.api.judging import judge_runs
 from cascade_repro.api.loading import load_project
 from cascade_repro.check import CheckReport, check_against, check_machine
+from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from cascade_repro.diff import SECTIONS, Diff, diff_records
 from cascade_repro.errors import CascadeError, UsageError
 from cascade_repro.settings import Settings
@@ -56,7 +57,7 @@ def diff(ref_a: str, ref_b: str, only: tuple[str, ...] = (), cwd: Path | None = 
     trace_note = None
     both_traced = all((m.get("trace") or {}).get("steps") for m in (a, b))
     if store is not None and both_traced and (not only or "trace" in only):
-        verdict = judge_runs(store, a, b, 1e-5, 1e-8)
+        verdict = judge_runs(store, a, b, DEFAULT_RTOL, DEFAULT_ATOL)
         summary = verdict.summary
         trace_note = summary if summary.startswith(verdict.verdict) else f"{verdict.verdict}: {summary}"
     try:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from cascade_repro.api.judging import judge_runs, record_verdict, trace_records
 from cascade_repro.api.loading import load_project
+from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from cascade_repro.manifest import Manifest
 from cascade_repro.store.run_store import RunStore
 
@@ -84,8 +85,8 @@ def verify(
     ref_a: str,
     ref_b: str,
     cwd: Path | None = None,
-    rtol: float = 1e-5,
-    atol: float = 1e-8,
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
     record: bool = True,
     replay: bool = False,
     notify: Notify = lambda message: None,

@@ -11,6 +11,7 @@ from cascade_repro.api.compare import machine_record
 from cascade_repro.api.judging import judge_runs, record_verdict
 from cascade_repro.api.loading import dvc_cache, load_project
 from cascade_repro.api.runs import RunRequest, run
+from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from cascade_repro.errors import EXIT_ERROR, EXIT_OK, RestoreRefused, StoreError, UsageError
 from cascade_repro.manifest import data_objects
 from cascade_repro.params import ResolvedParams
@@ -57,8 +58,8 @@ def restore(
     workdir: Path | None = None,
     steps: int | None = None,
     execute: bool = True,
-    rtol: float = 1e-5,
-    atol: float = 1e-8,
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
     notify: Notify = lambda message: None,
     show_plan: Callable[[RestorePlan], None] = lambda plan: None,
     docker: bool = False,

@@ -7,6 +7,7 @@ from dataclasses import asdict
 import click
 
 from cascade_repro.cli.base import _guard, main
+from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 
 
 @main.command(name="ls")
@@ -62,9 +63,12 @@ def show(ctx: click.Context, run_ref: str, with_trace: bool, with_checkpoints: b
 @click.argument("run_a", metavar="RUN_A")
 @click.argument("run_b", metavar="RUN_B")
 @click.option(
-    "--rtol", default=1e-5, show_default=True, help="Relative loss tolerance for NUMERICALLY_EQUIVALENT."
+    "--rtol",
+    default=DEFAULT_RTOL,
+    show_default=True,
+    help="Relative loss tolerance for NUMERICALLY_EQUIVALENT.",
 )
-@click.option("--atol", default=1e-8, show_default=True, help="Absolute loss tolerance.")
+@click.option("--atol", default=DEFAULT_ATOL, show_default=True, help="Absolute loss tolerance.")
 @click.option("--no-record", is_flag=True, help="Do not tag the later run with the verdict.")
 @click.option(
     "--replay",

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from cascade_repro.cli.base import _guard, _stdout_to_stderr, main
+from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 
 
 @main.command()
@@ -21,9 +22,9 @@ from cascade_repro.cli.base import _guard, _stdout_to_stderr, main
     help="Where the worktree goes (default: .cascade/restore/VERSION in this repository).",
 )
 @click.option(
-    "--rtol", default=1e-5, show_default=True, help="Relative loss tolerance (class-A differences)."
+    "--rtol", default=DEFAULT_RTOL, show_default=True, help="Relative loss tolerance (class-A differences)."
 )
-@click.option("--atol", default=1e-8, show_default=True, help="Absolute loss tolerance.")
+@click.option("--atol", default=DEFAULT_ATOL, show_default=True, help="Absolute loss tolerance.")
 @click.option("--json", "as_json", is_flag=True, help="Plan, run and verdict as JSON on stdout.")
 @click.option("--docker", is_flag=True, help="Re-run in the recorded image (rebuilt if gone).")
 @click.option("--gpus", metavar="all|none|N", help="With --docker: GPUs to give it (default: all there are).")

@@ -15,25 +15,17 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from cascade_repro.determinism import script_seeds
+from cascade_repro.determinism.catalogue import CONTAINER_FIELDS, TORCH_CLASS_A, TORCH_CLASS_B, lookup
 from cascade_repro.distributed import is_launcher_variable, world_size
-from cascade_repro.manifest import data_objects
+from cascade_repro.manifest import data_objects, record_gpus
 from cascade_repro.params import flatten
 
 SECTIONS = ("stack", "code", "params", "seed", "packages", "environment", "data", "container", "machine")
 CLASS_ORDER = {"A": 0, "B": 1, "C": 2, "R": 3}  # R: results (metrics, checkpoints, trace), shown by diff
-# The torch stack: class A, except the thread counts (class B: restore sets them as recorded).
-TORCH_CLASS_A = (
-    "version", "git_version", "cuda", "hip", "cudnn", "nccl", "cpu_capability", "mkl_version",
-    "onednn_version", "debug", "cxx_abi",
-)  # fmt: skip
-TORCH_CLASS_B = ("num_threads", "num_interop_threads")
 # Not compared as environment: cascade's own variables differ by design (run dir, store), and the
 # seed-derived ones are set from the seed by `cascade run`: part of the seed, never a cause of their own.
 OWN_VARIABLES = ("CASCADE_", "MLFLOW_")
 SEED_DERIVED = ("PYTHONHASHSEED",)
-# Installed packages that cannot change results (class C). torch is compared in the stack, with its build.
-TOOLING_PACKAGES = frozenset({"cascade-repro", "pip", "setuptools", "wheel"})
-CONTAINER_FIELDS = ("image", "image_id", "repo_digest", "dockerfile_sha256")
 MISSING = None
 
 
@@ -95,13 +87,13 @@ def compare_records(a: Mapping[str, Any], b: Mapping[str, Any], only: tuple[str,
     builders: dict[str, Callable[[], Section]] = {
         "stack": lambda: _stack(a, b),
         "code": lambda: _code(a, b),
-        "params": lambda: _mapping("params", *_params(a, b), _kind("B", "params")),
+        "params": lambda: _mapping("params", *_params(a, b)),
         "seed": lambda: _seed(a, b),
         "packages": lambda: _packages(a, b),
         "environment": lambda: _environment(a, b),
-        "data": lambda: _mapping("data", _data(a), _data(b), _kind("B", "data")),
-        "container": lambda: _mapping("container", _container(a), _container(b), _kind("B", "image")),
-        "machine": lambda: _mapping("machine", _machine(a), _machine(b), _kind("C", "machine")),
+        "data": lambda: _mapping("data", _data(a), _data(b)),
+        "container": lambda: _mapping("container", _container(a), _container(b)),
+        "machine": lambda: _mapping("machine", _machine(a), _machine(b)),
     }
     return RecordDiff(tuple(builders[name]() for name in SECTIONS if not only or name in only))
 
@@ -123,25 +115,13 @@ def same_torch_version(a: Any, b: Any) -> bool:
     return public_a == public_b and (not label_a or not label_b or label_a == label_b)
 
 
-def record_gpus(record: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The GPUs a run used: the ones torch saw, else the ones the machine has."""
-    gpus = (record.get("torch") or {}).get("gpus") or (record.get("hardware") or {}).get("gpus") or []
-    return [g for g in gpus if isinstance(g, dict)] if isinstance(gpus, list) else []
-
-
 def gpu_names(record: Mapping[str, Any]) -> list[str]:
     return [str(g.get("name")) for g in record_gpus(record)]
 
 
-Classify = Callable[[str], tuple[str, str]]  # key → (class, kind)
-
-
-def _kind(klass: str, kind: str) -> Classify:
-    return lambda key: (klass, kind)
-
-
-def _mapping(name: str, a: Mapping[str, Any], b: Mapping[str, Any], classify: Classify,
+def _mapping(name: str, a: Mapping[str, Any], b: Mapping[str, Any],
              same: Callable[[str, Any, Any], bool] | None = None) -> Section:  # fmt: skip
+    """The keys of one section that differ, each with its class and kind from the catalogue."""
     changes, equal = [], 0
     for key in sorted(set(a) | set(b)):
         va, vb = a.get(key, MISSING), b.get(key, MISSING)
@@ -149,8 +129,8 @@ def _mapping(name: str, a: Mapping[str, Any], b: Mapping[str, Any], classify: Cl
             equal += 1
             continue
         note = "added" if key not in a else "removed" if key not in b else None
-        klass, kind = classify(key)
-        changes.append(Change(key, va, vb, klass, note, kind))
+        field = lookup(name, key)
+        changes.append(Change(key, va, vb, field.klass, note, field.kind))
     changes.sort(key=lambda c: CLASS_ORDER[c.klass])
     return Section(name, tuple(changes), equal)
 
@@ -172,15 +152,10 @@ def _stack(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
             out["world_size"] = world_size(m)
         return {k: v for k, v in out.items() if v is not None}
 
-    def classify(key: str) -> tuple[str, str]:
-        if key.startswith("torch."):
-            return ("B", "threads") if key.endswith("threads") else ("A", "torch")
-        return "A", {"gpus": "gpu", "cpu.model": "cpu"}.get(key, key)
-
     def same(key: str, va: Any, vb: Any) -> bool:
         return key == "torch.version" and same_torch_version(va, vb)
 
-    return _mapping("stack", view(a, ta), view(b, tb), classify, same)
+    return _mapping("stack", view(a, ta), view(b, tb), same)
 
 
 def _code(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
@@ -196,10 +171,7 @@ def _code(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
             out[f"untracked:{item.get('path')}"] = item.get("sha256")
         return out
 
-    def classify(key: str) -> tuple[str, str]:
-        return "B", "command" if key in ("script", "argv") else "code"
-
-    return _mapping("code", view(a), view(b), classify)
+    return _mapping("code", view(a), view(b))
 
 
 def _params(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -234,10 +206,7 @@ def _seed(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
                 out[f"flags.{key}"] = value
         return out
 
-    def classify(key: str) -> tuple[str, str]:
-        return "B", "seed" if key in ("seed", "script_seeds") else "determinism"
-
-    section = _mapping("seed", view(a), view(b), classify)
+    section = _mapping("seed", view(a), view(b))
     if not (both_know_script_seeds and all(script_seeds.had_no_effect(m) for m in (a, b))):
         return section
     # Both scripts seeded every generator themselves before step 0: cascade's seed decided nothing.
@@ -260,10 +229,7 @@ def _packages(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
     if not all((m.get("python") or {}).get("packages") for m in (a, b)):
         return Section("packages", (), 0)  # a record without a package list cannot say what changed
 
-    def classify(name: str) -> tuple[str, str]:
-        return "C" if name in TOOLING_PACKAGES else "B", "packages"
-
-    return _mapping("packages", view(a), view(b), classify)
+    return _mapping("packages", view(a), view(b))
 
 
 def _environment(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
@@ -280,19 +246,17 @@ def _environment(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
                 out[f"read:{key}"] = value
         return out
 
-    def classify(key: str) -> tuple[str, str]:
-        if not key.startswith("read:"):
-            return "B", "environment"
+    def one_run_only(key: str) -> bool:  # its code differs, which the code section names
         name = key.removeprefix("read:")
-        # read by one run only: its code differs, which the code section names
-        return ("B" if name in read_a and name in read_b else "C"), "environment_read"
+        return key.startswith("read:") and not (name in read_a and name in read_b)
 
-    section = _mapping("environment", view(a), view(b), classify)
-    changes = tuple(
-        Change(c.key, c.a, c.b, c.klass, "read by one run only", c.kind) if c.klass == "C" else c
-        for c in section.changes
-    )
-    return Section("environment", changes, section.equal)
+    section = _mapping("environment", view(a), view(b))
+    changes = sorted(
+        (Change(c.key, c.a, c.b, "C", "read by one run only", c.kind) if one_run_only(c.key) else c
+         for c in section.changes),
+        key=lambda c: CLASS_ORDER[c.klass],
+    )  # fmt: skip
+    return Section("environment", tuple(changes), section.equal)
 
 
 def _data(m: Mapping[str, Any]) -> dict[str, Any]:

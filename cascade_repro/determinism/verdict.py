@@ -14,6 +14,7 @@ from cascade_repro.determinism.compare import (
 )
 from cascade_repro.determinism.explain import Cause, Difference, likely_causes, manifest_differences
 from cascade_repro.determinism.magnitude import Magnitude
+from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from cascade_repro.errors import EXIT_NOT_REPRODUCED, EXIT_OK
 
 BITWISE_IDENTICAL = "BITWISE_IDENTICAL"
@@ -91,8 +92,8 @@ def judge_ranks(
     manifest_b: Mapping[str, Any],
     traces_a: Sequence[Sequence[dict[str, Any]]],
     traces_b: Sequence[Sequence[dict[str, Any]]],
-    rtol: float = 1e-5,
-    atol: float = 1e-8,
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
     steps: int | None = None,
 ) -> Verdict:
     """Two torchrun jobs, rank by rank (`traces_*[k]`: rank k's trace). Rank 0 first; the verdict is the
@@ -145,8 +146,8 @@ def judge(
     manifest_b: Mapping[str, Any],
     trace_a: Sequence[dict[str, Any]],
     trace_b: Sequence[dict[str, Any]],
-    rtol: float = 1e-5,
-    atol: float = 1e-8,
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
     steps: int | None = None,
 ) -> Verdict:
     """`steps`: compare only steps 0..steps-1 (a re-run of a prefix, `cascade restore --steps`)."""

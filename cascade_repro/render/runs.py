@@ -147,7 +147,7 @@ def run_record(record: RunRecord) -> None:
         ("python", f"{m.python.get('version')} · {len(m.python.get('packages', {}))} packages"),
         ("torch", _torch(m.torch)),
         ("cpu", f"{m.hardware.get('cpu', {}).get('model')} · {m.hardware.get('cpu', {}).get('count')} cores"),
-        ("gpus", _gpus(m.torch.get("gpus") or m.hardware.get("gpus"))),
+        ("gpus", _gpus(m.gpus or m.hardware.get("gpus"))),  # "unavailable: ..." says why there are none
         ("os", f"{m.hardware.get('os', {}).get('system')} {m.hardware.get('os', {}).get('release')}"),
         ("container", _container(m.container)),
         ("env vars", f"{len(m.environment)} recorded"),

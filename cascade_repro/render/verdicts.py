@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
+from cascade_repro.determinism.catalogue import shown
 from cascade_repro.render.console import _cell, _console, _styled
 
 if TYPE_CHECKING:
@@ -75,7 +76,8 @@ def diff(result: Diff) -> None:
         for column in ("", "key", "A", "B", "note"):
             table.add_column(column, overflow="fold")
         for change in section.changes:
-            table.add_row(change.klass, change.key, _cell(change.a), _cell(change.b), change.note or "")
+            a, b = (shown(section.name, change.key, v) for v in (change.a, change.b))
+            table.add_row(change.klass, change.key, _cell(a), _cell(b), change.note or "")
         console.print(table)
     same = [s.name for s in result.sections if not s.changes and s.equal]
     if same:

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import pytest
 
 from cascade_repro.check import BITWISE, check_against
-from cascade_repro.determinism import record_compare
+from cascade_repro.determinism import catalogue, record_compare
 from cascade_repro.determinism.compare import FacetDifference, TraceComparison
 from cascade_repro.determinism.explain import likely_causes, manifest_differences
 from cascade_repro.determinism.record_compare import compare_records, same_torch_version
@@ -28,7 +28,7 @@ def _record(run_id: str = "a") -> dict[str, Any]:
         "experiment": "exp",
         "command": {"script": "train.py", "argv": ["--epochs", "3"]},
         "params": {"values": {"optimizer": {"lr": 0.1}, "seed": 3}, "seed": 3},
-        "determinism": {"mode": "warn", "flags_at_start": {"cudnn.benchmark": False}},
+        "determinism": {"mode": "warn", "flags_at_start": {"cudnn.benchmark": False}, "script_seeds": []},
         "git": {
             "commit": "c" * 40,
             "patch": {"sha256": "p1"},
@@ -76,6 +76,8 @@ CATALOGUE = [
     (_set("torch.gpus", [{"name": "A100"}]), "stack", "gpus", "A", "gpu"),
     (_set("hardware.cpu.model", "EPYC"), "stack", "cpu.model", "A", "cpu"),
     (_set("python.version", "3.12.1"), "stack", "python", "A", "python"),
+    (_set("distributed", {"launcher": "launched", "world_size": 2, "nproc_per_node": 2, "nnodes": 1}),
+     "stack", "world_size", "A", "world_size"),
     (_set("git.commit", "d" * 40), "code", "commit", "B", "code"),
     (_set("git.patch", {"sha256": "p2"}), "code", "patch", "B", "code"),
     (_set("git.untracked", [{"path": "n.txt", "sha256": "u2"}]), "code", "untracked:n.txt", "B", "code"),
@@ -84,10 +86,13 @@ CATALOGUE = [
     (_set("params.values.optimizer.lr", 0.05), "params", "optimizer.lr", "B", "params"),
     (_set("params.seed", 7), "seed", "seed", "B", "seed"),
     (_set("determinism.mode", "strict"), "seed", "determinism.mode", "B", "determinism"),
+    (_set("determinism.script_seeds", [{"function": "torch.manual_seed", "seed": 1, "generators": []}]),
+     "seed", "script_seeds", "B", "seed"),
     (_set("determinism.flags_at_start", {"cudnn.benchmark": True}), "seed", "flags.cudnn.benchmark", "B",
      "determinism"),
     (_set("python.packages.numpy", {"version": "1.0"}), "packages", "numpy", "B", "packages"),
-    (_set("python.packages.pip", {"version": "25"}), "packages", "pip", "C", "packages"),
+    *[(_set(f"python.packages.{name}", {"version": "99"}), "packages", name, "C", "packages")
+      for name in catalogue.TOOLING_PACKAGES],
     (_set("environment.OMP_NUM_THREADS", "1"), "environment", "OMP_NUM_THREADS", "B", "environment"),
     (_set("environment_read.MY_LR", "0.05"), "environment", "read:MY_LR", "B", "environment_read"),
     (_set("data", [{"path": "data/x.csv", "md5": "m2", "matches": True}]), "data", "data/x.csv", "B", "data"),
@@ -118,6 +123,27 @@ def test_each_catalogue_field_is_compared_with_its_class(
 
 def test_the_catalogue_covers_every_compared_section() -> None:
     assert {c[1] for c in CATALOGUE} == set(record_compare.SECTIONS)
+
+
+def test_every_field_of_the_catalogue_is_exercised_and_nothing_else_is_compared() -> None:
+    """The code's catalogue (determinism/catalogue.py) and the cases above name the same fields: a field
+    added to one and not the other fails here, as does a compared key the catalogue does not know."""
+    exercised = {(section, catalogue.lookup(section, key).key) for _, section, key, *_ in CATALOGUE}
+    listed = {(f.section, f.key) for f in catalogue.FIELDS if f.section in record_compare.SECTIONS}
+    assert exercised == listed
+    with pytest.raises(KeyError, match="not in the field catalogue"):
+        catalogue.lookup("stack", "torch.something_new")
+
+
+def test_results_are_compared_by_diff_with_the_catalogue_class() -> None:
+    a, b = _record("a"), _record("b")
+    for record, loss, md5 in ((a, 0.5, "1" * 32), (b, 0.4, "2" * 32)):
+        record["metrics"] = {"keys": {"loss": {"last": loss, "min": loss}}}
+        record["checkpoints"] = [{"path": "ckpt.pt", "md5": md5, "status": "kept"}]
+    result = diff_records(a, b, trace_note="DIVERGED at step 3")
+    changes = [(s.name, c) for s in result.sections for c in s.changes]
+    keys = {(name, catalogue.lookup(name, c.key).key, c.klass) for name, c in changes}
+    assert keys == {("metrics", "*", "R"), ("checkpoints", "*", "R"), ("trace", "first divergence", "R")}
 
 
 def test_seed_derived_and_own_variables_are_part_of_the_seed_not_the_environment() -> None:
