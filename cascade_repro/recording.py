@@ -7,30 +7,24 @@ output log and trace written before the run is closed with its status.
 
 from __future__ import annotations
 
-import getpass
-import json
 import logging
 import resource
 import shutil
-import sys
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from cascade_repro import __version__, distributed
-from cascade_repro.capture.environment import environment_read
+from cascade_repro import distributed
 from cascade_repro.capture.files import RunFiles, inputs_warning, read_opened, redirected_outputs, sort_files
 from cascade_repro.capture.git import GitState
-from cascade_repro.capture.packages import installed_version
 from cascade_repro.capture.snapshot import empty_snapshot
 from cascade_repro.child import protocol
-from cascade_repro.determinism import script_seeds
 from cascade_repro.manifest import ARTIFACT_PATH, Manifest, data_objects
 from cascade_repro.params import resolved_dict, unused_overrides, used_params
-from cascade_repro.redaction import redact_argv
 from cascade_repro.run_plan import Notify, RunPlan, RunResult
+from cascade_repro.run_record import build_manifest, end_tags, seed_notice, start_tags, status_of
 from cascade_repro.store import spool
 from cascade_repro.store.checkpoint_keeper import CheckpointKeeper, CheckpointsRecorded, finish_checkpoints
 from cascade_repro.store.delivery import Delivery, dir_op, file_op, params_op, record_op, tags_op
@@ -85,7 +79,7 @@ class Recording:
         self.warnings: list[str] = []
         self.peak_rss_mb = 0.0
         self.ledger = spool.Ledger.load(run_dir)
-        self.tags = {**self._start_tags(), spool.SPOOL_TAG: run_dir.name}
+        self.tags = {**start_tags(plan), spool.SPOOL_TAG: run_dir.name}
         try:
             self._spool_plan()
         except OSError as exc:  # recording goes on; only a recovery after our death would miss it
@@ -141,7 +135,9 @@ class Recording:
         delivery.do(tags_op("git", {"cascade.dirty": str(git.dirty).lower(),
                                     "mlflow.source.git.repoURL": git.remotes.get("origin")}))  # fmt: skip
         self._log_dirty_state(git)
-        early = self._manifest(captured, facts={})  # kept if the parent dies before finish()
+        early = build_manifest(
+            self.plan, self.opened, self.start_ms, self.run_dir, captured, facts={}
+        )  # kept if the parent dies before finish()
         delivery.keep_record(delivery.annotate(early.to_dict(), 0))
         self.ledger.update(stage="captured")
         delivery.do(record_op(ARTIFACT_PATH))
@@ -196,7 +192,7 @@ class Recording:
         run_id = self.opened.run_id
         end_ms = int(time.time() * 1000)
         facts = spool.read_json(self.run_dir / protocol.FACTS_FILE)
-        status = _status(ended)
+        status = status_of(ended)
         signal = ended.signal_received or ended.killed_by_signal
         self.ledger.update(ended={"status": status, "exit_code": ended.exit_code, "signal": signal,
                                   "end_ms": end_ms})  # fmt: skip
@@ -225,11 +221,11 @@ class Recording:
             outcome, metrics=metrics, checkpoints=checkpoints.entries, inputs=files.inputs,
             outputs=files.outputs, distributed=layout,
         )  # fmt: skip
-        end_tags = {**self._end_tags(manifest), **checkpoints.tags}
-        missing = self.delivery.conclude(manifest.to_dict(), ARTIFACT_PATH, metrics["pending"], end_tags,
+        closing_tags = {**end_tags(manifest), **checkpoints.tags}
+        missing = self.delivery.conclude(manifest.to_dict(), ARTIFACT_PATH, metrics["pending"], closing_tags,
                                          status, end_ms)  # fmt: skip
         self.warnings.extend(dict.fromkeys(self.delivery.warnings))
-        notice = _seed_notice(self.plan, manifest.determinism)
+        notice = seed_notice(self.plan, manifest.determinism)
         if notice:
             self.notify(notice)
         if ended.log_error:
@@ -283,42 +279,13 @@ class Recording:
             "dvc_remote": plan.settings.dvc_remote, "log_checkpoints": plan.settings.log_checkpoints,
             "env_allow_prefixes": list(plan.settings.env_allow_prefixes),
         })  # fmt: skip
-        skeleton = self._manifest(empty_snapshot(), facts={}).to_dict()
+        skeleton = build_manifest(
+            plan, None, self.start_ms, self.run_dir, empty_snapshot(), facts={}
+        ).to_dict()
         for section in ("git", "python", "hardware", "environment", "container"):
             skeleton[section] = {"unavailable": NOT_CAPTURED}
         skeleton["data"] = []
         write(self.run_dir / spool.RECORD_FILE, skeleton)
-
-    def _start_tags(self) -> dict[str, str]:
-        plan = self.plan
-        tags = {
-            "mlflow.source.git.commit": plan.commit,
-            "mlflow.source.name": plan.script_rel,
-            "mlflow.source.type": "LOCAL",
-            "mlflow.user": _user(),
-            "cascade.tool_version": __version__,
-            "cascade.seed": str(plan.params.seed),
-            "cascade.determinism": plan.determinism,
-            "cascade.argv": json.dumps(redact_argv(plan.args)),
-            "mlflow.note.content": _note(plan),
-        }
-        if plan.run_name:
-            tags["mlflow.runName"] = plan.run_name
-        return {**tags, **plan.extra_tags}
-
-    def _end_tags(self, manifest: Manifest) -> dict[str, str | None]:
-        torch = manifest.torch
-        gpus = manifest.gpus
-        return {
-            "cascade.torch": torch.get("version"),
-            "cascade.cuda": torch.get("cuda") or "none",
-            "cascade.cpu_capability": torch.get("cpu_capability"),
-            "cascade.gpu": ", ".join(str(g.get("name")) for g in gpus) or "none",
-            "cascade.python": manifest.python.get("version"),
-            "cascade.status": manifest.outcome["status"] if manifest.outcome else None,
-            "cascade.image": manifest.container.get("image"),
-            "cascade.image_id": manifest.container.get("image_id"),
-        }
 
     def _log_dirty_state(self, git: GitState) -> None:
         assert self.delivery is not None
@@ -384,39 +351,7 @@ class Recording:
             self.notify(f"kept {len(cached)} input file(s) in the DVC cache (--track-inputs)")
 
     def _manifest(self, captured: dict[str, Any], facts: dict[str, Any]) -> Manifest:
-        plan = self.plan
-        system = dict(captured["system"])
-        container = system.pop("container")
-        torch = facts.get("torch") or {"version": installed_version("torch"), "probed": False}
-        determinism = facts.get("determinism") or {"mode": plan.determinism}
-        return Manifest(
-            run_id=self.opened.run_id if self.opened else "",  # "": the skeleton, before the run opens
-            experiment=self.opened.experiment if self.opened else plan.settings.experiment,
-            cascade_version=__version__,
-            command={
-                "script": plan.script_rel,
-                "argv": redact_argv(plan.args),
-                "cwd": _relative(plan.cwd, plan.settings.root),
-                "interpreter": sys.executable,
-                "invocation": redact_argv(plan.invocation),
-                "run_name": plan.run_name,
-            },
-            params=used_params(resolved_dict(plan.params), facts),
-            determinism=determinism,
-            git=captured["git"].to_dict(),
-            python=captured["python"],
-            torch=torch,
-            hardware=system,
-            environment=captured["environment"],
-            container=container,
-            data=captured.get("data") or [],
-            environment_read=environment_read(
-                facts.get("environment_read") or {}, plan.settings.env_allow_prefixes
-            ),
-            trace=spool.trace_section(self.run_dir, facts.get("trace")),
-            distributed=plan.distributed.section([]) if plan.distributed else None,
-            outcome={"status": "RUNNING", "start_time": self.start_ms / 1000},
-        )
+        return build_manifest(self.plan, self.opened, self.start_ms, self.run_dir, captured, facts)
 
     def _sample_memory(self) -> dict[str, float]:
         rss = _vm_hwm_mb(self.child.pid)
@@ -431,18 +366,6 @@ class Recording:
         return values
 
 
-def _status(ended: ChildExit) -> str:
-    if ended.exit_code == 0:  # a script that handled Ctrl-C and finished normally (outcome.signal says so)
-        return "FINISHED"
-    if (
-        ended.signal_received is not None
-        or ended.killed_by_signal is not None
-        or ended.exit_code in (130, 143)
-    ):
-        return "KILLED"
-    return "FAILED"
-
-
 def _vm_hwm_mb(pid: int) -> float:
     try:
         with open(f"/proc/{pid}/status", encoding="utf-8") as handle:
@@ -452,43 +375,3 @@ def _vm_hwm_mb(pid: int) -> float:
     except (OSError, ValueError):
         return 0.0
     return 0.0
-
-
-def _relative(path: Path, root: Path) -> str:
-    try:
-        return path.resolve().relative_to(root).as_posix() or "."
-    except ValueError:
-        return str(path)
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "unknown"
-
-
-def _note(plan: RunPlan) -> str:
-    args = " ".join(redact_argv(plan.args))
-    return (
-        f"`cascade run {plan.script_rel} {args}`".replace(" `", "`")
-        + f"\n\nseed {plan.params.seed}, determinism {plan.determinism}, commit {plan.commit[:12]}. "
-        "The full record is the artifact cascade/run.json."
-    )
-
-
-def _seed_notice(plan: RunPlan, determinism: dict[str, Any]) -> str | None:
-    """`--seed N` on a script that seeds itself: which generators it did not decide, and why."""
-    record = {"determinism": determinism}
-    taken = script_seeds.overridden(record)
-    if plan.params.seed_source != "option" or not taken:
-        return None
-    calls = ", ".join(script_seeds.described(record, only=taken)[:6])
-    notice = f"--seed {plan.params.seed} had no effect on {script_seeds.words(taken)}: the script seeds "
-    notice += f"{'them' if len(taken) > 1 else 'it'} itself ({calls})"
-    drawn = {g for call in script_seeds.calls(record) or [] for g in call.get("drawn_before") or []}
-    for generator in script_seeds.still_governed(record):
-        notice += f"; {script_seeds.words([generator])} still follows --seed"
-        if generator in drawn:
-            notice += ": it was drawn from before the script seeded it"
-    return notice
