@@ -43,10 +43,9 @@ def list_runs(cwd: Path | None = None, all_experiments: bool = False, limit: int
               versions_only: bool = False) -> list[RunSummary]:  # fmt: skip
     """`cascade ls`: the project's runs, newest first (`versions_only`: the labelled ones)."""
     settings = load_project(cwd)
-    store = RunStore.open(settings)
-    only = f"tags.`{versions.VERSION_TAG}` LIKE '%'" if versions_only else None
+    store = RunStore.open(settings, fast_reads=True)
     summaries = []
-    for run in store.search(all_experiments, limit, only):
+    for run in store.listed(all_experiments, limit, versions_only):
         end, start = run.end_ms, run.start_ms
         summaries.append(
             RunSummary(

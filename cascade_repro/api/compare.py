@@ -51,7 +51,7 @@ def diff(ref_a: str, ref_b: str, only: tuple[str, ...] = (), cwd: Path | None = 
         if ref == CURRENT:
             records.append(current_record(settings))
             continue
-        store = store or RunStore.open(settings)
+        store = store or RunStore.open(settings, fast_reads=True)
         records.append(store.record(store.resolve(ref).run_id))
     a, b = records
     trace_note = None
@@ -69,7 +69,7 @@ def diff(ref_a: str, ref_b: str, only: tuple[str, ...] = (), cwd: Path | None = 
         note = f"results ({results}) are not compared against `current`: it has run nothing"
         result = replace(result, notes=(*result.notes, note))
     if log_to is not None:
-        store = store or RunStore.open(settings)
+        store = store or RunStore.open(settings, fast_reads=True)
         name = f"cascade/diff/{result.run_a[:12]}-{result.run_b[:12]}.json"
         store.log_json(store.resolve(log_to).run_id, result.to_dict(), name)
     return result

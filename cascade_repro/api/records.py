@@ -51,7 +51,7 @@ def show_run(ref: str, cwd: Path | None = None, trace: bool = False) -> RunRecor
     """`cascade show`: the record of a run (a version label, a run id or a prefix of one), its
     status, metrics and tags; `trace`: a summary of its step trace as well."""
     settings = load_project(cwd)
-    store = RunStore.open(settings)
+    store = RunStore.open(settings, fast_reads=True)
     run = store.resolve(ref)
     data = store.record(run.run_id)
     manifest = Manifest.from_dict(data)
@@ -95,7 +95,7 @@ def verify(
 
     `replay`: where they diverge in tensors, re-run both to that step and measure the difference."""
     settings = load_project(cwd)
-    store = RunStore.open(settings)
+    store = RunStore.open(settings, fast_reads=True)
     runs = [store.resolve(ref) for ref in (ref_a, ref_b)]
     earlier, later = sorted(runs, key=lambda r: r.start_ms or 0)
     manifests = [store.record(r.run_id) for r in runs]

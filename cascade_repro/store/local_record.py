@@ -11,11 +11,13 @@ MLflow, which also gives the error messages.
 from __future__ import annotations
 
 import contextlib
+import math
 import shutil
 import sqlite3
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping
 
 from cascade_repro.settings import sqlite_path
 
@@ -89,3 +91,98 @@ def _resolve(connection: sqlite3.Connection, ref: str) -> tuple[str, str, str | 
         if len(prefixed) == 1:
             return prefixed[0]
     return None
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """A run as MLflow's tables hold it (what `MlflowClient.get_run` would say, read directly)."""
+
+    run_id: str
+    name: str | None
+    experiment_id: str
+    status: str | None
+    start_ms: int | None
+    end_ms: int | None
+    artifact_uri: str | None
+    tags: dict[str, str]
+    metrics: dict[str, float]
+
+
+_RUN_COLUMNS = "r.run_uuid, r.name, r.experiment_id, r.status, r.start_time, r.end_time, r.artifact_uri"
+_ACTIVE = (
+    "FROM runs r JOIN experiments e ON e.experiment_id = r.experiment_id "
+    "WHERE r.lifecycle_stage = 'active' AND e.lifecycle_stage = 'active'"
+)
+
+
+class LocalStore:
+    """The embedded store's own tables, read-only: what `cascade ls` and `show` list, without MLflow.
+
+    Only for a local sqlite file in MLflow's default workspace; None from `open` (or from a query
+    that fails: another schema, a locked file) sends the caller to MLflow, which also gives the errors.
+    """
+
+    def __init__(self, db: Path) -> None:
+        self.db = db
+
+    @classmethod
+    def open(cls, tracking_uri: str, environ: Mapping[str, str]) -> LocalStore | None:
+        db = sqlite_path(tracking_uri)
+        if db is None or not db.is_file() or environ.get("MLFLOW_WORKSPACE"):
+            return None
+        return cls(db)
+
+    def _query(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]] | None:
+        try:
+            with contextlib.closing(
+                sqlite3.connect(f"{self.db.as_uri()}?mode=ro", uri=True, timeout=5)
+            ) as db:
+                return db.execute(sql, args).fetchall()
+        except sqlite3.Error:
+            return None
+
+    def runs(self, experiment: str | None, limit: int, versions_only: bool = False) -> list[RunRow] | None:
+        """Active runs, newest first (then by id, as MLflow orders them): of `experiment`, or of all."""
+        sql, args = f"SELECT {_RUN_COLUMNS} {_ACTIVE}", []
+        if experiment is not None:
+            sql += " AND e.name = ?"
+            args.append(experiment)
+        if versions_only:
+            sql += " AND EXISTS (SELECT 1 FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = ?)"
+            args.append(VERSION_TAG)
+        sql += " ORDER BY r.start_time IS NULL, r.start_time DESC, r.run_uuid LIMIT ?"
+        rows = self._query(sql, (*args, limit))
+        return None if rows is None else self._with_tags_and_metrics(rows)
+
+    def run(self, run_id: str) -> RunRow | None:
+        rows = self._query(f"SELECT {_RUN_COLUMNS} {_ACTIVE} AND r.run_uuid = ?", (run_id,))
+        found = self._with_tags_and_metrics(rows) if rows else None
+        return found[0] if found else None
+
+    def experiment_name(self, experiment_id: str) -> str | None:
+        rows = self._query("SELECT name FROM experiments WHERE experiment_id = ?", (experiment_id,))
+        return str(rows[0][0]) if rows else None
+
+    def _with_tags_and_metrics(self, rows: list[tuple[Any, ...]]) -> list[RunRow] | None:
+        ids = [str(row[0]) for row in rows]
+        tags: dict[str, dict[str, str]] = {run_id: {} for run_id in ids}
+        metrics: dict[str, dict[str, float]] = {run_id: {} for run_id in ids}
+        for start in range(0, len(ids), 500):  # SQLite's limit on bound parameters
+            chunk = ids[start : start + 500]
+            marks = ", ".join("?" * len(chunk))
+            found_tags = self._query(f"SELECT run_uuid, key, value FROM tags WHERE run_uuid IN ({marks})",
+                                     tuple(chunk))  # fmt: skip
+            found_metrics = self._query(
+                f"SELECT run_uuid, key, value, is_nan FROM latest_metrics WHERE run_uuid IN ({marks})",
+                tuple(chunk),
+            )
+            if found_tags is None or found_metrics is None:
+                return None
+            for run_id, key, value in found_tags:
+                tags[run_id][key] = value
+            for run_id, key, value, is_nan in found_metrics:
+                metrics[run_id][key] = math.nan if is_nan else float(value)
+        return [
+            RunRow(str(r[0]), r[1], str(r[2]), r[3], r[4], r[5], r[6], tags[str(r[0])], metrics[str(r[0])])
+            for r in rows
+        ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
@@ -51,6 +52,15 @@ class StoredRun:
         return self.tags.get(VERSION_TAG)
 
     @classmethod
+    def of_row(cls, row: local_record.RunRow) -> StoredRun:
+        """From the embedded store's tables, read without MLflow."""
+        return cls(
+            run_id=row.run_id, name=row.name, experiment_id=row.experiment_id, status=row.status,
+            start_ms=row.start_ms, end_ms=row.end_ms, artifact_uri=row.artifact_uri, tags=row.tags,
+            metrics=row.metrics,
+        )  # fmt: skip
+
+    @classmethod
     def of(cls, run: Any) -> StoredRun:
         """From MLflow's `Run`."""
         info, data = run.info, run.data
@@ -64,18 +74,24 @@ class StoredRun:
 class RunStore:
     """One project's store of runs (`tracking_uri`), with `experiment` preferred where a ref is ambiguous."""
 
-    def __init__(self, tracking_uri: str, experiment: str | None) -> None:
+    def __init__(self, tracking_uri: str, experiment: str | None, fast_reads: bool = False) -> None:
         self.tracking_uri = tracking_uri
         self.experiment = experiment
+        # Read commands on the embedded store read MLflow's tables directly (no MLflow import).
+        self._tables = local_record.LocalStore.open(tracking_uri, os.environ) if fast_reads else None
         self._client: MlflowClient | None = None
         self._local: dict[str, local_record.LocalRun] = {}  # runs found by the fast path
         self._experiment_names: dict[str, str] = {}
 
     @classmethod
-    def open(cls, settings: Settings) -> RunStore:
-        """The project's store, probed (unreachable server, missing driver: a StoreError that says so)."""
+    def open(cls, settings: Settings, fast_reads: bool = False) -> RunStore:
+        """The project's store, probed (unreachable server, missing driver: a StoreError that says so).
+
+        `fast_reads`: for commands that only read (ls, show, verify, diff): on the embedded sqlite
+        store, runs are found and listed from MLflow's tables and their artifacts read as files,
+        without importing MLflow (~2-3 s); anything else goes through MLflow as before."""
         mlflow_store.probe_store(settings.tracking_uri)
-        return cls(settings.tracking_uri, settings.experiment)
+        return cls(settings.tracking_uri, settings.experiment, fast_reads)
 
     @property
     def client(self) -> MlflowClient:
@@ -87,16 +103,22 @@ class RunStore:
     # -- finding runs -------------------------------------------------------------------------
     def resolve(self, ref: str, fast: bool = False) -> StoredRun:
         """The run `ref` names: its id, a unique id prefix, its run name, or its version."""
-        if fast:
+        if fast or self._tables is not None:
             local = local_record.find(self.tracking_uri, ref)
             if local is not None:
                 self._local[local.run_id] = local
+                row = self._tables.run(local.run_id) if self._tables is not None else None
+                if row is not None:
+                    return StoredRun.of_row(row)
                 version = {VERSION_TAG: local.version} if local.version else {}
                 return StoredRun(local.run_id, tags=version)
         with translated(f"finding run {ref!r}"):
             return StoredRun.of(mlflow_store.resolve_run(self.client, ref, self.experiment))
 
     def get(self, run_id: str) -> StoredRun:
+        row = self._tables.run(run_id) if self._tables is not None else None
+        if row is not None:
+            return StoredRun.of_row(row)
         with translated(f"reading run {run_id}"):
             return StoredRun.of(self.client.get_run(run_id))
 
@@ -107,6 +129,18 @@ class RunStore:
         experiment = None if all_experiments else self.experiment
         return [StoredRun.of(r) for r in mlflow_store.search_runs(self.client, experiment, limit, where)]
 
+    def listed(
+        self, all_experiments: bool = False, limit: int = 50, versions_only: bool = False
+    ) -> list[StoredRun]:
+        """`cascade ls`: newest first, in the project's experiment (or all); `versions_only`: labelled."""
+        if self._tables is not None:
+            experiment = None if all_experiments else self.experiment
+            rows = self._tables.runs(experiment, limit, versions_only)
+            if rows is not None:
+                return [StoredRun.of_row(row) for row in rows]
+        where = f"tags.`{VERSION_TAG}` LIKE '%'" if versions_only else None
+        return self.search(all_experiments, limit, where)
+
     def search_ids(self, experiment_ids: list[str], where: str, limit: int) -> list[str]:
         """Ids of the runs of those experiments that match an MLflow filter string, newest first."""
         with translated("searching runs"):
@@ -115,6 +149,10 @@ class RunStore:
         return [run.info.run_id for run in found]
 
     def experiment_name(self, experiment_id: str) -> str:
+        if experiment_id not in self._experiment_names and self._tables is not None:
+            name = self._tables.experiment_name(experiment_id)
+            if name is not None:
+                self._experiment_names[experiment_id] = name
         if experiment_id not in self._experiment_names:
             with translated(f"reading experiment {experiment_id}"):
                 self._experiment_names[experiment_id] = str(self.client.get_experiment(experiment_id).name)

@@ -41,3 +41,57 @@ def test_local_store_resolves_as_mlflow_does_or_defers(project: Project) -> None
     assert json.loads(Path(copied).read_text())["run_id"] == first
     with pytest.raises(FileNotFoundError):
         found.download_artifacts(first, "../../mlflow.db", str(into))
+
+
+READ_WITHOUT_MLFLOW = """
+import sys
+from cascade_repro.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as ended:
+    code = ended.code
+print("MLFLOW-IMPORTED" if "mlflow" in sys.modules else "NO-MLFLOW", code, file=sys.stderr)
+"""
+
+
+def test_read_commands_list_and_show_from_the_tables_as_mlflow_does(project: Project) -> None:
+    """`ls`, `show`, `verify --no-record` and `diff` on the embedded store read MLflow's own tables and
+    the artifact files, without importing MLflow; what they read is what MLflow's client says."""
+    import math
+    import subprocess
+    import sys
+
+    from cascade_repro.store.run_store import RunStore
+
+    first = project.record("--tag", "v1", "--name", "alpha", "train.py")
+    second = project.record("--name", "beta", "--set", "optimizer.lr=0.05", "train.py")
+    project.client().log_metric(second, "nan_metric", math.nan)
+    name = project.root.name
+    fast, slow = RunStore(project.tracking_uri, name, fast_reads=True), RunStore(project.tracking_uri, name)
+    assert fast._tables is not None and slow._tables is None
+    for versions_only in (False, True):
+        listed_fast, listed_slow = (
+            fast.listed(versions_only=versions_only),
+            slow.listed(versions_only=versions_only),
+        )
+        assert [r.run_id for r in listed_fast] == [r.run_id for r in listed_slow]
+        for a, b in zip(listed_fast, listed_slow, strict=True):
+            assert (a.name, a.status, a.start_ms, a.end_ms, a.artifact_uri, dict(a.tags)) == (
+                b.name, b.status, b.start_ms, b.end_ms, b.artifact_uri, dict(b.tags)
+            )  # fmt: skip
+            assert {k: str(v) for k, v in a.metrics.items()} == {k: str(v) for k, v in b.metrics.items()}
+            assert fast.experiment_name(str(a.experiment_id)) == name
+    assert [r.run_id for r in fast.listed()] == [second, first]
+    assert [r.run_id for r in fast.listed(versions_only=True)] == [first]
+    assert math.isnan(fast.get(second).metrics["nan_metric"])
+    for args, expected in (
+        (["ls", "--json"], 0),
+        (["show", "v1", "--json"], 0),
+        (["verify", "--no-record", "v1", second], 3),  # a changed learning rate diverges
+        (["diff", "v1", second, "--json"], 0),
+    ):
+        done = subprocess.run([sys.executable, "-c", READ_WITHOUT_MLFLOW, *args], cwd=project.root,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.stderr.strip().splitlines()[-1] == f"NO-MLFLOW {expected}", (args, done.stderr)
+    shown = json.loads(project.invoke("show", "v1", "--json", check=True).stdout)["data"]
+    assert shown["manifest"]["run_id"] == first and shown["status"] == "FINISHED"
