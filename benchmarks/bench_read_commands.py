@@ -1,0 +1,71 @@
+"""Read commands at interactive speed (target ≤ 0.5 s each on the embedded store): `cascade ls`,
+`show`, `verify --no-record` and `diff` end to end as a user runs them, beside MLflow's own CLI
+listing the same runs (`mlflow runs list`) and a bare `python -c pass`, measured in the same run.
+
+Two real runs of a small script are recorded first; each command is checked to have answered (exit
+code and output) before any time is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+from common import CASCADE, HERE, clean_env, median, scratch_repo, verdict
+
+REPEATS = 5
+TARGET_S = 0.5
+
+
+def timed(argv: list[str], cwd: object, expect_code: int = 0) -> tuple[float, str]:
+    started = time.perf_counter()
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=clean_env())
+    elapsed = time.perf_counter() - started
+    if done.returncode != expect_code:
+        sys.exit(f"{' '.join(argv[2:])} exited {done.returncode}, expected {expect_code}:\n{done.stderr}")
+    return elapsed, done.stdout
+
+
+def main() -> None:
+    root = scratch_repo({"train.py": HERE / "scripts" / "tiny_train.py"})
+    try:
+        for args in (["--tag", "v1", "train.py", "10", "0.1"], ["train.py", "10", "0.05"]):
+            timed([*CASCADE, "run", *args], root)
+        listed = json.loads(timed([*CASCADE, "ls", "--json"], root)[1])["data"]
+        if len(listed) != 2:
+            sys.exit(f"cascade ls listed {len(listed)} runs, expected the 2 just recorded")
+        other = next(r["run_id"] for r in listed if r["version"] != "v1")
+        experiment = json.loads(timed([*CASCADE, "show", "v1", "--json"], root)[1])["data"]["manifest"]
+        mlflow_ls = [sys.executable, "-m", "mlflow", "runs", "list", "--experiment-id", "1"]
+        env_uri = f"sqlite:///{root / 'mlflow.db'}"
+        commands = {
+            "cascade ls": ([*CASCADE, "ls"], 0),
+            "cascade show v1": ([*CASCADE, "show", "v1"], 0),
+            "cascade verify --no-record": ([*CASCADE, "verify", "--no-record", "v1", other], 3),  # lr differs
+            "cascade diff": ([*CASCADE, "diff", "v1", other], 0),
+        }
+        results = {name: median([timed(argv, root, code)[0] for _ in range(REPEATS)])
+                    for name, (argv, code) in commands.items()}  # fmt: skip
+        started = time.perf_counter()
+        for _ in range(REPEATS):
+            done = subprocess.run(mlflow_ls, cwd=root, capture_output=True, text=True,
+                                  env={**clean_env(), "MLFLOW_TRACKING_URI": env_uri})  # fmt: skip
+            if done.returncode != 0 or other not in done.stdout:
+                sys.exit(f"mlflow runs list did not list the runs:\n{done.stdout}\n{done.stderr}")
+        mlflow_s = (time.perf_counter() - started) / REPEATS
+        bare = median([timed([sys.executable, "-c", "pass"], root)[0] for _ in range(REPEATS)])
+        print(f"experiment {experiment.get('experiment')}: 2 runs; medians of {REPEATS}")
+        print(f"{'python -c pass':28}: {bare:.2f} s")
+        print(f"{'mlflow runs list (MLflow)':28}: {mlflow_s:.2f} s")
+        for name, seconds in results.items():
+            print(f"{name:28}: {seconds:.2f} s  (target <= {TARGET_S} s: {verdict(seconds, TARGET_S)}; "
+                  f"{mlflow_s / seconds:.1f}x faster than mlflow runs list)")  # fmt: skip
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
