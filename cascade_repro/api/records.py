@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from cascade_repro.api.judging import judge_runs, record_verdict, trace_records
 from cascade_repro.api.loading import load_project
@@ -90,10 +90,13 @@ def verify(
     record: bool = True,
     replay: bool = False,
     notify: Notify = lambda message: None,
+    shown: Callable[[Verdict], None] = lambda verdict: None,
 ) -> Verdict:
     """Compare two recorded runs step by step; record the verdict on the later one.
 
-    `replay`: where they diverge in tensors, re-run both to that step and measure the difference."""
+    `replay`: where they diverge in tensors, re-run both to that step and measure the difference.
+    `shown` gets the verdict as soon as it is known, before it is recorded (recording it imports
+    MLflow, seconds on the embedded store, where the verdict itself takes a fraction of one)."""
     settings = load_project(cwd)
     store = RunStore.open(settings, fast_reads=True)
     runs = [store.resolve(ref) for ref in (ref_a, ref_b)]
@@ -105,6 +108,7 @@ def verify(
         from cascade_repro.determinism.verdict import with_replay
 
         verdict = with_replay(verdict, *replay_divergence(verdict, cwd, notify))
+    shown(verdict)
     if record:
         record_verdict(store, verdict, later.run_id, earlier.run_id)
     return verdict

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 import click
 
 from cascade_repro.cli.base import _guard, main
 from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
+
+if TYPE_CHECKING:
+    from cascade_repro.determinism.verdict import Verdict
 
 
 @main.command(name="ls")
@@ -88,12 +93,15 @@ def verify(ctx: click.Context, run_a: str, run_b: str, rtol: float, atol: float,
     def body() -> int:
         from cascade_repro import api, render
 
+        def show(verdict: Verdict) -> None:  # on the screen before it is recorded
+            if as_json:
+                render.emit_json("verify", verdict.to_dict())
+            else:
+                render.verdict(verdict)
+            sys.stdout.flush()
+
         verdict = api.verify(run_a, run_b, rtol=rtol, atol=atol, record=not no_record, replay=replay,
-                             notify=render.notice)  # fmt: skip
-        if as_json:
-            render.emit_json("verify", verdict.to_dict())
-        else:
-            render.verdict(verdict)
+                             notify=render.notice, shown=show)  # fmt: skip
         return verdict.exit_status
 
     _guard(body, ctx)
