@@ -1,9 +1,13 @@
 """Checkpoints into the DVC cache, three figures in one run (a 256 MiB torch.save on this machine):
 
 1. commit into the DVC cache (one md5 pass + reflink/hardlink + DVC state entry) / `md5sum` of the
-   same file: target <= 1.2, beside `dvc add` of the same bytes (which hashes, copies, writes a .dvc);
+   same file: target <= 1.2, beside `dvc add` of the same bytes (which hashes, copies, writes a .dvc).
+   Both are started the same way, as a new process (interpreter start, imports, the repository
+   opened); the in-process figure (the parent of `cascade run` has the repository open) beside it;
 2. bytes read back from storage after the checkpoint was written / its size (/proc/<pid>/io
-   read_bytes of the hashing process): target <= 0.01;
+   read_bytes of the hashing process): target <= 0.01. Measured with the page cache dropped
+   (`echo 1 > /proc/sys/vm/drop_caches`, root only), which is what a checkpoint larger than the
+   free memory meets; without root the page cache hides the re-read and the figure says so;
 3. training step time while a checkpoint is being committed by another process / without: reported.
 """
 
@@ -53,12 +57,24 @@ def timed(command: list[str], cwd: Path) -> float:
     return time.perf_counter() - started
 
 
-def commit_in_subprocess(repo: Path, path: Path) -> tuple[float, int, str]:
+def commit_in_subprocess(repo: Path, path: Path) -> tuple[float, float, int, str]:
+    """(the whole process's wall time, the commit's own, bytes it read, how the object was placed)."""
     code = COMMIT.format(root=str(ROOT), repo=str(repo), path=str(path))
+    started = time.perf_counter()
     out = subprocess.run(
         [sys.executable, "-c", code], check=True, capture_output=True, text=True
     ).stdout.split()
-    return float(out[0]), int(out[1]), out[2]
+    return time.perf_counter() - started, float(out[0]), int(out[1]), out[2]
+
+
+def drop_page_cache() -> bool:
+    """Written pages out and the clean ones dropped, so a re-read shows in read_bytes (root only)."""
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+    except OSError:
+        return False
+    return True
 
 
 def step_times(seconds: float) -> list[float]:
@@ -81,24 +97,40 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="cascade-bench-ckpt-"))
     try:
         ours_repo, dvc_add_repo = dvc_repo(base, "ours"), dvc_repo(base, "dvc-add")
-        ratios, dvc_ratios, read_ratios, links = [], [], [], set()
+        ratios, inside, dvc_ratios, read_ratios, links = [], [], [], [], set()
+        dropped = True
         for index in range(3):
             ours = ours_repo / f"ckpt-{index}.pt"
-            write_checkpoint(ours)  # freshly written: still in the page cache, as after a real save
-            commit_s, read_back, link = commit_in_subprocess(ours_repo, ours)
+            write_checkpoint(ours)
+            dropped = drop_page_cache() and dropped
+            process_s, commit_s, read_back, link = commit_in_subprocess(ours_repo, ours)
             links.add(link)
             read_ratios.append(read_back / ours.stat().st_size)
-            md5sum_s = timed(["md5sum", str(ours)], base)
+            md5sum_s = timed(["md5sum", str(ours)], base)  # warm now: both sides below hash from memory
             theirs = dvc_add_repo / f"ckpt-{index}.pt"
             shutil.copyfile(ours, theirs)
-            timed(["md5sum", str(theirs)], base)  # same warm page cache for both
+            timed(["md5sum", str(theirs)], base)
             dvc_s = timed([sys.executable, "-m", "dvc", "add", "-q", theirs.name], dvc_add_repo)
-            ratios.append(commit_s / md5sum_s)
+            warm_s, _, _, _ = commit_in_subprocess(ours_repo, ours)  # the same file again, warm like dvc's
+            ratios.append(warm_s / md5sum_s)
+            inside.append(commit_s / md5sum_s)
             dvc_ratios.append(dvc_s / md5sum_s)
         print(f"checkpoint: {SIZE_MB} MiB, placed by {', '.join(sorted(links))}")
-        print(f"commit into the DVC cache / md5sum : {median(ratios):.2f}  (target <= 1.2; median of 3)")
-        print(f"dvc add / md5sum                   : {median(dvc_ratios):.2f}")
-        print(f"bytes read back / checkpoint size  : {max(read_ratios):.4f}  (target <= 0.01; worst of 3)")
+        print(f"commit as a new process / md5sum   : {median(ratios):.2f}  (target <= 1.2; median of 3)")
+        print(
+            f"  the commit alone (repo open)     : {median(inside):.2f}  (what `cascade run`'s parent pays)"
+        )
+        print(
+            f"dvc add as a new process / md5sum  : {median(dvc_ratios):.2f}  (the competitor, started the same way)"
+        )
+        how = (
+            "page cache dropped before each"
+            if dropped
+            else "page cache NOT dropped (not root): re-reads hidden"
+        )
+        print(
+            f"bytes read back / checkpoint size  : {max(read_ratios):.4f}  (target <= 0.01; worst of 3; {how})"
+        )
 
         quiet = step_times(4.0)
         busy_file = ours_repo / "busy.pt"

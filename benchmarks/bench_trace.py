@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -104,6 +105,15 @@ def measure(batch: int) -> None:
     for tracer, _ in tracers.values():
         tracer._closed = False
         tracer.close()
+    # A tracer that had turned itself off would cost nothing: count what each wrote before any ratio.
+    for name, path in (("trace", trace_path), ("grads", trace_path.with_name("grads.jsonl"))):
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        steps = [r for r in lines if "step" in r and "params_after" in r]
+        with_grads = [r for r in steps if r.get("grads")]
+        if len(steps) < BLOCKS * STEPS or (name == "grads" and len(with_grads) < BLOCKS * STEPS):
+            sys.exit(f"the {name} tracer wrote {len(steps)} step records ({len(with_grads)} with gradients);"
+                     f" at least {BLOCKS * STEPS} were traced")  # fmt: skip
+        print(f"{name + ' records written':32}: {len(steps)} steps ({len(with_grads)} with gradients)")
 
     step = statistics.median(times["off"])
     print(f"parameters                      : {sum(p.numel() for p in params):,}")
