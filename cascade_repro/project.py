@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from cascade_repro.errors import CascadeError
-from cascade_repro.settings import OWN_DIR
+from cascade_repro.settings import OWN_DIR, SETTINGS_FILE, default_experiment
 from cascade_repro.store import dvc_store, git_repo
 
 IGNORE_ENTRIES = ("mlflow.db", "mlruns/", "mlartifacts/", f"{OWN_DIR}/")
@@ -52,8 +53,11 @@ def template_path(name: str) -> Path:
     raise CascadeError(f"cascade's template {name} is missing", hint="reinstall cascade")
 
 
-def init_project(root: Path, checkpoints_dir: str = "checkpoints") -> InitResult:
-    """Idempotent: writes only what is missing, never overwrites a user's file."""
+def init_project(root: Path, checkpoints_dir: str = "checkpoints",
+                 experiment: str | None = None) -> InitResult:  # fmt: skip
+    """Idempotent: writes only what is missing, never overwrites a user's file. cascade.yaml names
+    `experiment` (default: `settings.default_experiment`)."""
+    experiment = experiment or default_experiment(root)
     created: list[str] = []
     kept: list[str] = []
     for name in INIT_FILES:
@@ -61,7 +65,10 @@ def init_project(root: Path, checkpoints_dir: str = "checkpoints") -> InitResult
         if target.exists():
             kept.append(name)
             continue
-        target.write_text(template_path(name).read_text(encoding="utf-8"), encoding="utf-8")
+        text = template_path(name).read_text(encoding="utf-8")
+        if name == SETTINGS_FILE:  # the experiment named once, so every clone records into the same
+            text = text.replace("# experiment: my-project", f"experiment: {json.dumps(experiment)}", 1)
+        target.write_text(text, encoding="utf-8")
         created.append(name)
     ignore_added = _add_ignores(root, _ignore_entries(checkpoints_dir))
     dvc_initialized, remote = dvc_store.init_repository(root, default_remote_dir(root))

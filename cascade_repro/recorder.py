@@ -289,7 +289,7 @@ def own_paths(settings: Settings) -> tuple[str, ...]:
             paths += [rel, f"{rel}-journal", f"{rel}-wal", f"{rel}-shm"]
         except ValueError:
             pass
-    stores = [u for u in (settings.tracking_uri, settings.artifact_root) if u.startswith("file://")]
+    stores = [u for u in (settings.tracking_uri, settings.artifact_root) if u and u.startswith("file://")]
     for where in (settings.checkpoints_dir, *(urllib.parse.unquote(u[len("file://") :]) for u in stores)):
         rel = os.path.relpath(os.path.normpath(settings.root / where), settings.root)
         if rel != "." and not rel.startswith(".."):  # never the whole tree, never outside it

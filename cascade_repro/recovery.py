@@ -165,7 +165,7 @@ def _open(store: RunStore, plan: dict[str, Any], run_dir: Path, settings: Settin
     else:
         tags = dict(plan.get("tags") or {spool.SPOOL_TAG: run_dir.name})
         start_ms = int(plan.get("start_ms") or spool.last_heartbeat(run_dir) * 1000)
-        artifacts = str(plan.get("artifact_root") or settings.artifact_root)
+        artifacts = plan.get("artifact_root") or settings.artifact_root
         opened = store.open_run(artifacts, plan.get("run_name"), tags, start_ms, plan.get("existing_run_id"))
         run_id = opened.run_id
     (run_dir / protocol.RUN_ID_FILE).write_text(run_id, encoding="utf-8")

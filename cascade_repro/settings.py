@@ -18,6 +18,7 @@ from cascade_repro.errors import ConfigError
 from cascade_repro.yaml_io import read_yaml_mapping
 
 SETTINGS_FILE = "cascade.yaml"
+SERVER_SCHEMES = ("http", "https", "databricks")  # a tracking server: it owns the artifact store
 OWN_DIR = ".cascade"  # cascade's own files in a project; `cascade init` ignores it
 # What a project holds that is cascade's (the embedded store, its own directory): never the user's code.
 OWN_ENTRIES = (OWN_DIR, "mlruns", "mlartifacts", "mlflow.db")
@@ -80,7 +81,12 @@ class Settings:
         return self.paths.runs
 
     @property
-    def artifact_root(self) -> str:
+    def artifact_root(self) -> str | None:
+        """Where a new experiment keeps its artifacts: `mlruns/` beside a local or database store;
+        None for a tracking server, whose own artifact root (`--serve-artifacts`, S3) is the one
+        every machine of the team can read."""
+        if self.tracking_uri.split(":", 1)[0] in SERVER_SCHEMES:
+            return None
         return (self.root / "mlruns").as_uri()
 
 
@@ -159,7 +165,11 @@ def load_settings(root: Path, environ: Mapping[str, str] | None = None) -> Setti
         raise check.bad("docker.enabled", docker["enabled"], "true or false")
     return Settings(
         root=root,
-        experiment=str(env.get("CASCADE_EXPERIMENT") or check.text("experiment", numbers=True) or root.name),
+        experiment=str(
+            env.get("CASCADE_EXPERIMENT")
+            or check.text("experiment", numbers=True)
+            or default_experiment(root)
+        ),  # fmt: skip
         tracking_uri=resolve_tracking_uri(str(tracking), root),
         params_file=check.text("params_file"),
         checkpoints_dir=check.text("checkpoints_dir") or "checkpoints",
@@ -176,6 +186,21 @@ def load_settings(root: Path, environ: Mapping[str, str] | None = None) -> Setti
         checkpoint_policy=_checkpoint_policy(check),
         log_checkpoints=check.flag("log_checkpoints", False),
     )
+
+
+def default_experiment(root: Path) -> str:
+    """The experiment of a project whose cascade.yaml names none: its git remote's repository name
+    (the same on every clone, whatever its directory is called), else the directory's name."""
+    from cascade_repro.store import git_repo
+
+    return repository_name(git_repo.remote_url(root, "origin") or "") or root.name
+
+
+def repository_name(url: str) -> str | None:
+    """`https://host/org/vision.git`, `git@host:org/vision.git`, `/srv/git/vision` → vision."""
+    tail = url.rstrip("/").replace(":", "/").rsplit("/", 1)[-1]
+    name = tail.removesuffix(".git")
+    return name or None
 
 
 class _Checker:

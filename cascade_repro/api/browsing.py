@@ -120,6 +120,7 @@ def ui(host: str = "127.0.0.1", port: int = 5000, cwd: Path | None = None,
             f"the store {settings.tracking_uri} is a tracking server already: open it in a browser",
             hint="cascade ui serves a local store (sqlite or a database URI)",
         )
-    server = ui_server.start(settings.tracking_uri, settings.artifact_root, host, port,
-                             settings.paths.ui_log)  # fmt: skip
+    artifact_root = settings.artifact_root
+    assert artifact_root is not None  # a local store (a server was refused above)
+    server = ui_server.start(settings.tracking_uri, artifact_root, host, port, settings.paths.ui_log)
     return ui_server.serve(server, started)

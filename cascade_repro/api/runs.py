@@ -32,7 +32,7 @@ def init(cwd: Path | None = None) -> InitResult:
     (a local directory unless one is configured), in the git repository containing `cwd`."""
     root = find_repo_root(cwd)
     settings = load_settings(root)
-    return init_project(root, settings.checkpoints_dir)
+    return init_project(root, settings.checkpoints_dir, settings.experiment)
 
 
 @dataclass(frozen=True)

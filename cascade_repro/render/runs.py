@@ -67,9 +67,12 @@ def run_result(result: RunResult) -> None:
             notice(f"  {line}")
         if result.spool:
             notice(f"kept in {result.spool}: `cascade sync` delivers it when the store answers (exit 4)")
-    notice(
-        f"see it: cascade show {result.run_id[:8]}  ·  mlflow ui --backend-store-uri {result.tracking_uri}"
-    )
+    uri = redact_text(result.tracking_uri)
+    if uri.startswith(("http://", "https://")):  # a tracking server: its own UI shows the run
+        where = f"{uri} (experiment {result.experiment})"
+    else:
+        where = f"mlflow ui --backend-store-uri {uri}"
+    notice(f"see it: cascade show {result.run_id[:8]}  ·  {where}")
 
 
 def misplaced_options(options: list[str], command: str) -> None:

@@ -106,3 +106,9 @@ def visible_files(root: Path, *pathspecs: str) -> list[str]:
 def git_dir(work_tree: Path) -> Path:
     """The git directory of a work tree (a linked worktree has its own under the main one's)."""
     return Path(text(work_tree, "rev-parse", "--absolute-git-dir").strip())
+
+
+def remote_url(root: Path, remote: str) -> str | None:
+    """The URL of `remote` (None without one); credentials in it are never recorded from here."""
+    out = run(root, "config", "--get", f"remote.{remote}.url")
+    return out.stdout.decode(errors="replace").strip() or None if out.returncode == 0 else None

@@ -131,7 +131,7 @@ class OpenedRun:
 def open_run(
     mlflow: MlflowClient,
     experiment: str,
-    artifact_root: str,
+    artifact_root: str | None,
     run_name: str | None,
     tags: Mapping[str, str],
     start_ms: int,
@@ -153,8 +153,9 @@ def open_run(
         ) from exc
 
 
-def _experiment_id(mlflow: MlflowClient, name: str, artifact_root: str) -> str:
-    """The experiment's id, created if missing; two first runs may create it at once."""
+def _experiment_id(mlflow: MlflowClient, name: str, artifact_root: str | None) -> str:
+    """The experiment's id, created if missing (`artifact_root` None: the server's own root); two
+    first runs may create it at once."""
     from mlflow.exceptions import MlflowException
 
     found = mlflow.get_experiment_by_name(name)

@@ -199,8 +199,8 @@ class RunStore:
             return str(self.client.download_artifacts(run_id, artifact, into))
 
     # -- recording a run ---------------------------------------------------------------------
-    def open_run(self, artifact_root: str, run_name: str | None, tags: Mapping[str, str], start_ms: int,
-                 existing_run_id: str | None = None) -> mlflow_store.OpenedRun:  # fmt: skip
+    def open_run(self, artifact_root: str | None, run_name: str | None, tags: Mapping[str, str],
+                 start_ms: int, existing_run_id: str | None = None) -> mlflow_store.OpenedRun:  # fmt: skip
         """A new run of the experiment (made with `artifact_root` if it is new), or the existing one."""
         return mlflow_store.open_run(self.client, self.experiment or "Default", artifact_root, run_name, tags,
                                      start_ms, existing_run_id=existing_run_id)  # fmt: skip

@@ -33,6 +33,19 @@ def test_init_is_idempotent_and_keeps_user_files(project: Project) -> None:
         assert entry.rstrip("/").lstrip("/") in gitignore
 
 
+def test_init_names_the_experiment_so_every_clone_records_into_it(project: Project, tmp_path) -> None:
+    from cascade_repro.settings import load_settings
+
+    clone = tmp_path / "another-name"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    assert load_settings(clone).experiment == "proj"  # the remote's repository name, not the directory's
+    Project(clone).invoke("init", check=True)
+    assert 'experiment: "proj"' in (clone / "cascade.yaml").read_text().splitlines()
+    assert load_settings(clone).experiment == "proj"
+    project.invoke("init", check=True)  # no remote: the directory's name, written down as well
+    assert 'experiment: "proj"' in (project.root / "cascade.yaml").read_text().splitlines()
+
+
 def test_init_outside_git(tmp_path) -> None:
     result = Project(tmp_path).invoke("init")
     assert result.returncode == 1 and "not inside a git repository" in result.stderr

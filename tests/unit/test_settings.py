@@ -86,3 +86,19 @@ def test_determinism_off_is_off_though_yaml_reads_it_as_false(tmp_path: Path) ->
     assert settings_from(tmp_path, "determinism: strict\n").determinism == "strict"
     with pytest.raises(ConfigError, match="CASCADE_DETERMINISM is 'loose'; expected off, warn or strict"):
         settings_from(tmp_path, "", {"CASCADE_DETERMINISM": "loose"})
+
+
+@pytest.mark.parametrize(
+    ("url", "name"),
+    [
+        ("https://github.com/org/vision.git", "vision"),
+        ("git@github.com:org/vision.git", "vision"),
+        ("ssh://git@host:22/org/vision/", "vision"),
+        ("/srv/git/vision", "vision"),
+        ("", None),
+    ],
+)
+def test_the_experiment_is_named_after_the_remote_repository(url: str, name: str | None) -> None:
+    from cascade_repro.settings import repository_name
+
+    assert repository_name(url) == name
