@@ -12,6 +12,7 @@ import pytest
 
 from cascade_repro.errors import CascadeError, NotAGitRepository
 from cascade_repro.store import git_repo
+from tests.sources import matching_lines
 
 PACKAGE = Path(__file__).resolve().parents[2] / "cascade_repro"
 # A command list that starts with the tool (`["git", "status"]`), or the tool's Python API imported.
@@ -25,22 +26,10 @@ ADAPTERS = {
 }
 
 
-def _offenders(allowed: tuple[str, ...], pattern: re.Pattern[str]) -> list[str]:
-    found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE).as_posix()
-        if rel.startswith(allowed):
-            continue
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if pattern.search(line.split("#", 1)[0]):
-                found.append(f"{rel}:{number}: {line.strip()}")
-    return found
-
-
 @pytest.mark.parametrize("tool", sorted(ADAPTERS))
 def test_the_tool_is_reached_only_through_its_adapter(tool: str) -> None:
     allowed, pattern = ADAPTERS[tool]
-    assert _offenders(allowed, pattern) == []
+    assert matching_lines(pattern, skip=allowed) == []
 
 
 def test_the_patterns_find_a_bypass() -> None:

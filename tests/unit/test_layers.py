@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.sources import modules
+
 API = Path(__file__).resolve().parents[2] / "cascade_repro" / "api"
 
 
@@ -50,7 +52,6 @@ def test_the_cycle_finder_finds_one() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
 
 
-PACKAGE = API.parent
 # The child half writes to the script's own stderr (it runs inside the user's process); run_output
 # relays the script's output and draws the progress line. Everything else prints through render/.
 PRINTERS = ("render/", "child/", "run_output.py")
@@ -58,11 +59,8 @@ PRINTERS = ("render/", "child/", "run_output.py")
 
 def test_only_render_prints() -> None:
     offenders = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE).as_posix()
-        if rel.startswith(PRINTERS):
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for rel, text in modules(skip=PRINTERS):
+        for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.Call):
                 called = ast.unparse(node.func)
                 if called == "print" or called.endswith(("sys.stdout.write", "sys.stderr.write")):

@@ -10,6 +10,7 @@ import pytest
 
 from cascade_repro.errors import RunNotFound, StoreError
 from cascade_repro.store.run_store import RunStore, StoredRun, translated
+from tests.sources import matching_lines
 
 PACKAGE = Path(__file__).resolve().parents[2] / "cascade_repro"
 # store/ holds the adapters; child/ hooks MLflow's own client inside the user's script.
@@ -20,16 +21,7 @@ BYPASSES = re.compile(
 
 
 def test_mlflow_is_reached_only_through_the_store() -> None:
-    offenders = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE).as_posix()
-        if rel.startswith(ADAPTERS):
-            continue
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            code = line.split("#", 1)[0]
-            if BYPASSES.search(code):
-                offenders.append(f"{rel}:{number}: {line.strip()}")
-    assert offenders == []
+    assert matching_lines(BYPASSES, skip=ADAPTERS) == []
 
 
 def test_a_store_failure_is_a_store_error_that_says_what_failed() -> None:

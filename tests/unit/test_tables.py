@@ -9,17 +9,18 @@ from pathlib import Path
 
 from cascade_repro.child import protocol
 from cascade_repro.settings import OWN_DIR, SETTINGS_VARIABLES, VARIABLES, ProjectPaths
+from tests.sources import modules
 
-PACKAGE = Path(__file__).resolve().parents[2] / "cascade_repro"
 VARIABLE = re.compile(r"CASCADE_[A-Z0-9_]*")
 PREFIXES = ("CASCADE_", "CASCADE_SECRET_")  # filters on a family, not a variable of their own
 
 
-def _strings(path: Path) -> list[tuple[int, str]]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+def _strings(skip: tuple[str, ...] = ()) -> list[tuple[str, int, str]]:
+    """(module, line, value) of every string constant in the package's modules."""
     return [
-        (n.lineno, n.value)
-        for n in ast.walk(tree)
+        (rel, n.lineno, n.value)
+        for rel, text in modules(skip)
+        for n in ast.walk(ast.parse(text))
         if isinstance(n, ast.Constant) and isinstance(n.value, str)
     ]
 
@@ -31,13 +32,12 @@ def _protocol_variables() -> set[str]:
 def test_every_cascade_variable_is_in_a_table() -> None:
     documented = {name for name in VARIABLES if "<" not in name} | _protocol_variables()
     unknown, found = [], []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        for line, text in _strings(path):
-            if not VARIABLE.fullmatch(text):
-                continue
-            found.append(text)
-            if text not in documented | set(PREFIXES) and not text.startswith("CASCADE_SECRET_"):
-                unknown.append(f"{path.relative_to(PACKAGE)}:{line}: {text}")
+    for rel, line, text in _strings():
+        if not VARIABLE.fullmatch(text):
+            continue
+        found.append(text)
+        if text not in documented | set(PREFIXES) and not text.startswith("CASCADE_SECRET_"):
+            unknown.append(f"{rel}:{line}: {text}")
     assert unknown == []
     assert len(found) > 10, "the reader found hardly any CASCADE_ variable"
 
@@ -49,13 +49,11 @@ def test_user_variables_and_the_child_protocol_overlap_only_where_said() -> None
 
 
 def test_project_paths_are_built_only_by_the_table() -> None:
-    spelled = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if path.name == "settings.py":
-            continue
-        for line, text in _strings(path):
-            if text == OWN_DIR or text.startswith(OWN_DIR + "/"):
-                spelled.append(f"{path.relative_to(PACKAGE)}:{line}: {text!r}")
+    spelled = [
+        f"{rel}:{line}: {text!r}"
+        for rel, line, text in _strings(skip=("settings.py",))
+        if text == OWN_DIR or text.startswith(OWN_DIR + "/")
+    ]
     assert spelled == []
 
 
