@@ -118,8 +118,11 @@ def run_list(runs: list[RunSummary], show_experiment: bool = False, versions_onl
     if not runs:
         if versions_only:
             console.print("no versions yet: `cascade run --tag v1 train.py` or `cascade tag RUN v1`")
-        else:
+        elif show_experiment:
             console.print("no runs yet: record one with `cascade run train.py`")
+        else:  # the experiment is named in cascade.yaml, else after the git remote or the directory
+            console.print("no runs yet in this project's experiment: record one with `cascade run train.py`;"
+                          " runs of every experiment: `cascade ls --all`")  # fmt: skip
         return
     console.print(table)
 
