@@ -288,7 +288,7 @@ def _files(run_dir: Path, plan: dict[str, Any], record: dict[str, Any],
     """The inputs git and DVC cannot see and the outputs, from what the child noted (as finish()
     records them; the hashes are of the files as they are now, which the recoverer says it read)."""
     from cascade_repro.capture.files import read_opened, sort_files
-    from cascade_repro.recorder import own_paths
+    from cascade_repro.run_engine import own_paths
 
     root = Path(plan.get("root") or settings.root)
     git = record.get("git")

@@ -88,7 +88,7 @@ def current_record(settings: Settings) -> dict[str, Any]:
     """A record of this machine and working tree, made without running anything."""
     from cascade_repro.capture.git import capture_git
     from cascade_repro.params import find_params_file, resolve_params
-    from cascade_repro.recorder import own_paths
+    from cascade_repro.run_engine import own_paths
 
     root = settings.root
     params_file = find_params_file(root, root / "train.py", None, settings.params_file)

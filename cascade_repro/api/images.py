@@ -7,7 +7,7 @@ from pathlib import Path
 from cascade_repro.api.loading import load_project
 from cascade_repro.capture.git import is_dirty
 from cascade_repro.images.prepare import PreparedImage
-from cascade_repro.recorder import own_paths
+from cascade_repro.run_engine import own_paths
 from cascade_repro.run_plan import Notify
 from cascade_repro.store.git_repo import head_commit
 

@@ -259,7 +259,7 @@ def _restore_image(
     """The recorded image when this engine has it (0 builds); else one rebuilt from the recorded
     Dockerfile and requirements over the restored code, with its package drift reported before the run."""
     from cascade_repro.images import context, engine, prepare
-    from cascade_repro.recorder import image_cache_dir, own_paths
+    from cascade_repro.run_engine import image_cache_dir, own_paths
 
     container = manifest.get("container") or {}
     docker = engine.connect()

@@ -14,7 +14,7 @@ from cascade_repro.capture.git import is_dirty
 from cascade_repro.errors import CascadeError, DirtyTreeRefused, UsageError
 from cascade_repro.params import ResolvedParams, find_params_file, resolve_params
 from cascade_repro.project import InitResult, find_repo_root, init_project, preview_init
-from cascade_repro.recorder import follow_rank, own_paths, record_run
+from cascade_repro.run_engine import follow_rank, own_paths, record_run
 from cascade_repro.run_plan import ContainerPlan, Notify, RunPlan, RunResult
 from cascade_repro.settings import SETTINGS_VARIABLES, Settings, load_settings
 from cascade_repro.store import git_repo, mlflow_store, sqlite_store

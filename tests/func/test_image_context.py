@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cascade_repro.images import context
-from cascade_repro.recorder import own_paths
+from cascade_repro.run_engine import own_paths
 from cascade_repro.settings import load_settings
 from tests.plugin import Project, git
 

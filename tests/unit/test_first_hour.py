@@ -12,7 +12,7 @@ import pytest
 from cascade_repro.child import usage_errors
 from cascade_repro.cli.run import _misplaced_options
 from cascade_repro.project import preview_init
-from cascade_repro.recorder import own_paths
+from cascade_repro.run_engine import own_paths
 from cascade_repro.settings import Settings
 
 

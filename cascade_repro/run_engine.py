@@ -26,10 +26,10 @@ from cascade_repro.capture.files import redirected_outputs
 from cascade_repro.capture.snapshot import capture_snapshot
 from cascade_repro.child import protocol
 from cascade_repro.errors import CascadeError, StoreError
-from cascade_repro.recording import UNTRACKED_DIR, Recording, Worker
 from cascade_repro.redaction import redact_argv
 from cascade_repro.run_output import RunOutput
 from cascade_repro.run_plan import Notify, RunPlan, RunResult
+from cascade_repro.run_store_side import UNTRACKED_DIR, Recording, Worker
 from cascade_repro.settings import OWN_DIR, Settings, sqlite_path
 from cascade_repro.store import spool
 from cascade_repro.store.checkpoint_keeper import CheckpointKeeper
