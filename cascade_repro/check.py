@@ -20,6 +20,8 @@ NOT_RUNNABLE = "NOT_RUNNABLE"
 
 @dataclass(frozen=True)
 class Finding:
+    """One thing `cascade check` found, with its level and the fix."""
+
     level: str  # "not_runnable", "tolerance", "restore_fixes", "ok", "problem"
     summary: str
     fix: str | None = None
@@ -30,6 +32,8 @@ class Finding:
 
 @dataclass(frozen=True)
 class CheckReport:
+    """`cascade check`: can this machine reproduce the run (or run cascade at all), and why not."""
+
     subject: str  # the run checked against, or "this machine"
     verdict: str
     findings: tuple[Finding, ...]
@@ -48,6 +52,7 @@ class CheckReport:
 
 
 def check_against(record: Mapping[str, Any], here: Mapping[str, Any]) -> CheckReport:
+    """A recorded run against this machine: what stops it, what restore fixes, what allows tolerance only."""
     findings = _not_runnable(record, here)
     stack = compare_records(record, here, only=("stack",)).section("stack")
     for change in stack.changes:

@@ -23,6 +23,8 @@ __all__ = ["SECTIONS", "Change", "Diff", "Section", "diff_records"]
 
 @dataclass(frozen=True)
 class Diff:
+    """What differs between two runs, section by section (`cascade diff`)."""
+
     run_a: str
     run_b: str
     experiments: tuple[str, str]

@@ -46,30 +46,44 @@ class CascadeError(Exception):
 
 
 class UsageError(CascadeError):
+    """A command used wrongly: a bad option or value, an unknown key, a script not found (exit 2)."""
+
     exit_code = EXIT_USAGE
 
 
 class NotAGitRepository(CascadeError):
+    """Not inside a git work tree, or one with no commit yet."""
+
     pass
 
 
 class ConfigError(CascadeError):
+    """cascade.yaml or a params file that cannot be used as it is (malformed, a bad value)."""
+
     pass
 
 
 class StoreError(CascadeError):
+    """The MLflow store cannot be reached or refused a request."""
+
     pass
 
 
 class RunNotFound(CascadeError):
+    """No run (or no cascade record) for a ref; the hint names close matches."""
+
     pass
 
 
 class DirtyTreeRefused(CascadeError):
+    """--require-clean on a working tree with uncommitted changes."""
+
     pass
 
 
 class VersionTaken(CascadeError):
+    """A version another run holds (--force moves it, recorded)."""
+
     pass
 
 

@@ -30,6 +30,8 @@ class InitPreview:
 
 @dataclass(frozen=True)
 class InitResult:
+    """What `cascade init` did: files created and kept, DVC initialized, its default remote, ignores added."""
+
     root: Path
     created: tuple[str, ...]
     kept: tuple[str, ...]

@@ -61,6 +61,9 @@ class ContainerPlan:
 
 @dataclass(frozen=True)
 class RunResult:
+    """How a `cascade run` ended: the run, its status and the script's exit code, the record as
+    stored, its warnings and what is still pending."""
+
     run_id: str
     status: str
     exit_code: int

@@ -19,6 +19,8 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 @dataclass(frozen=True)
 class ChildExit:
+    """How the training process ended: its exit code, the signal the parent got, the signal that killed it."""
+
     exit_code: int  # shell convention: 128 + N when killed by signal N
     signal_received: int | None  # a signal the parent got (Ctrl-C, SIGTERM) while the child ran
     killed_by_signal: int | None  # the signal that ended the child, if any

@@ -22,6 +22,8 @@ _RUN_ID = re.compile(r"[0-9a-f]{32}")
 
 @dataclass(frozen=True)
 class TagResult:
+    """A version given to a run: the MLflow tag, the git tag, and the run it was moved from (--force)."""
+
     version: str
     run_id: str
     commit: str
@@ -60,6 +62,7 @@ def check_free(store: RunStore, root: Path, version: str, experiment_id: str | N
 
 
 def holder_of(store: RunStore, version: str, experiment_id: str) -> str | None:
+    """The run of the experiment that carries `version`, or None."""
     escaped = version.replace("'", "\\'")
     runs = store.search_ids([experiment_id], f"tags.`{VERSION_TAG}` = '{escaped}'", limit=5)
     return runs[0] if runs else None

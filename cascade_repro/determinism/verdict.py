@@ -26,6 +26,9 @@ REPRODUCED = (BITWISE_IDENTICAL, NUMERICALLY_EQUIVALENT)
 
 @dataclass(frozen=True)
 class Verdict:
+    """Whether run B reproduced run A: the verdict, the first divergence, the records' differences
+    and the likely causes."""
+
     verdict: str
     run_a: str
     run_b: str
@@ -78,6 +81,8 @@ class Verdict:
 
 @dataclass(frozen=True)
 class RankVerdict:
+    """One rank's verdict in a torchrun job (the job's verdict is the first that failed)."""
+
     rank: int
     verdict: str
     summary: str

@@ -19,6 +19,8 @@ from cascade_repro.images.engine import Image, Progress
 
 @dataclass(frozen=True)
 class PreparedImage:
+    """The image a run uses: found by its inputs or built, its ID and digest, how it was had."""
+
     image: Image
     dockerfile: str
     dockerfile_sha256: str
@@ -133,6 +135,8 @@ def recorded_image(
 
 @dataclass(frozen=True)
 class PackageChange:
+    """A package whose version in a rebuilt image differs from the record's."""
+
     name: str
     recorded: str | None
     now: str | None

@@ -66,11 +66,13 @@ def error(message: str, hint: str | None = None, then: str | None = None) -> Non
 
 
 def interrupted() -> None:
+    """Ctrl-C: one line on stderr (the command exits 130)."""
     sys.stderr.write("cascade: interrupted\n")
     sys.stderr.flush()
 
 
 def emit_json(command: str, data: Any) -> None:
+    """The machine-readable result of `command` on stdout, in the versioned envelope (`cascade.cli/1`)."""
     envelope = {"schema": JSON_SCHEMA, "command": command, "data": data}
     sys.stdout.write(json.dumps(envelope, indent=2, sort_keys=True, default=str) + "\n")
 

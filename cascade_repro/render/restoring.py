@@ -68,6 +68,7 @@ def _plan_inputs(sources: Mapping[str, str]) -> list[str]:
 
 
 def restore_result(result: RestoreResult) -> None:
+    """`cascade restore`: the worktree, the re-run and its verdict (or how to run it, with --no-run)."""
     tree = result.worktree
     if result.run is None:
         notice(f"restored into {tree.path}" + (" (reused)" if tree.reused else ""))
@@ -83,6 +84,7 @@ def restore_result(result: RestoreResult) -> None:
 
 
 def restore_dict(result: RestoreResult) -> dict[str, Any]:
+    """`cascade restore --json`: plan, worktree, re-run and verdict as one JSON object."""
     run = result.run
     return {
         "plan": result.plan.to_dict(),
@@ -106,6 +108,7 @@ def restore_dict(result: RestoreResult) -> dict[str, Any]:
 
 
 def checkout_result(result: CheckoutResult) -> None:
+    """`cascade checkout`: the checkpoint chosen and why, and each file fetched, md5-verified."""
     if result.chosen is not None:
         entry = result.chosen.entry
         step = f"step {entry['step']}; " if entry.get("step") is not None else ""

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 
 def init_result(result: InitResult) -> None:
+    """`cascade init`: what was created, what was kept as it was, DVC and its remote."""
     console = _console()
     console.print(_styled(("cascade project", "bold"), f" at {result.root}"))
     for name in result.created:
@@ -37,6 +38,7 @@ def init_result(result: InitResult) -> None:
 
 
 def run_result(result: RunResult) -> None:
+    """`cascade run`: how the run ended, its warnings, what is still pending, where to see it."""
     if result.rank is not None:  # rank K > 0 of the user's torchrun job: rank 0's run says the rest
         run = f"run {result.run_id[:8]}" if result.run_id else "its run"
         notice(f"rank {result.rank}: the script ended (exit {result.exit_code}); rank 0's cascade run "
@@ -95,6 +97,7 @@ def sync_result(delivered: list[Delivered]) -> None:
 
 
 def run_list(runs: list[RunSummary], show_experiment: bool = False, versions_only: bool = False) -> None:
+    """`cascade ls`: one row per run, newest first (pending ones marked)."""
     from rich.table import Table
 
     table = Table(box=None, header_style="bold")
@@ -128,6 +131,7 @@ def run_list(runs: list[RunSummary], show_experiment: bool = False, versions_onl
 
 
 def run_record(record: RunRecord) -> None:
+    """`cascade show`: the record of one run, section by section."""
     from rich.table import Table
 
     m = record.manifest
@@ -193,6 +197,7 @@ def run_record(record: RunRecord) -> None:
 
 
 def checkpoints(entries: list[dict[str, Any]]) -> None:
+    """`cascade show --checkpoints`: each checkpoint with its step, metrics, md5 and state."""
     from rich.table import Table
 
     console = _console()
@@ -214,6 +219,7 @@ def checkpoints(entries: list[dict[str, Any]]) -> None:
 
 
 def image_result(prepared: PreparedImage) -> None:
+    """`cascade image build`: the image found or built, and its inputs."""
     for warning in prepared.warnings:
         notice(f"warning: {warning}")
     image = prepared.image
@@ -237,6 +243,7 @@ def ui_stopped(outcome: UiOutcome) -> None:
 
 
 def tag_result(result: TagResult) -> None:
+    """`cascade tag`: the version given, the git tag made, the run it was moved from."""
     where = f" and git tag at {result.commit[:12]}" if result.git_tag else ""
     moved = f" (moved from run {result.moved_from[:12]})" if result.moved_from else ""
     text = _styled(f"tagged run {result.run_id[:12]} as ", (result.version, "bold"), f"{where}{moved}")

@@ -58,6 +58,7 @@ CLASS_WORDS = {"A": "class A · bitwise impossible", "B": "class B · likely cau
 
 
 def diff(result: Diff) -> None:
+    """`cascade diff`: the sections that differ, most decisive class first, then what is equal."""
     from rich.table import Table
 
     console = _console()
@@ -85,6 +86,7 @@ def diff(result: Diff) -> None:
 
 
 def check_report(report: CheckReport) -> None:
+    """`cascade check`: the verdict, then each finding with the fix."""
     console = _console()
     style = {"BITWISE_REPRODUCIBLE": "green", "OK": "green", "WITHIN_TOLERANCE_ONLY": "yellow"}.get(
         report.verdict, "red"

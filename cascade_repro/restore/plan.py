@@ -68,6 +68,8 @@ class RestorePlan:
 
 @dataclass(frozen=True)
 class Worktree:
+    """The restore worktree: where it is, whether it was reused, the untracked files written into it."""
+
     path: Path
     reused: bool
     restored_files: tuple[str, ...] = field(default_factory=tuple)

@@ -121,6 +121,8 @@ def client(uri: str) -> MlflowClient:
 
 @dataclass(frozen=True)
 class OpenedRun:
+    """The MLflow run a `cascade run` records into: its id, experiment and artifact URI."""
+
     run_id: str
     experiment_id: str
     experiment: str
@@ -137,6 +139,7 @@ def open_run(
     start_ms: int,
     existing_run_id: str | None = None,
 ) -> OpenedRun:
+    """A new run of `experiment` (created with `artifact_root` if missing), or the run a launcher made."""
     try:
         if existing_run_id:
             run = mlflow.get_run(existing_run_id)
@@ -271,26 +274,32 @@ def log_metric_points(
 
 
 def log_json(mlflow: MlflowClient, run_id: str, data: Any, artifact_file: str) -> None:
+    """`data` as a JSON artifact of the run."""
     mlflow.log_text(run_id, json.dumps(data, indent=2, sort_keys=True, default=str), artifact_file)
 
 
 def log_file(mlflow: MlflowClient, run_id: str, path: Path, artifact_dir: str) -> None:
+    """A file as an artifact of the run, under `artifact_dir`."""
     mlflow.log_artifact(run_id, str(path), artifact_dir)
 
 
 def log_dir(mlflow: MlflowClient, run_id: str, path: Path, artifact_dir: str) -> None:
+    """A directory's files as artifacts of the run, under `artifact_dir`."""
     mlflow.log_artifacts(run_id, str(path), artifact_dir)
 
 
 def finish_run(mlflow: MlflowClient, run_id: str, status: str, end_ms: int) -> None:
+    """Close the run with its status and end time."""
     mlflow.set_terminated(run_id, status=status, end_time=end_ms)
 
 
 def read_json_artifact(mlflow: MlflowClient, run_id: str, artifact_file: str) -> Any:
+    """An artifact of the run, parsed as JSON."""
     return json.loads(read_text_artifact(mlflow, run_id, artifact_file))
 
 
 def read_text_artifact(mlflow: MlflowClient, run_id: str, artifact_file: str) -> str:
+    """An artifact of the run as text (StoreError when it has none by that name)."""
     with tempfile.TemporaryDirectory(prefix="cascade-") as tmp:
         try:
             local = mlflow.download_artifacts(run_id, artifact_file, tmp)
@@ -301,6 +310,7 @@ def read_text_artifact(mlflow: MlflowClient, run_id: str, artifact_file: str) ->
 
 def search_runs(mlflow: MlflowClient, experiment: str | None, max_results: int = 1000,
                 filter_string: str | None = None) -> list[Run]:  # fmt: skip
+    """Runs of `experiment` (or of all), newest first, that match an MLflow filter string."""
     try:
         if experiment is None:
             ids = [e.experiment_id for e in mlflow.search_experiments()]
@@ -382,5 +392,6 @@ def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
 
 
 def first_line(exc: BaseException) -> str:
+    """An exception's first line, for a message (MLflow's can carry whole stack traces)."""
     text = str(exc).strip().splitlines()
     return text[0][:300] if text else type(exc).__name__

@@ -25,6 +25,8 @@ READY_TIMEOUT_S = 90.0
 
 @dataclass
 class UiServer:
+    """A running `mlflow server` on the project's store: its process, URL and log."""
+
     process: subprocess.Popen[bytes]
     url: str
     log: Path

@@ -39,3 +39,25 @@ def test_each_public_name_has_a_docstring_of_its_own(module: ModuleType) -> None
         if not doc.strip() or generated:
             missing.append(name)
     assert missing == []
+
+
+def test_what_the_use_cases_return_and_render_shows_is_documented() -> None:
+    """The views (render's __all__) and the results the api hands to them say what they are."""
+    from cascade_repro import render
+    from cascade_repro.check import CheckReport
+    from cascade_repro.determinism.verdict import RankVerdict, Verdict
+    from cascade_repro.diff import Diff
+    from cascade_repro.project import InitResult
+    from cascade_repro.run_plan import RunResult
+    from cascade_repro.store.ui_server import UiOutcome
+    from cascade_repro.versions import TagResult
+
+    results = [CheckReport, Diff, InitResult, RankVerdict, RunResult, TagResult, UiOutcome, Verdict]
+    views = [getattr(render, name) for name in render.__all__ if callable(getattr(render, name))]
+    missing = [
+        obj.__name__
+        for obj in [*results, *views]
+        if not (obj.__doc__ or "").strip()
+        or (inspect.isclass(obj) and obj.__doc__.startswith(f"{obj.__name__}("))
+    ]
+    assert missing == []
