@@ -29,16 +29,8 @@ def test_the_public_api_is_what_is_pinned(module: ModuleType) -> None:
 
 @pytest.mark.parametrize("module", list(PINNED), ids=lambda m: m.__name__)
 def test_each_public_name_has_a_docstring_of_its_own(module: ModuleType) -> None:
-    missing = []
-    for name in module.__all__:
-        obj = getattr(module, name)
-        if not callable(obj):
-            continue
-        doc = obj.__doc__ or ""
-        generated = inspect.isclass(obj) and doc.startswith(f"{obj.__name__}(")  # dataclass's own
-        if not doc.strip() or generated:
-            missing.append(name)
-    assert missing == []
+    objects = {name: getattr(module, name) for name in module.__all__}
+    assert [name for name, obj in objects.items() if callable(obj) and not _documented(obj)] == []
 
 
 def test_what_the_use_cases_return_and_render_shows_is_documented() -> None:
@@ -54,10 +46,10 @@ def test_what_the_use_cases_return_and_render_shows_is_documented() -> None:
 
     results = [CheckReport, Diff, InitResult, RankVerdict, RunResult, TagResult, UiOutcome, Verdict]
     views = [getattr(render, name) for name in render.__all__ if callable(getattr(render, name))]
-    missing = [
-        obj.__name__
-        for obj in [*results, *views]
-        if not (obj.__doc__ or "").strip()
-        or (inspect.isclass(obj) and obj.__doc__.startswith(f"{obj.__name__}("))
-    ]
-    assert missing == []
+    assert [obj.__name__ for obj in [*results, *views] if not _documented(obj)] == []
+
+
+def _documented(obj: object) -> bool:
+    doc = getattr(obj, "__doc__", None) or ""
+    generated = inspect.isclass(obj) and doc.startswith(f"{obj.__name__}(")  # a dataclass's own
+    return bool(doc.strip()) and not generated
