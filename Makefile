@@ -5,31 +5,38 @@ BIN := $(VENV)/bin
 # The CPU build for development and CI; the package itself accepts a range (see pyproject.toml).
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install demo test test-fast lint bench clean
+.PHONY: install install-dev demo test test-fast lint bench clean
 
+# The package and the example's data loader (what `make demo` needs), and with the test and lint tools and the frameworks
+# the suite trains with (lightning, transformers, accelerate, selenium).
 install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH_PIN)"
+	$(BIN)/pip install -q -e '.[examples]'
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
 demo: install
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/demo.sh
 
-test: install
+test: install-dev
 	bash scripts/services.sh
 	$(BIN)/python -m pytest
 
-test-fast: install
+test-fast: install-dev
 	$(BIN)/python -m pytest -m "not slow"
 
-lint: install
+lint: install-dev
 	$(BIN)/ruff check cascade_repro tests benchmarks
 	$(BIN)/mypy cascade_repro
 
-bench: install
+bench: install-dev
 	PATH="$(abspath $(BIN)):$$PATH" bash benchmarks/run_all.sh
 
 clean:
