@@ -7,8 +7,8 @@ TORCH_PIN ?= torch==2.13.0
 
 .PHONY: install install-dev demo test test-fast lint bench clean
 
-# The package and the example's data loader (what `make demo` needs), and with the test and lint tools and the frameworks
-# the suite trains with (lightning, transformers, accelerate, selenium).
+# The package and the example's data loader (what `make demo` needs); then the test and lint tools
+# and the frameworks the suite trains with (lightning, transformers, accelerate, selenium).
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
