@@ -2,7 +2,9 @@
 # Services the test suite needs beyond git, sqlite MLflow stores, DVC and torch (all in .venv):
 #   - headless Chromium + chromedriver for the `cascade ui` browser test;
 #   - a Docker engine (Debian's docker.io, dockerd started here) and the local base image the Docker
-#     suite builds on (scripts/docker_base.sh: no image registry is reachable).
+#     suite builds on (scripts/docker_base.sh: no image registry is reachable);
+#   - PostgreSQL's server binaries for the team-scale suite (tests/server starts its own cluster and
+#     MLflow tracking servers on it, and stops them).
 # Installed from Debian's packages when missing and this runs as root (CI); elsewhere the suites
 # that need them skip and say why.
 set -uo pipefail
@@ -23,6 +25,17 @@ if ! { command -v chromium >/dev/null && command -v chromedriver >/dev/null; }; 
       || echo "services: chromium could not be installed (see /tmp/cascade-apt.log)"
   else
     echo "services: no chromium; the browser test will skip (install chromium and chromium-driver)"
+  fi
+fi
+
+# --- PostgreSQL ------------------------------------------------------------------------------
+if ! { command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; }; then
+  if root_with_apt; then
+    echo "services: installing postgresql (Debian package) for the team-scale suite"
+    apt_install /tmp/cascade-apt-postgresql.log postgresql \
+      || echo "services: postgresql could not be installed (see /tmp/cascade-apt-postgresql.log)"
+  else
+    echo "services: no PostgreSQL; its tests will skip (install postgresql)"
   fi
 fi
 

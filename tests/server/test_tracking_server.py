@@ -1,4 +1,5 @@
-"""Against a real MLflow tracking server (`mlflow server --serve-artifacts`, sqlite backend): runs and
+"""Against a real MLflow tracking server (`mlflow server --serve-artifacts`, on sqlite and on
+PostgreSQL), and PostgreSQL as the store itself: runs and
 every artifact go to the server, and a second clone in a directory of another name sees the same
 runs and restores one recorded by the first, bit for bit, with the first machine's files gone."""
 
@@ -6,13 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -21,46 +16,10 @@ from tests.plugin import Project, git
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A tracking server of its own, with proxied artifact storage; stopped at the end."""
-    port, artifacts = _free_port(), tmp_path / "server-artifacts"
-    log = (tmp_path / "server.log").open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server",
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-         "--serve-artifacts", "--artifacts-destination", str(artifacts),
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2):
-                break
-        except OSError:
-            assert process.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
-            assert time.monotonic() < deadline, "mlflow server did not answer within 90 s"
-            time.sleep(0.5)
-    try:
-        yield url, artifacts
-    finally:
-        process.terminate()
-        process.wait(30)
-        log.close()
-
-
 def test_runs_live_on_the_server_and_a_second_clone_restores_them(
-    project: Project, server: tuple[str, Path], tmp_path: Path
+    project: Project, tracking_server: tuple[str, Path], tmp_path: Path
 ) -> None:
-    url, artifacts = server
+    url, artifacts = tracking_server
     env = {"MLFLOW_TRACKING_URI": url}
     first = project.cascade("run", "--tag", "v1", "train.py", env=env, check=True)
     assert f"{url} (experiment proj)" in first.stderr  # where to see it: the server's own UI
@@ -88,3 +47,22 @@ def test_runs_live_on_the_server_and_a_second_clone_restores_them(
     assert restored.returncode == 0, restored.stderr
     verdict = json.loads(restored.stdout)["data"]["verdict"]
     assert verdict["verdict"] == "BITWISE_IDENTICAL", verdict["summary"]
+
+
+@pytest.mark.requires_postgres
+def test_postgresql_as_the_store_itself(project: Project, postgres_db: str) -> None:
+    """MLFLOW_TRACKING_URI=postgresql+psycopg2://...: runs in the database, artifacts in mlruns/."""
+    env = {"MLFLOW_TRACKING_URI": postgres_db}
+    project.cascade("run", "--tag", "v1", "train.py", env=env, check=True)
+    project.cascade("run", "train.py", env=env, check=True)
+    listed = json.loads(project.cascade("ls", "--json", env=env, check=True).stdout)["data"]
+    assert len(listed) == 2 and [r["version"] for r in listed] == [None, "v1"]
+    shown = json.loads(project.cascade("show", "v1", "--json", env=env, check=True).stdout)["data"]
+    assert shown["manifest"]["git"]["commit"] == git(project.root, "rev-parse", "HEAD").strip()
+    verified = project.cascade("verify", "--json", "v1", listed[0]["run_id"], env=env)
+    assert verified.returncode == 0, verified.stderr
+    assert json.loads(verified.stdout)["data"]["verdict"] == "BITWISE_IDENTICAL"
+    from mlflow import MlflowClient
+
+    tags = MlflowClient(tracking_uri=postgres_db).get_run(listed[0]["run_id"]).data.tags
+    assert tags["cascade.verdict"] == "BITWISE_IDENTICAL"  # recorded in the database
