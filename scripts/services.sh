@@ -3,8 +3,8 @@
 #   - headless Chromium + chromedriver for the `cascade ui` browser test;
 #   - a Docker engine (Debian's docker.io, dockerd started here) and the local base image the Docker
 #     suite builds on (scripts/docker_base.sh: no image registry is reachable);
-#   - PostgreSQL's server binaries for the team-scale suite (tests/server starts its own cluster and
-#     MLflow tracking servers on it, and stops them).
+#   - PostgreSQL's server binaries and an OpenSSH server for the team-scale suite (tests/server
+#     starts its own cluster, MLflow tracking servers and sshd, and stops them).
 # Installed from Debian's packages when missing and this runs as root (CI); elsewhere the suites
 # that need them skip and say why.
 set -uo pipefail
@@ -37,6 +37,13 @@ if ! { command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev
   else
     echo "services: no PostgreSQL; its tests will skip (install postgresql)"
   fi
+fi
+
+# --- OpenSSH server (a DVC remote over SSH; the suite starts its own sshd on a free port) --------
+if [ ! -x /usr/sbin/sshd ] && root_with_apt; then
+  echo "services: installing openssh-server (Debian package) for the SSH remote test"
+  apt_install /tmp/cascade-apt-ssh.log openssh-server \
+    || echo "services: openssh-server could not be installed (see /tmp/cascade-apt-ssh.log)"
 fi
 
 # --- Docker engine ----------------------------------------------------------------------------

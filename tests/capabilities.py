@@ -51,6 +51,12 @@ def _postgres() -> str | None:
     return "PostgreSQL is not installed (`make test` as root installs Debian's postgresql)"
 
 
+def _sshd() -> str | None:
+    if os.path.exists("/usr/sbin/sshd") and os.geteuid() == 0:
+        return None
+    return "no OpenSSH server, or not root to start one (`make test` as root installs openssh-server)"
+
+
 def _root() -> str | None:
     return None if os.geteuid() == 0 else "needs root (it mounts a small tmpfs)"
 
@@ -61,6 +67,7 @@ CAPABILITIES: dict[str, tuple[str, Callable[[], str | None]]] = {
     "requires_cuda": ("torch sees a CUDA device", _cuda),
     "requires_postgres": ("PostgreSQL's server binaries are installed", _postgres),
     "requires_root": ("the suite runs as root", _root),
+    "requires_sshd": ("an OpenSSH server can be started (root)", _sshd),
 }
 
 

@@ -9,6 +9,7 @@ A test that needs a service says so with a marker, and skips in one place with t
     requires_cuda       torch sees a CUDA device (the GPU machines some tasks are lent)
     requires_postgres   PostgreSQL's server binaries are installed (the team-scale suite starts one)
     requires_root       the test mounts filesystems (tmpfs) and needs root
+    requires_sshd       an OpenSSH server can be started here (a DVC remote over SSH)
 
 Registered by tests/conftest.py (`pytest_plugins`); test modules import from here, never from a
 conftest.
