@@ -109,6 +109,19 @@ def git_dir(work_tree: Path) -> Path:
 
 
 def remote_url(root: Path, remote: str) -> str | None:
-    """The URL of `remote` (None without one); credentials in it are never recorded from here."""
+    """The URL of `remote` (None without one). Read from the repository's own config file where it
+    is plainly there (every command's settings ask, before the script starts: no process for it);
+    else from `git config`."""
+    config = root / ".git" / "config"
+    if config.is_file():
+        section, wanted = None, f'[remote "{remote}"]'
+        for line in config.read_text(encoding="utf-8", errors="replace").splitlines():
+            stripped = line.strip()
+            if stripped.startswith("["):
+                section = stripped
+            elif section == wanted and stripped.replace(" ", "").startswith("url="):
+                return stripped.split("=", 1)[1].strip() or None
+        if "[include" not in config.read_text(encoding="utf-8", errors="replace"):
+            return None
     out = run(root, "config", "--get", f"remote.{remote}.url")
-    return out.stdout.decode(errors="replace").strip() or None if out.returncode == 0 else None
+    return (out.stdout.decode(errors="replace").strip() or None) if out.returncode == 0 else None

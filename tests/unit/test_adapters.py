@@ -66,6 +66,12 @@ def test_the_git_adapter_answers_from_a_real_repository(tmp_path: Path) -> None:
     assert sorted(git_repo.visible_files(root)) == [".gitignore", "a.py", "new file.py"]
     assert git_repo.tracked(root, ["a.py", "new file.py", "ignored.log"], batch=1) == {"a.py"}
     assert git_repo.git_dir(root) == (root / ".git").resolve()
+    assert git_repo.remote_url(root, "origin") is None
+    subprocess.run(["git", "remote", "add", "origin", "git@host:org/vision.git"], cwd=root, check=True)
+    subprocess.run(["git", "remote", "add", "mirror", "https://h/x.git"], cwd=root, check=True)
+    assert git_repo.remote_url(root, "origin") == "git@host:org/vision.git"  # as `git config` says
+    assert git_repo.remote_url(root, "mirror") == "https://h/x.git"
+    assert git_repo.remote_url(root, "nope") is None
 
 
 def test_git_failures_are_cascade_errors_that_name_the_command(tmp_path: Path) -> None:
