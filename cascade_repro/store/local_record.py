@@ -52,6 +52,10 @@ def find(tracking_uri: str, ref: str) -> LocalRun | None:
     db = sqlite_path(tracking_uri)
     if db is None or not db.is_file():
         return None
+    from cascade_repro.store.sqlite_store import sound_without_mlflow
+
+    if not sound_without_mlflow(db):  # half-migrated, or another MLflow's: MLflow repairs or refuses it
+        return None
     try:
         with contextlib.closing(sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=5)) as connection:
             found = _resolve(connection, ref)
@@ -130,7 +134,9 @@ class LocalStore:
         db = sqlite_path(tracking_uri)
         if db is None or not db.is_file() or environ.get("MLFLOW_WORKSPACE"):
             return None
-        return cls(db)
+        from cascade_repro.store.sqlite_store import sound_without_mlflow
+
+        return cls(db) if sound_without_mlflow(db) else None  # else MLflow repairs or refuses it
 
     def _query(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]] | None:
         try:

@@ -90,6 +90,38 @@ class _State:
         return self.revision == head and not self.leftovers
 
 
+def sound_without_mlflow(db: Path) -> bool:
+    """Whether the store is at the installed MLflow's head revision with no migration left over, told
+    without importing MLflow (its migration files are read): the condition for reading the store's
+    tables directly (`local_record`). Anything else goes through MLflow, which repairs or refuses it."""
+    state = _read(db)
+    head = _head_from_files()
+    return state is not None and head is not None and state.sound(head)
+
+
+def _head_from_files() -> str | None:
+    """MLflow's head schema revision from its migration scripts' `revision`/`down_revision` lines."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("mlflow")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    versions = Path(list(spec.submodule_search_locations)[0]) / "store" / "db_migrations" / "versions"
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    for script in versions.glob("*.py"):
+        text = script.read_text(encoding="utf-8", errors="replace")
+        found = re.search(r"^revision\s*=\s*[\"']([0-9a-f]+)[\"']", text, re.M)
+        down = re.search(r"^down_revision\s*=\s*(.+)$", text, re.M)
+        if found:
+            revisions.add(found.group(1))
+        if down:
+            parents.update(re.findall(r"[\"']([0-9a-f]+)[\"']", down.group(1)))
+    heads = revisions - parents
+    return next(iter(heads)) if len(heads) == 1 else None
+
+
 def _exists(db: Path) -> bool:
     try:
         return db.stat().st_size > 0  # sqlite creates an empty file before it writes a schema
