@@ -54,3 +54,11 @@ def test_the_fast_path_reads_the_embedded_store_without_mlflow(tmp_path: Path) -
     with pytest.raises(RunNotFound, match="has no cascade record"):
         store.record("r")
     assert StoredRun("r", tags={"cascade.version": "v1"}).version == "v1"
+
+
+def test_mlflow_s_head_revision_is_read_from_its_scripts_as_alembic_reads_it() -> None:
+    """The table fast path trusts a store only at this head (read without importing MLflow)."""
+    from cascade_repro.store import sqlite_store
+
+    head = sqlite_store._head_from_files()
+    assert head is not None and head == sqlite_store._revisions()[0]
