@@ -85,7 +85,7 @@ class Settings:
         """Where a new experiment keeps its artifacts: `mlruns/` beside a local or database store;
         None for a tracking server, whose own artifact root (`--serve-artifacts`, S3) is the one
         every machine of the team can read."""
-        if self.tracking_uri.split(":", 1)[0] in SERVER_SCHEMES:
+        if is_tracking_server(self.tracking_uri):
             return None
         return (self.root / "mlruns").as_uri()
 
@@ -186,6 +186,11 @@ def load_settings(root: Path, environ: Mapping[str, str] | None = None) -> Setti
         checkpoint_policy=_checkpoint_policy(check),
         log_checkpoints=check.flag("log_checkpoints", False),
     )
+
+
+def is_tracking_server(uri: str) -> bool:
+    """A tracking server (it owns the artifact store and has its own UI), not a file or database."""
+    return uri.split(":", 1)[0] in SERVER_SCHEMES
 
 
 def default_experiment(root: Path) -> str:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from cascade_repro.redaction import redact_text
 from cascade_repro.render.console import _console, _num, _size, _styled, _time, error, notice
+from cascade_repro.settings import is_tracking_server
 
 if TYPE_CHECKING:
     from cascade_repro.api.browsing import RunSummary
@@ -70,7 +71,7 @@ def run_result(result: RunResult) -> None:
         if result.spool:
             notice(f"kept in {result.spool}: `cascade sync` delivers it when the store answers (exit 4)")
     uri = redact_text(result.tracking_uri)
-    if uri.startswith(("http://", "https://")):  # a tracking server: its own UI shows the run
+    if is_tracking_server(uri):  # its own UI shows the run
         where = f"{uri} (experiment {result.experiment})"
     else:
         where = f"mlflow ui --backend-store-uri {uri}"

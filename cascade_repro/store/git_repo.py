@@ -114,14 +114,15 @@ def remote_url(root: Path, remote: str) -> str | None:
     else from `git config`."""
     config = root / ".git" / "config"
     if config.is_file():
+        text = config.read_text(encoding="utf-8", errors="replace")
         section, wanted = None, f'[remote "{remote}"]'
-        for line in config.read_text(encoding="utf-8", errors="replace").splitlines():
+        for line in text.splitlines():
             stripped = line.strip()
             if stripped.startswith("["):
                 section = stripped
             elif section == wanted and stripped.replace(" ", "").startswith("url="):
                 return stripped.split("=", 1)[1].strip() or None
-        if "[include" not in config.read_text(encoding="utf-8", errors="replace"):
+        if "[include" not in text:  # an included file may name it: ask git
             return None
     out = run(root, "config", "--get", f"remote.{remote}.url")
     return (out.stdout.decode(errors="replace").strip() or None) if out.returncode == 0 else None

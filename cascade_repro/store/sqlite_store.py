@@ -19,6 +19,7 @@ using that database agrees on. Without fcntl (Windows) there is no lock, as befo
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
@@ -99,6 +100,7 @@ def sound_without_mlflow(db: Path) -> bool:
     return state is not None and head is not None and state.sound(head)
 
 
+@functools.cache  # the installed MLflow does not change under a running command
 def _head_from_files() -> str | None:
     """MLflow's head schema revision from its migration scripts' `revision`/`down_revision` lines."""
     import importlib.util
