@@ -19,6 +19,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import torch
 
 from cascade_repro.child.trace import StepTracer
 from cascade_repro.determinism.verdict import judge
+from cascade_repro.manifest import Manifest
 
 BLOCKS, STEPS = 16, 25
 HOOKS = ("_before_step", "_after_step", "_guarded_next_step_begins")
@@ -137,11 +139,11 @@ def measure(batch: int) -> None:
 
     with_grads = trace_path.with_name("grads.jsonl")  # every facet: the most to compare
     records = [json.loads(line) for line in with_grads.read_text().splitlines() if line.strip()]
-    manifest = {"run_id": "a", "trace": {"algorithm": "xxh3_64", "interval": 1}}
+    manifest = Manifest("a", "bench", trace={"algorithm": "xxh3_64", "interval": 1})
     started = time.perf_counter()
     rounds = 20
     for _ in range(rounds):
-        judge(manifest, {**manifest, "run_id": "b"}, records, [dict(r) for r in records])
+        judge(manifest, replace(manifest, run_id="b"), records, [dict(r) for r in records])
     per_step = (time.perf_counter() - started) / rounds / len(records)
     ratio = per_step / step
     ok = "meets target" if ratio <= 0.001 else "MISSES target"

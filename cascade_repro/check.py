@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from cascade_repro.determinism.record_compare import compare_records
 from cascade_repro.errors import EXIT_ERROR, EXIT_NOT_REPRODUCED, EXIT_OK
-from cascade_repro.manifest import record_gpus
+from cascade_repro.manifest import Manifest
 
 BITWISE = "BITWISE_REPRODUCIBLE"
 MACHINE_OK, MACHINE_PROBLEMS = "OK", "PROBLEMS"  # `cascade check` without a run
@@ -51,7 +51,7 @@ class CheckReport:
                 "findings": [f.to_dict() for f in self.findings]}  # fmt: skip
 
 
-def check_against(record: Mapping[str, Any], here: Mapping[str, Any]) -> CheckReport:
+def check_against(record: Manifest, here: Manifest) -> CheckReport:
     """A recorded run against this machine: what stops it, what restore fixes, what allows tolerance only."""
     findings = _not_runnable(record, here)
     stack = compare_records(record, here, only=("stack",)).section("stack")
@@ -66,51 +66,44 @@ def check_against(record: Mapping[str, Any], here: Mapping[str, Any]) -> CheckRe
                                     "cascade restore sets it as recorded"))  # fmt: skip
     levels = {f.level for f in findings}
     verdict = NOT_RUNNABLE if "not_runnable" in levels else TOLERANCE if "tolerance" in levels else BITWISE
-    return CheckReport(str(record.get("run_id")), verdict, tuple(findings))
+    return CheckReport(record.run_id, verdict, tuple(findings))
 
 
-def _not_runnable(record: Mapping[str, Any], here: Mapping[str, Any]) -> list[Finding]:
+def _not_runnable(record: Manifest, here: Manifest) -> list[Finding]:
     out: list[Finding] = []
-    torch_r, torch_h = record.get("torch") or {}, here.get("torch") or {}
-    gpus_r, gpus_h = record_gpus(record), record_gpus(here)
-    if torch_r.get("version") and not torch_h.get("version"):
+    torch_r, torch_h = record.torch, here.torch
+    gpus_r, gpus_h = record.gpus, here.gpus
+    if torch_r.version and not torch_h.version:
         out.append(Finding("not_runnable", "torch is not installed here",
-                           f"pip install torch=={torch_r['version'].split('+')[0]}"))  # fmt: skip
-    if torch_r.get("cuda") and torch_h.get("version") and not torch_h.get("cuda"):
+                           f"pip install torch=={torch_r.version.split('+')[0]}"))  # fmt: skip
+    if torch_r.cuda and torch_h.version and not torch_h.cuda:
         out.append(
-            Finding("not_runnable", f"the run used a CUDA build of torch (CUDA {torch_r['cuda']}); "
-                    f"torch {torch_h.get('version')} here is CPU-only",
-                    f"install the CUDA build of torch {torch_r.get('version')}")
+            Finding("not_runnable", f"the run used a CUDA build of torch (CUDA {torch_r.cuda}); "
+                    f"torch {torch_h.version} here is CPU-only",
+                    f"install the CUDA build of torch {torch_r.version}")
         )  # fmt: skip
     if gpus_r and not gpus_h:
         names = ", ".join(sorted({str(g.get("name")) for g in gpus_r}))
         summary = f"the run used {len(gpus_r)} GPU(s) ({names}); none is visible here"
         fix = "run on a machine with that GPU (check CUDA_VISIBLE_DEVICES and the driver)"
         out.append(Finding("not_runnable", summary, fix))
-    container = record.get("container") or {}
     # A run recorded in Docker brings its Python and packages along in its image.
-    in_image = f"; or rerun it in its image {container.get('image')}: `cascade restore --docker`"
-    in_image = in_image if container.get("runtime") == "docker" else ""
-    py_r = str((record.get("python") or {}).get("version") or "")
-    py_h = str((here.get("python") or {}).get("version") or "")
-    if py_r and py_h and py_r.split(".")[:2] != py_h.split(".")[:2]:
-        out.append(Finding("not_runnable", f"the run used Python {py_r}; this is Python {py_h}",
-                           f"use Python {'.'.join(py_r.split('.')[:2])}{in_image}"))  # fmt: skip
-    packages_r = (record.get("python") or {}).get("packages") or {}
-    packages_h = (here.get("python") or {}).get("packages") or {}
+    in_image = f"; or rerun it in its image {record.container.image}: `cascade restore --docker`"
+    in_image = in_image if record.container.in_docker else ""
+    py_r, py_h = record.python, here.python
+    if py_r.minor and py_h.minor and py_r.minor != py_h.minor:
+        summary = f"the run used Python {py_r.version}; this is Python {py_h.version}"
+        out.append(Finding("not_runnable", summary, f"use Python {py_r.minor}{in_image}"))
+    packages_r, packages_h = record.python.package_versions, here.python.packages
     if packages_h:
         missing = sorted(name for name in packages_r if name not in packages_h and name != "cascade-repro")
         if missing:
-            pins = " ".join(f"{n}=={_version(packages_r[n])}" for n in missing[:8])
+            pins = " ".join(f"{n}=={packages_r[n]}" for n in missing[:8])
             summary = f"{len(missing)} package(s) of the run are not installed here: " + ", ".join(
                 missing[:8]
             )
             out.append(Finding("not_runnable", summary, f"pip install {pins}{in_image}"))
     return out
-
-
-def _version(info: Any) -> str:
-    return str(info.get("version") if isinstance(info, dict) else info)
 
 
 def check_machine(facts: Mapping[str, Any]) -> CheckReport:

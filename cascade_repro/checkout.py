@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from cascade_repro import confined
 from cascade_repro.errors import DataError, UnsafeRecord, UsageError
+from cascade_repro.record_sections import CheckpointEntry
 from cascade_repro.store.dvc_store import Cache, Progress, md5_of
 
 
@@ -29,21 +30,21 @@ class Fetched:
 
 @dataclass(frozen=True)
 class Chosen:
-    entry: Mapping[str, Any]  # the checkpoint's entry in the record
+    entry: CheckpointEntry  # the checkpoint's entry in the record
     why: str  # "best by val_loss", "last: no metric monitored", "step 3", ...
 
 
-def choose_checkpoint(checkpoints: Sequence[Mapping[str, Any]], which: str | None) -> Chosen:
+def choose_checkpoint(checkpoints: Sequence[CheckpointEntry], which: str | None) -> Chosen:
     """A checkpoint and why it was taken. `which` None (the default): the best by the monitored
     metric when the run monitored one, else the last."""
-    kept = [c for c in checkpoints if c.get("status") == "kept" and c.get("md5")]
+    kept = [c for c in checkpoints if c.kept]
     if which is None:
         which = "best" if _monitored(kept) else "last"
         if which == "last":
             return Chosen(select_checkpoint(checkpoints, "last"), "last: no metric monitored")
     entry = select_checkpoint(checkpoints, which)
     if which == "best":
-        why = f"best by {entry['monitor']}"
+        why = f"best by {entry.monitor}"
     elif which == "last":
         why = "last"
     else:
@@ -51,22 +52,22 @@ def choose_checkpoint(checkpoints: Sequence[Mapping[str, Any]], which: str | Non
     return Chosen(entry, why)
 
 
-def _monitored(kept: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return [c for c in kept if c.get("monitor") and c["monitor"] in (c.get("metrics") or {})]
+def _monitored(kept: Sequence[CheckpointEntry]) -> list[CheckpointEntry]:
+    return [c for c in kept if c.monitor and c.monitor in c.metrics]
 
 
-def select_checkpoint(checkpoints: Sequence[Mapping[str, Any]], which: str) -> Mapping[str, Any]:
+def select_checkpoint(checkpoints: Sequence[CheckpointEntry], which: str) -> CheckpointEntry:
     """`best` (by the monitored metric), `last`, a step number, or a path."""
-    kept = [c for c in checkpoints if c.get("status") == "kept" and c.get("md5")]
+    kept = [c for c in checkpoints if c.kept]
     if not kept:
-        pruned = len([c for c in checkpoints if c.get("status") == "pruned"])
+        pruned = len([c for c in checkpoints if c.status == "pruned"])
         raise DataError(
             "this run has no kept checkpoint in the DVC cache"
             + (f" ({pruned} were pruned)" if pruned else ""),
             hint="checkpoints are files written by torch.save or cascade_repro.checkpoint during the run",
         )
     if which == "last":
-        return max(kept, key=lambda c: (c.get("step") if c.get("step") is not None else -1, kept.index(c)))
+        return max(kept, key=lambda c: (c.step if c.step is not None else -1, kept.index(c)))
     if which == "best":
         monitored = _monitored(kept)
         if not monitored:
@@ -74,15 +75,15 @@ def select_checkpoint(checkpoints: Sequence[Mapping[str, Any]], which: str) -> M
                 "no kept checkpoint has a monitored metric, so none is 'best'",
                 hint="use --checkpoint last, a step number or a path (see `cascade show RUN --checkpoints`)",
             )
-        sign = 1.0 if monitored[0].get("mode", "min") == "min" else -1.0
-        return min(monitored, key=lambda c: sign * float(c["metrics"][c["monitor"]]))
+        sign = 1.0 if monitored[0].mode == "min" else -1.0
+        return min(monitored, key=lambda c: sign * float(c.metrics[str(c.monitor)]))
     if which.isdigit():
-        matches = [c for c in kept if c.get("step") == int(which)]
+        matches = [c for c in kept if c.step == int(which)]
     else:
         wanted = which.strip("./")
-        matches = [c for c in kept if c.get("path") == wanted or Path(str(c.get("path"))).name == which]
+        matches = [c for c in kept if c.path == wanted or Path(c.path).name == which]
     if not matches:
-        listed = ", ".join(f"{c.get('path')} (step {c.get('step')})" for c in kept[:6])
+        listed = ", ".join(f"{c.path} (step {c.step})" for c in kept[:6])
         raise UsageError(f"no kept checkpoint matches {which!r}", hint=f"kept: {listed}")
     return matches[-1]
 

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 from cascade_repro.determinism import record_compare
 from cascade_repro.determinism.catalogue import lookup
 from cascade_repro.determinism.record_compare import CLASS_ORDER, MISSING, Change, Section, compare_records
+from cascade_repro.manifest import Manifest
 
 RECORD_SECTIONS = record_compare.SECTIONS
 SECTIONS = (*RECORD_SECTIONS, "metrics", "checkpoints", "trace")
@@ -46,7 +47,7 @@ class Diff:
         }
 
 
-def diff_records(a: Mapping[str, Any], b: Mapping[str, Any], only: tuple[str, ...] = (),
+def diff_records(a: Manifest, b: Manifest, only: tuple[str, ...] = (),
                  code_stat: str | None = None, trace_note: str | None = None) -> Diff:  # fmt: skip
     """`only`: section names to keep (all when empty). `code_stat`: `git diff --stat` between the
     commits, computed by the caller (this module runs nothing)."""
@@ -65,11 +66,11 @@ def diff_records(a: Mapping[str, Any], b: Mapping[str, Any], only: tuple[str, ..
     }
     sections += [build() for name, build in results.items() if not only or name in only]
     sections.sort(key=lambda s: (CLASS_ORDER[s.klass] if s.changes else 9, SECTIONS.index(s.name)))
-    experiments = (str(a.get("experiment")), str(b.get("experiment")))
+    experiments = (a.experiment, b.experiment)
     notes = []
     if experiments[0] != experiments[1]:
         notes.append(f"the runs belong to different experiments: {experiments[0]} and {experiments[1]}")
-    return Diff(str(a.get("run_id")), str(b.get("run_id")), experiments, tuple(sections), tuple(notes))
+    return Diff(a.run_id, b.run_id, experiments, tuple(sections), tuple(notes))
 
 
 def _mapping(name: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
@@ -95,9 +96,9 @@ def _with_stat(section: Section, stat: str | None) -> Section:
     return Section(section.name, changes, section.equal)
 
 
-def _metrics(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
-    def view(m: Mapping[str, Any]) -> dict[str, Any]:
-        keys = ((m.get("metrics") or {}).get("keys")) or {}
+def _metrics(a: Manifest, b: Manifest) -> Section:
+    def view(m: Manifest) -> dict[str, Any]:
+        keys = m.metrics.get("keys") or {}
         out = {}
         for key, stats in keys.items():
             if key.startswith("cascade."):
@@ -106,7 +107,7 @@ def _metrics(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
             out[f"{key} (min)"] = stats.get("min")
         return out
 
-    if not all(((m.get("metrics") or {}).get("keys")) for m in (a, b)):
+    if not all(m.metrics.get("keys") for m in (a, b)):
         return Section("metrics", (), 0)  # `current`, or a run that logged nothing: nothing to compare
     section = _mapping("metrics", view(a), view(b))
     changes = tuple(
@@ -118,8 +119,8 @@ def _metrics(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
     return Section("metrics", changes, section.equal)
 
 
-def _checkpoints(m: Mapping[str, Any]) -> dict[str, Any]:
-    return {str(c.get("path")): c.get("md5") for c in m.get("checkpoints") or [] if c.get("status") == "kept"}
+def _checkpoints(m: Manifest) -> dict[str, Any]:
+    return {c.path: c.md5 for c in m.checkpoints if c.status == "kept"}
 
 
 def _trace(note: str | None) -> Section:

@@ -203,17 +203,6 @@ def trace_artifact(rank: int) -> str:
     return f"cascade/{protocol.TRACE_FILE}" if rank == 0 else f"cascade/ranks/{rank}/{protocol.TRACE_FILE}"
 
 
-def recorded_layout(record: Mapping[str, Any]) -> dict[str, Any]:
-    """A record's `distributed` section, or a single process's ({} for records without one)."""
-    section = record.get("distributed")
-    return section if isinstance(section, dict) else {}
-
-
-def world_size(record: Mapping[str, Any]) -> int:
-    value = recorded_layout(record).get("world_size", 1)
-    return value if isinstance(value, int) and not isinstance(value, bool) else 1
-
-
 def check_section(section: Any, refuse: Callable[[str, Any, str], None]) -> None:
     """A record's `distributed` section has the shape restore and verify act on (it may be hostile:
     restore starts nproc_per_node processes, verify reads a trace per rank)."""

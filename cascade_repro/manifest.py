@@ -1,80 +1,156 @@
-"""The run record (`cascade/run.json`): a frozen, schema-versioned document, to_dict/from_dict."""
+"""The run record (`cascade/run.json`): a frozen, schema-versioned document, read and written here.
+
+`Manifest.from_dict` is the one way in: the schema version and the whole JSON shape are checked
+(`record_shape`), then the sections become typed objects (`record_sections`); `to_dict` is the one
+way out. Sections cascade does not act on field by field (command, params, determinism, environment,
+trace, metrics, distributed) stay plain JSON objects.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, Mapping, NoReturn, Sequence
+from typing import Any, Mapping
 
-from cascade_repro.distributed import check_section as check_distributed
 from cascade_repro.errors import CascadeError
+from cascade_repro.record_sections import (
+    CheckpointEntry,
+    ContainerSection,
+    DataEntry,
+    FileEntry,
+    GitSection,
+    HardwareSection,
+    Outcome,
+    PythonSection,
+    Section,
+    TorchSection,
+)  # fmt: skip
+from cascade_repro.record_shape import check_shape
 
 SCHEMA = "cascade.run/1"
 ARTIFACT_PATH = "cascade/run.json"
 
+_SECTIONS: dict[str, type[Section]] = {
+    "git": GitSection, "python": PythonSection, "torch": TorchSection, "hardware": HardwareSection,
+    "container": ContainerSection, "outcome": Outcome,
+}  # fmt: skip
+_ENTRIES: dict[str, type[Section]] = {
+    "data": DataEntry, "checkpoints": CheckpointEntry, "inputs": FileEntry, "outputs": FileEntry,
+}  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Manifest:
-    """One run, as recorded. Sections are plain JSON-able mappings, documented in the README."""
+    """One run, as recorded (or this machine, as a record without a run: see `here`).
+
+    Built from JSON objects or sections alike: the typed sections wrap what they are given."""
 
     run_id: str
     experiment: str
-    cascade_version: str
-    command: dict[str, Any]
-    params: dict[str, Any]
-    determinism: dict[str, Any]
-    git: dict[str, Any]
-    python: dict[str, Any]
-    torch: dict[str, Any]
-    hardware: dict[str, Any]
-    environment: dict[str, str]
-    container: dict[str, Any]
-    environment_read: dict[str, str | None] = field(
-        default_factory=dict
-    )  # read by the script, not allow-listed
-    data: list[dict[str, Any]] = field(default_factory=list)
-    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    cascade_version: str = ""
+    command: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+    determinism: dict[str, Any] = field(default_factory=dict)
+    git: GitSection = field(default_factory=GitSection)
+    python: PythonSection = field(default_factory=PythonSection)
+    torch: TorchSection = field(default_factory=TorchSection)
+    hardware: HardwareSection = field(default_factory=HardwareSection)
+    environment: dict[str, str] = field(default_factory=dict)
+    container: ContainerSection = field(default_factory=ContainerSection)
+    # the variables the script read (not allow-listed); None: a record that ran nothing (this machine)
+    environment_read: dict[str, str | None] | None = None
+    data: tuple[DataEntry, ...] = ()
+    checkpoints: tuple[CheckpointEntry, ...] = ()
     trace: dict[str, Any] | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
-    outcome: dict[str, Any] | None = None
+    outcome: Outcome = field(default_factory=Outcome)
     # files in the repository the script read that neither git nor DVC tracks: path, size, sha256
     # (and md5 once in the DVC cache); and those the run wrote: path, size
-    inputs: list[dict[str, Any]] = field(default_factory=list)
-    outputs: list[dict[str, Any]] = field(default_factory=list)
+    inputs: tuple[FileEntry, ...] = ()
+    outputs: tuple[FileEntry, ...] = ()
     # a torchrun job: launcher, world_size, nproc_per_node, nnodes, and ranks 1.. (trace, exit, error)
     distributed: dict[str, Any] | None = None
 
+    def __post_init__(self) -> None:
+        for name, kind in _SECTIONS.items():
+            object.__setattr__(self, name, kind.of(getattr(self, name)))
+        for name, kind in _ENTRIES.items():
+            object.__setattr__(self, name, kind.each(getattr(self, name)))
+
+    @property
+    def variables_read(self) -> dict[str, str | None]:
+        """The variables the script read ({} for a record that ran nothing)."""
+        return self.environment_read or {}
+
+    @property
+    def ran(self) -> bool:
+        """A record of a run (a record of this machine, made to compare against, ran nothing)."""
+        return bool(self.command)
+
+    @property
+    def layout(self) -> dict[str, Any]:
+        """The `distributed` section: a torchrun job's processes ({} for a single process)."""
+        return self.distributed if isinstance(self.distributed, dict) else {}
+
+    @property
+    def world_size(self) -> int:
+        value = self.layout.get("world_size", 1)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 1
+
     @property
     def gpus(self) -> list[dict[str, Any]]:
-        """The GPUs the run used (see `record_gpus`)."""
-        return record_gpus({"torch": self.torch, "hardware": self.hardware})
+        """The GPUs the run used: the ones torch saw, else the ones the machine has."""
+        return self.torch.gpus or self.hardware.gpus
+
+    @property
+    def trace_header(self) -> Mapping[str, Any]:
+        """The step trace's header (artifact, steps, interval, grads, ...); empty without a trace."""
+        return self.trace or {}
+
+    @property
+    def seed(self) -> Any:
+        return self.params.get("seed")
+
+    @property
+    def determinism_mode(self) -> str:
+        return str(self.determinism.get("mode") or "warn")
+
+    @property
+    def data_objects(self) -> list[tuple[str, str]]:
+        """(path, md5) of the bytes the run read: the workspace's when it differed from the pointer."""
+        return [(d.path, d.object_md5) for d in self.data if d.object_md5]
+
+    @property
+    def kept_checkpoints(self) -> list[CheckpointEntry]:
+        return [c for c in self.checkpoints if c.kept]
 
     def to_dict(self) -> dict[str, Any]:
-        body = {f.name: getattr(self, f.name) for f in fields(self)}
+        body: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Section):
+                value = value.to_dict() if value or f.name != "outcome" else None
+            elif f.name in _ENTRIES:
+                value = [entry.to_dict() for entry in value]
+            elif value is None and f.name == "environment_read":
+                continue  # a record that ran nothing, read nothing: the key stays absent
+            body[f.name] = value
         return {"schema": SCHEMA, **body}
 
-    def with_outcome(self, outcome: dict[str, Any], **sections: Any) -> Manifest:
-        return replace(self, outcome=outcome, **sections)
+    def with_outcome(self, outcome: Mapping[str, Any], **sections: Any) -> Manifest:
+        return replace(self, outcome=Outcome.of(outcome), **sections)
 
     @classmethod
     def outcome_only(cls, run_id: str, experiment: str, cascade_version: str,
-                     outcome: dict[str, Any]) -> Manifest:  # fmt: skip
+                     outcome: Mapping[str, Any]) -> Manifest:  # fmt: skip
         """No record, only how a script ended: rank K > 0 of the user's torchrun, whose run rank 0 records."""
-        empty: dict[str, Any] = {}
-        return cls(run_id, experiment, cascade_version, command=empty, params=empty, determinism=empty,
-                   git=empty, python=empty, torch=empty, hardware=empty, environment={}, container=empty,
-                   outcome=outcome)  # fmt: skip
+        return cls(run_id, experiment, cascade_version, outcome=Outcome.of(outcome))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Manifest:
-        check_schema(data)
+    def from_dict(cls, data: Mapping[str, Any], run_id: str | None = None) -> Manifest:
+        """A stored record, its schema and shape checked (`run_id` names the run in the errors)."""
+        check_schema(data, run_id)
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
-
-
-def record_gpus(record: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The GPUs a run used: the ones torch saw, else the ones the machine has."""
-    gpus = (record.get("torch") or {}).get("gpus") or (record.get("hardware") or {}).get("gpus") or []
-    return [g for g in gpus if isinstance(g, dict)] if isinstance(gpus, list) else []
+        return cls(**{k: v for k, v in data.items() if k in names and v is not None})
 
 
 def check_schema(data: Mapping[str, Any], run_id: str | None = None) -> None:
@@ -89,149 +165,3 @@ def check_schema(data: Mapping[str, Any], run_id: str | None = None) -> None:
             hint="upgrade cascade (pip install -U cascade-repro) to read records of newer versions",
         )
     check_shape(data, run_id)
-
-
-# The record's shape, checked whole before any reader uses it (a record may come from a shared
-# server): a section of the wrong type is named, never a traceback halfway through a command.
-_SECTIONS: dict[str, tuple[type, ...]] = {
-    "run_id": (str,), "experiment": (str,), "command": (dict,), "params": (dict,), "determinism": (dict,),
-    "git": (dict,), "python": (dict,), "torch": (dict,), "hardware": (dict,), "environment": (dict,),
-    "container": (dict,), "environment_read": (dict,), "data": (list,), "checkpoints": (list,),
-    "trace": (dict, type(None)), "metrics": (dict,), "outcome": (dict, type(None)),
-    "inputs": (list,), "outputs": (list,), "distributed": (dict, type(None)),
-}  # fmt: skip
-_ENTRY_LISTS = ("data", "checkpoints", "git.untracked", "inputs", "outputs")  # objects with a string path
-MAX_FILE_ENTRIES = 10_000  # inputs, outputs: a record naming more was not made by cascade
-
-
-Refuse = Callable[[str, Any, str], NoReturn]
-
-
-def check_shape(data: Mapping[str, Any], run_id: str | None = None) -> None:
-    """Refuse a record whose sections or the fields commands act on have the wrong JSON types."""
-
-    def refuse(where: str, value: Any, expected: str) -> NoReturn:
-        raise CascadeError(
-            f"{'run ' + run_id + ': ' if run_id else ''}the run record is malformed: {where} is "
-            f"{type(value).__name__} {str(value)[:40]!r}, expected {expected}",
-            hint="the record was altered or made by something else; nothing was done with it",
-        )
-
-    for name, types in _SECTIONS.items():
-        if name in data and not isinstance(data[name], types):
-            refuse(name, data[name], " or ".join("null" if t is type(None) else t.__name__ for t in types))
-    _check_command(data, refuse)
-    _check_script_seeds(data.get("determinism") or {}, refuse)
-    check_distributed(data.get("distributed"), refuse)
-    _check_entries(data, refuse)
-    _check_hashes(data, refuse)
-    for section in ("environment", "environment_read"):
-        for name, value in (data.get(section) or {}).items():
-            if not isinstance(value, (str, type(None))):
-                refuse(f"{section}.{name}", value, "a string or null")
-
-
-def _check_command(data: Mapping[str, Any], refuse: Refuse) -> None:
-    """command.argv and script, git.commit, params.file and params.seed."""
-    command, git, params = data.get("command") or {}, data.get("git") or {}, data.get("params") or {}
-    argv = command.get("argv", [])
-    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
-        refuse("command.argv", argv, "a list of strings")
-    for where, value in (("command.script", command.get("script")), ("git.commit", git.get("commit"))):
-        if not isinstance(value, (str, type(None))):
-            refuse(where, value, "a string")
-    file = params.get("file")
-    if file is not None and not (isinstance(file, dict) and isinstance(file.get("values", {}), dict)):
-        refuse("params.file", file, "null or an object whose values are an object")
-    seed = params.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
-        refuse("params.seed", seed, "an integer from 0 to 2**64-1")
-
-
-def _check_entries(data: Mapping[str, Any], refuse: Refuse) -> None:
-    """The lists of files (data, checkpoints, untracked, inputs, outputs): objects with a string path,
-    bounded in number where the script decides how many."""
-    for where in _ENTRY_LISTS:
-        section, _, key = where.partition(".")
-        entries = (data.get(section) or {}).get(key) if key else data.get(section)
-        entries = entries if entries is not None else []
-        if not isinstance(entries, list):
-            refuse(where, entries, "a list")
-        for index, entry in enumerate(entries):
-            if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
-                refuse(f"{where}[{index}]", entry, "an object with a string path")
-            link = entry.get("symlink_target")
-            if link is not None and not isinstance(link, str):
-                refuse(f"{where}[{index}].symlink_target", link, "a string")
-    for where in ("inputs", "outputs"):
-        entries = data.get(where) or []
-        if len(entries) > MAX_FILE_ENTRIES:
-            refuse(where, entries, f"a list of at most {MAX_FILE_ENTRIES} entries")
-        for index, entry in enumerate(entries):
-            size = entry.get("size")
-            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-                refuse(f"{where}[{index}].size", size, "a non-negative integer")
-
-
-def _check_hashes(data: Mapping[str, Any], refuse: Refuse) -> None:
-    """Hashes that name cache paths or are compared: hex digits of the right length only."""
-    for index, entry in enumerate(data.get("checkpoints") or []):
-        md5, files = entry.get("md5"), entry.get("files")
-        if md5 is not None and not _hex(str(md5).removesuffix(".dir"), 32):
-            refuse(f"checkpoints[{index}].md5", md5, "32 hex digits (a directory's: then .dir)")
-        if files is not None and (isinstance(files, bool) or not isinstance(files, int) or files < 0):
-            refuse(f"checkpoints[{index}].files", files, "a non-negative integer")
-    for index, entry in enumerate(data.get("inputs") or []):
-        for key, length in (("sha256", 64), ("md5", 32)):
-            value = entry.get(key)
-            if (key == "sha256" or value is not None) and not _hex(value, length):
-                refuse(f"inputs[{index}].{key}", value, f"{length} hex digits")
-
-
-MAX_SCRIPT_SEEDS = 64  # the child keeps 32 calls and counts the rest
-
-
-def _check_script_seeds(determinism: Mapping[str, Any], refuse: Refuse) -> None:
-    """determinism.script_seeds: the seeding calls the script made (child/script_seeds.py), bounded."""
-    calls = determinism.get("script_seeds", [])
-    if not isinstance(calls, list) or len(calls) > MAX_SCRIPT_SEEDS:
-        refuse("determinism.script_seeds", calls, f"a list of at most {MAX_SCRIPT_SEEDS} calls")
-    for index, call in enumerate(calls):
-        where = f"determinism.script_seeds[{index}]"
-        if not isinstance(call, dict):
-            refuse(where, call, "an object")
-        function, seed, step = call.get("function"), call.get("seed"), call.get("step")
-        if not isinstance(function, str) or len(function) > 200:
-            refuse(f"{where}.function", function, "a name of at most 200 characters")
-        if isinstance(seed, bool) or not (
-            seed is None or (isinstance(seed, int) and -(2**127) <= seed < 2**128)
-            or (isinstance(seed, str) and len(seed) <= 200)
-        ):  # fmt: skip
-            refuse(f"{where}.seed", seed, "null, an integer below 2**128 or a string of at most 200 chars")
-        for key in ("generators", "drawn_before"):
-            names = call.get(key, [])
-            if (
-                not isinstance(names, list)
-                or len(names) > 8
-                or not all(isinstance(n, str) and len(n) <= 40 for n in names)
-            ):
-                refuse(f"{where}.{key}", names, "a list of at most 8 generator names")
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-            refuse(f"{where}.step", step, "null or a non-negative integer")
-    omitted = determinism.get("script_seeds_omitted", 0)
-    if isinstance(omitted, bool) or not isinstance(omitted, int) or omitted < 0:
-        refuse("determinism.script_seeds_omitted", omitted, "a non-negative integer")
-
-
-def _hex(value: Any, length: int) -> bool:
-    return isinstance(value, str) and len(value) == length and all(c in "0123456789abcdef" for c in value)
-
-
-def data_objects(data: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
-    """(path, md5) of the bytes the run read: the workspace's when it differed from the pointer."""
-    out = []
-    for item in data:
-        md5 = item.get("workspace_md5") or (item.get("md5") if item.get("matches") else None)
-        if md5 and not str(md5).endswith(".dir"):
-            out.append((str(item["path"]), str(md5)))
-    return out

@@ -15,6 +15,15 @@ from cascade_repro.capture.packages import installed_version
 from cascade_repro.determinism import script_seeds
 from cascade_repro.manifest import Manifest
 from cascade_repro.params import resolved_dict, used_params
+from cascade_repro.record_sections import (
+    ContainerSection,
+    DataEntry,
+    GitSection,
+    HardwareSection,
+    Outcome,
+    PythonSection,
+    TorchSection,
+)  # fmt: skip
 from cascade_repro.redaction import redact_argv
 from cascade_repro.run_plan import RunPlan
 from cascade_repro.store import spool
@@ -44,19 +53,19 @@ def build_manifest(plan: RunPlan, opened: OpenedRun | None, start_ms: int, run_d
         },
         params=used_params(resolved_dict(plan.params), facts),
         determinism=determinism,
-        git=captured["git"].to_dict(),
-        python=captured["python"],
-        torch=torch,
-        hardware=system,
+        git=GitSection(captured["git"].to_dict()),
+        python=PythonSection(captured["python"]),
+        torch=TorchSection(torch),
+        hardware=HardwareSection(system),
         environment=captured["environment"],
-        container=container,
-        data=captured.get("data") or [],
+        container=ContainerSection(container),
+        data=DataEntry.each(captured.get("data")),
         environment_read=environment_read(
             facts.get("environment_read") or {}, plan.settings.env_allow_prefixes
         ),
         trace=spool.trace_section(run_dir, facts.get("trace")),
         distributed=plan.distributed.section([]) if plan.distributed else None,
-        outcome={"status": "RUNNING", "start_time": start_ms / 1000},
+        outcome=Outcome({"status": "RUNNING", "start_time": start_ms / 1000}),
     )
 
 
@@ -83,14 +92,14 @@ def end_tags(manifest: Manifest) -> dict[str, str | None]:
     torch = manifest.torch
     gpus = manifest.gpus
     return {
-        "cascade.torch": torch.get("version"),
-        "cascade.cuda": torch.get("cuda") or "none",
+        "cascade.torch": torch.version,
+        "cascade.cuda": torch.cuda or "none",
         "cascade.cpu_capability": torch.get("cpu_capability"),
         "cascade.gpu": ", ".join(str(g.get("name")) for g in gpus) or "none",
-        "cascade.python": manifest.python.get("version"),
-        "cascade.status": manifest.outcome["status"] if manifest.outcome else None,
-        "cascade.image": manifest.container.get("image"),
-        "cascade.image_id": manifest.container.get("image_id"),
+        "cascade.python": manifest.python.version,
+        "cascade.status": manifest.outcome.status,
+        "cascade.image": manifest.container.image,
+        "cascade.image_id": manifest.container.image_id,
     }
 
 
@@ -132,15 +141,14 @@ def _note(plan: RunPlan) -> str:
 
 def seed_notice(plan: RunPlan, determinism: dict[str, Any]) -> str | None:
     """`--seed N` on a script that seeds itself: which generators it did not decide, and why."""
-    record = {"determinism": determinism}
-    taken = script_seeds.overridden(record)
+    taken = script_seeds.overridden(determinism)
     if plan.params.seed_source != "option" or not taken:
         return None
-    calls = ", ".join(script_seeds.described(record, only=taken)[:6])
+    calls = ", ".join(script_seeds.described(determinism, only=taken)[:6])
     notice = f"--seed {plan.params.seed} had no effect on {script_seeds.words(taken)}: the script seeds "
     notice += f"{'them' if len(taken) > 1 else 'it'} itself ({calls})"
-    drawn = {g for call in script_seeds.calls(record) or [] for g in call.get("drawn_before") or []}
-    for generator in script_seeds.still_governed(record):
+    drawn = {g for call in script_seeds.calls(determinism) or [] for g in call.get("drawn_before") or []}
+    for generator in script_seeds.still_governed(determinism):
         notice += f"; {script_seeds.words([generator])} still follows --seed"
         if generator in drawn:
             notice += ": it was drawn from before the script seeded it"

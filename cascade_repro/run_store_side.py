@@ -21,8 +21,9 @@ from cascade_repro.capture.files import RunFiles, inputs_warning, read_opened, r
 from cascade_repro.capture.git import GitState
 from cascade_repro.capture.snapshot import empty_snapshot
 from cascade_repro.child import protocol
-from cascade_repro.manifest import ARTIFACT_PATH, Manifest, data_objects
+from cascade_repro.manifest import ARTIFACT_PATH, Manifest
 from cascade_repro.params import resolved_dict, unused_overrides, used_params
+from cascade_repro.record_sections import DataEntry
 from cascade_repro.run_plan import Notify, RunPlan, RunResult
 from cascade_repro.run_record import build_manifest, end_tags, seed_notice, start_tags, status_of
 from cascade_repro.store import spool
@@ -172,7 +173,7 @@ class Recording:
     def _checkpoints(self, captured: Mapping[str, Any], files: RunFiles) -> CheckpointsRecorded:
         """The checkpoints into the DVC cache and remote, with the data the run read (pushed with them)."""
         assert self.delivery is not None
-        read = [md5 for _, md5 in data_objects(captured.get("data") or [])]
+        read = [str(d.object_md5) for d in DataEntry.each(captured.get("data")) if d.object_md5]
         read += [str(i["md5"]) for i in files.inputs if i.get("md5")]
         try:
             settings = self.plan.settings

@@ -64,6 +64,14 @@ def git(root: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout
 
 
+def as_record(record: dict[str, Any]) -> Any:
+    """A record a test built as JSON, as the store hands it over: schema and shape checked, typed
+    (`Manifest.from_dict`). A partial one (this machine, `current`) gets an empty id and experiment."""
+    from cascade_repro.manifest import SCHEMA, Manifest
+
+    return Manifest.from_dict({"schema": SCHEMA, "run_id": "", "experiment": "", **record})
+
+
 def wait_for_file(path: Path, process: subprocess.Popen[str], timeout: float = 120) -> None:
     """Until the background `cascade` process's script writes `path` (a marker); fails with its output
     if it ends first or the time runs out."""

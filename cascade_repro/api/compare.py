@@ -17,6 +17,15 @@ from cascade_repro.check import CheckReport, check_against, check_machine
 from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from cascade_repro.diff import SECTIONS, Diff, diff_records
 from cascade_repro.errors import CascadeError, UsageError
+from cascade_repro.manifest import Manifest
+from cascade_repro.record_sections import (
+    ContainerSection,
+    DataEntry,
+    GitSection,
+    HardwareSection,
+    PythonSection,
+    TorchSection,
+)  # fmt: skip
 from cascade_repro.settings import Settings
 from cascade_repro.store import git_repo
 from cascade_repro.store.run_store import RunStore
@@ -55,7 +64,7 @@ def diff(ref_a: str, ref_b: str, only: tuple[str, ...] = (), cwd: Path | None = 
         records.append(store.record(store.resolve(ref).run_id))
     a, b = records
     trace_note = None
-    both_traced = all((m.get("trace") or {}).get("steps") for m in (a, b))
+    both_traced = all(m.trace_header.get("steps") for m in (a, b))
     if store is not None and both_traced and (not only or "trace" in only):
         verdict = judge_runs(store, a, b, DEFAULT_RTOL, DEFAULT_ATOL)
         summary = verdict.summary
@@ -84,7 +93,7 @@ def check(ref: str | None = None, cwd: Path | None = None) -> CheckReport:
     return check_against(store.record(store.resolve(ref).run_id), current_record(settings))
 
 
-def current_record(settings: Settings) -> dict[str, Any]:
+def current_record(settings: Settings) -> Manifest:
     """A record of this machine and working tree, made without running anything."""
     from cascade_repro.capture.git import capture_git
     from cascade_repro.params import find_params_file, resolve_params
@@ -93,24 +102,23 @@ def current_record(settings: Settings) -> dict[str, Any]:
     root = settings.root
     params_file = find_params_file(root, root / "train.py", None, settings.params_file)
     params = resolve_params(params_file, root)
-    return {
-        "run_id": CURRENT,
-        "experiment": settings.experiment,
-        "command": {},
-        "params": {
+    machine = machine_record(settings, os.environ, probe_torch=True)
+    return replace(
+        machine,
+        run_id=CURRENT,
+        params={
             "values": params.values,
             "seed": params.seed,
             "file": {"path": params.source, "values": params.values} if params.source else None,
         },
-        "determinism": {"mode": settings.determinism},
-        "git": capture_git(root, own_paths(settings), settings.untracked_max_bytes).to_dict(),
-        **machine_record(settings, os.environ, probe_torch=True),
-        "data": _data_here(root),
-    }
+        determinism={"mode": settings.determinism},
+        git=GitSection(capture_git(root, own_paths(settings), settings.untracked_max_bytes).to_dict()),
+        data=DataEntry.each(_data_here(root)),
+    )
 
 
-def machine_record(settings: Settings, environ: Mapping[str, str], probe_torch: bool) -> dict[str, Any]:
-    """The machine sections of a record (torch, python, hardware, environment, container).
+def machine_record(settings: Settings, environ: Mapping[str, str], probe_torch: bool) -> Manifest:
+    """This machine as a record that ran nothing: its torch, python, hardware, environment, container.
 
     `probe_torch`: torch's full stack from a subprocess (~1.5 s); else only its installed version.
     """
@@ -120,13 +128,15 @@ def machine_record(settings: Settings, environ: Mapping[str, str], probe_torch: 
 
     hardware = capture_system(environ)
     container = hardware.pop("container", {})
-    return {
-        "python": capture_python(),
-        "torch": _torch_here() if probe_torch else {"version": installed_version("torch")},
-        "hardware": hardware,
-        "environment": capture_environment(environ, settings.env_allow_prefixes),
-        "container": container,
-    }
+    return Manifest(
+        "this machine",
+        settings.experiment,
+        python=PythonSection(capture_python()),
+        torch=TorchSection(_torch_here() if probe_torch else {"version": installed_version("torch")}),
+        hardware=HardwareSection(hardware),
+        environment=capture_environment(environ, settings.env_allow_prefixes),
+        container=ContainerSection(container),
+    )
 
 
 def _torch_here() -> dict[str, Any]:
@@ -149,8 +159,8 @@ def _data_here(root: Path) -> list[dict[str, Any]]:
         return []
 
 
-def _code_stat(root: Path, a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
-    commits = [str((m.get("git") or {}).get("commit") or "") for m in (a, b)]
+def _code_stat(root: Path, a: Manifest, b: Manifest) -> str | None:
+    commits = [m.git.commit or "" for m in (a, b)]
     if not all(commits) or commits[0] == commits[1]:
         return None
     out = git_repo.run(root, "diff", "--stat", commits[0], commits[1])

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from cascade_repro.api.loading import dvc_cache, load_project, record_of
 from cascade_repro.errors import DataError, UsageError
-from cascade_repro.manifest import ARTIFACT_PATH, data_objects
+from cascade_repro.manifest import ARTIFACT_PATH, Manifest
+from cascade_repro.record_sections import CheckpointEntry
 from cascade_repro.settings import Settings
 from cascade_repro.store.dvc_store import DIR_SUFFIX
 from cascade_repro.store.run_store import RunStore
@@ -44,13 +45,13 @@ def checkout(ref: str, checkpoint: str | None = None, data: bool = False, to: Pa
     sizes: dict[str, int] = {}
     chosen = None
     if checkpoint is not None or not data:  # no option: the default checkpoint (best, else last)
-        chosen = checking.choose_checkpoint(manifest.get("checkpoints") or [], checkpoint)
+        chosen = checking.choose_checkpoint(manifest.checkpoints, checkpoint)
         entry = chosen.entry
-        wanted.append((str(entry["path"]), str(entry["md5"])))
-        flat.add(str(entry["path"]))
-        sizes[str(entry["md5"])] = int(entry.get("size") or 0)
+        wanted.append((entry.path, str(entry.md5)))
+        flat.add(entry.path)
+        sizes[str(entry.md5)] = entry.size or 0
     if data:
-        objects = data_objects(manifest.get("data") or [])
+        objects = manifest.data_objects
         if not objects:
             raise DataError(f"run {run_id[:12]} recorded no DVC-tracked data it could restore")
         wanted += objects
@@ -79,13 +80,13 @@ def checkpoint_path(ref: str, which: str = "best", cwd: Path | None = None) -> P
 
     settings = load_project(cwd)
     _, manifest = record_of(settings, ref)
-    chosen = checking.select_checkpoint(manifest.get("checkpoints") or [], which)
-    if str(chosen.get("md5", "")).endswith(DIR_SUFFIX):
+    chosen = checking.select_checkpoint(manifest.checkpoints, which)
+    if str(chosen.md5).endswith(DIR_SUFFIX):
         hint = f"cascade checkout {ref} --checkpoint {which} --to DIR, then load it from there"
-        raise UsageError(f"{chosen.get('path')} is a directory checkpoint", hint=hint)
+        raise UsageError(f"{chosen.path} is a directory checkpoint", hint=hint)
     cache = dvc_cache(settings.root)
     try:
-        return checking.fetch(cache, str(chosen["path"]), str(chosen["md5"]), settings.dvc_remote).object_path
+        return checking.fetch(cache, chosen.path, str(chosen.md5), settings.dvc_remote).object_path
     finally:
         cache.close()
 
@@ -105,10 +106,8 @@ def push(ref: str, cwd: Path | None = None) -> PushSummary:
 
     settings = load_project(cwd)
     run_id, manifest = record_of(settings, ref)
-    md5s = [
-        str(c["md5"]) for c in manifest.get("checkpoints") or [] if c.get("status") == "kept" and c.get("md5")
-    ]
-    md5s += [md5 for _, md5 in data_objects(manifest.get("data") or [])]
+    md5s = [str(c.md5) for c in manifest.kept_checkpoints]
+    md5s += [md5 for _, md5 in manifest.data_objects]
     if not md5s:
         raise DataError(f"run {run_id[:12]} has no checkpoints or data in the DVC cache to push")
     cache = dvc_cache(settings.root)
@@ -129,15 +128,16 @@ def push(ref: str, cwd: Path | None = None) -> PushSummary:
     return PushSummary(run_id, result.remote, result.pushed, result.failed)
 
 
-def _record_pushed(settings: Settings, run_id: str, manifest: dict[str, Any], remote: str | None,
+def _record_pushed(settings: Settings, run_id: str, manifest: Manifest, remote: str | None,
                    failed: set[str]) -> None:  # fmt: skip
     """The record says where its checkpoints are: after a retried push, `show --checkpoints` and the
     `cascade.checkpoints_pushed` tag agree with the remote."""
-    changed = False
-    for entry in manifest.get("checkpoints") or []:
-        if entry.get("status") == "kept" and entry.get("md5"):
-            pushed = entry["md5"] not in failed
-            changed |= entry.get("pushed") is not pushed or entry.get("remote") != remote
-            entry.update(pushed=pushed, remote=remote)
-    if changed:
-        RunStore(settings.tracking_uri, settings.experiment).log_json(run_id, manifest, ARTIFACT_PATH)
+    entries = []
+    for entry in manifest.checkpoints:
+        raw = entry.to_dict()
+        if entry.kept:
+            raw.update(pushed=entry.md5 not in failed, remote=remote)
+        entries.append(raw)
+    if entries != [entry.to_dict() for entry in manifest.checkpoints]:
+        updated = replace(manifest, checkpoints=CheckpointEntry.each(entries)).to_dict()
+        RunStore(settings.tracking_uri, settings.experiment).log_json(run_id, updated, ARTIFACT_PATH)

@@ -4,19 +4,20 @@ and the verdict recorded on the later run."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
-from cascade_repro.distributed import recorded_layout, trace_artifact
+from cascade_repro.distributed import trace_artifact
 from cascade_repro.store.run_store import RunStore
 
 if TYPE_CHECKING:
     from cascade_repro.determinism.verdict import Verdict
+    from cascade_repro.manifest import Manifest
 
 
 def judge_runs(
     store: RunStore,
-    manifest_a: dict[str, Any],
-    manifest_b: dict[str, Any],
+    manifest_a: Manifest,
+    manifest_b: Manifest,
     rtol: float,
     atol: float,
     steps: int | None = None,
@@ -24,14 +25,14 @@ def judge_runs(
     """The verdict on two recorded runs, from their records and traces."""
     from cascade_repro.determinism.verdict import judge_ranks  # not on `cascade run`'s start path
 
-    traces = [_rank_traces(store, str(m["run_id"]), m) for m in (manifest_a, manifest_b)]
+    traces = [_rank_traces(store, m.run_id, m) for m in (manifest_a, manifest_b)]
     return judge_ranks(manifest_a, manifest_b, traces[0], traces[1], rtol=rtol, atol=atol, steps=steps)
 
 
-def _rank_traces(store: RunStore, run_id: str, manifest: Mapping[str, Any]) -> list[list[dict[str, Any]]]:
+def _rank_traces(store: RunStore, run_id: str, manifest: Manifest) -> list[list[dict[str, Any]]]:
     """Each rank's step trace, rank 0 first (one for a single process); [] for a rank without one."""
-    traces = [trace_records(store, run_id, (manifest.get("trace") or {}).get("artifact"))]
-    layout = recorded_layout(manifest)
+    traces = [trace_records(store, run_id, manifest.trace_header.get("artifact"))]
+    layout = manifest.layout
     traced = {e["rank"] for e in layout.get("ranks") or [] if isinstance(e, dict) and e.get("trace")}
     local = layout.get("nproc_per_node", 1)  # the ranks recorded on rank 0's machine (checked ≤ 256)
     for rank in range(1, local if isinstance(local, int) and layout.get("ranks") is not None else 1):

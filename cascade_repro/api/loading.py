@@ -4,9 +4,9 @@ record from the store, the project's DVC cache."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from cascade_repro.errors import DataError
+from cascade_repro.manifest import Manifest
 from cascade_repro.project import find_repo_root
 from cascade_repro.settings import Settings, load_settings
 from cascade_repro.store.dvc_store import Cache
@@ -23,7 +23,7 @@ def load_project(cwd: Path | None) -> Settings:
     return settings
 
 
-def record_of(settings: Settings, ref: str) -> tuple[str, dict[str, Any]]:
+def record_of(settings: Settings, ref: str) -> tuple[str, Manifest]:
     """The run id a ref names, and its record (shape-checked)."""
     store = RunStore.open(settings)
     run_id = store.resolve(ref).run_id

@@ -53,9 +53,8 @@ def show_run(ref: str, cwd: Path | None = None, trace: bool = False) -> RunRecor
     settings = load_project(cwd)
     store = RunStore.open(settings, fast_reads=True)
     run = store.resolve(ref)
-    data = store.record(run.run_id)
-    manifest = Manifest.from_dict(data)
-    header = data.get("trace") or {}
+    manifest = store.record(run.run_id)
+    header = manifest.trace_header
     summary = (
         _summarize_trace(trace_records(store, run.run_id, header.get("artifact")), header) if trace else None
     )

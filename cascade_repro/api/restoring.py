@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from cascade_repro.api.compare import machine_record
 from cascade_repro.api.judging import judge_runs, record_verdict
@@ -13,7 +13,7 @@ from cascade_repro.api.loading import dvc_cache, load_project
 from cascade_repro.api.runs import RunRequest, run
 from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from cascade_repro.errors import EXIT_ERROR, EXIT_OK, RestoreRefused, StoreError, UsageError
-from cascade_repro.manifest import data_objects
+from cascade_repro.manifest import Manifest
 from cascade_repro.params import ResolvedParams
 from cascade_repro.redaction import fill_argv
 from cascade_repro.run_plan import Notify, RunResult
@@ -82,7 +82,7 @@ def restore(
     manifest = store.record(run_id)
     if steps is not None and steps < 1:
         raise UsageError("--steps must be a positive number of optimizer steps")
-    if steps is not None and not (manifest.get("trace") or {}).get("steps"):
+    if steps is not None and not manifest.trace_header.get("steps"):
         raise UsageError(f"run {run_id[:12]} has no step trace, so --steps has nothing to compare")
     label = (version or run_id[:12]).replace("/", "_")
     workdir = (workdir or settings.paths.restores / label).absolute()
@@ -99,13 +99,13 @@ def restore(
     )
     request = _rerun_request(plan, manifest, tree.path, settings, label, dump)
     if docker:  # the recorded shared memory (DataLoader workers need it); GPUs follow this machine (auto)
-        shm_size = (manifest.get("container") or {}).get("shm_size") or None
+        shm_size = manifest.container.shm_size
         request = replace(request, docker=True, gpus=gpus, image=image, shm_size=shm_size,
                           extra_tags={**(request.extra_tags or {}), **_image_tags(image, drift)})  # fmt: skip
     notify(f"re-running {' '.join((plan.script, *plan.argv))} in {tree.path}")
     result = run(request, notify)
     restoring.write_marker(tree.path, plan)  # the re-run's own outputs belong to the state reuse expects
-    verdict = judge_runs(store, manifest, result.manifest.to_dict(), rtol, atol, steps=steps)
+    verdict = judge_runs(store, manifest, result.manifest, rtol, atol, steps=steps)
     verdict = _crash_told(verdict, store, manifest, result)
     record_verdict(store, verdict, result.run_id, run_id)
     return RestoreResult(plan, tree, result, verdict, image, tuple(drift))
@@ -138,7 +138,7 @@ def _refuse_what_cannot_run(plan: RestorePlan, execute: bool) -> None:
         )
 
 
-def _materialize(plan: RestorePlan, manifest: Mapping[str, Any], settings: Settings, store: RunStore,
+def _materialize(plan: RestorePlan, manifest: Manifest, settings: Settings, store: RunStore,
                  execute: bool, notify: Notify) -> Worktree:  # fmt: skip
     """The worktree with the recorded data, checkpoints and inputs in it: every DVC object fetched and
     verified before the worktree is made; a worktree made here is removed again if that fails."""
@@ -182,7 +182,7 @@ def _image_tags(image: PreparedImage | None, drift: Sequence[PackageChange]) -> 
     }
 
 
-def _rerun_request(plan: RestorePlan, manifest: Mapping[str, Any], tree: Path, settings: Settings, label: str,
+def _rerun_request(plan: RestorePlan, manifest: Manifest, tree: Path, settings: Settings, label: str,
                    dump: tuple[int, Path] | None) -> RunRequest:  # fmt: skip
     """The recorded command, run in the worktree with the recorded params, environment and world size."""
     return RunRequest(
@@ -207,14 +207,14 @@ def _rerun_request(plan: RestorePlan, manifest: Mapping[str, Any], tree: Path, s
 CRASH_LINES = 12  # of the re-run's output, in the verdict of a re-run that crashed
 
 
-def _crash_told(verdict: Verdict, store: RunStore, manifest: Mapping[str, Any], result: RunResult) -> Verdict:
+def _crash_told(verdict: Verdict, store: RunStore, manifest: Manifest, result: RunResult) -> Verdict:
     """A re-run that crashed (the recorded run did not) is reported as that: its status, exit code,
     exception and last lines of output, not as whatever its shorter trace looks like."""
     from dataclasses import replace
 
     from cascade_repro.determinism.verdict import DIVERGED, crashed
 
-    ended = crashed(result.manifest.to_dict())
+    ended = crashed(result.manifest)
     if ended is None or crashed(manifest) is not None or verdict.verdict == DIVERGED:
         return verdict
     summary = f"the re-run {ended}"
@@ -250,7 +250,7 @@ def _without_our_frames(lines: list[str]) -> list[str]:
 
 def _restore_image(
     store: RunStore,
-    manifest: Mapping[str, Any],
+    manifest: Manifest,
     plan: RestorePlan,
     tree: Path,
     settings: Settings,
@@ -261,17 +261,17 @@ def _restore_image(
     from cascade_repro.images import context, engine, prepare
     from cascade_repro.run_engine import image_cache_dir, own_paths
 
-    container = manifest.get("container") or {}
+    container = manifest.container
     docker = engine.connect()
     dockerfile = requirements = None
-    if container.get("runtime") == "docker":
+    if container.in_docker:
         dockerfile = _artifact_text(
             store, plan.run_id, str(container.get("dockerfile_artifact") or "cascade/Dockerfile")
         )
         requirements = _artifact_text(
             store, plan.run_id, str(container.get("requirements_artifact") or "cascade/requirements.txt")
         )
-        found = prepare.recorded_image(docker, container, dockerfile or "", requirements or "")
+        found = prepare.recorded_image(docker, container.raw, dockerfile or "", requirements or "")
         if found is not None:
             notify(f"image: the recorded {found.image.tag} ({found.image.image_id[7:19]}) is here: no build")
             return found, []
@@ -279,14 +279,14 @@ def _restore_image(
             "the recorded Dockerfile" if dockerfile else "the current template (the record has no Dockerfile)"
         )
         notify(
-            f"image: the recorded {container.get('image')} ({str(container.get('image_id'))[7:19]}) is "
+            f"image: the recorded {container.image} ({str(container.image_id)[7:19]}) is "
             f"not on this engine: rebuilding it from {source}"
         )
     else:
         notify(
             "image: the run was not recorded in Docker: building the project's image for the restored code"
         )
-    recorded_packages = (manifest.get("python") or {}).get("packages") or {}
+    recorded_packages = manifest.python.packages
     reqs = context.Requirements(requirements, "recorded") if requirements else None
     prepared = prepare.prepare_image(
         docker,
@@ -327,25 +327,20 @@ def _artifact_text(store: RunStore, run_id: str, path: str) -> str | None:
         return None
 
 
-def _restore_objects(plan: RestorePlan, manifest: Mapping[str, Any], execute: bool) -> list[tuple[str, str]]:
+def _restore_objects(plan: RestorePlan, manifest: Manifest, execute: bool) -> list[tuple[str, str]]:
     """The data the run read; with --no-run also its kept checkpoints (a re-run starts without them,
     as the original did)."""
-
-    wanted = data_objects(plan.data)
-    wanted += [(str(i["path"]), str(i["md5"])) for i in plan.inputs if i.get("md5")]  # --track-inputs
+    wanted = manifest.data_objects
+    wanted += [(i.path, str(i.md5)) for i in plan.inputs if i.md5]  # --track-inputs
     if not execute:
-        wanted += [
-            (str(c["path"]), str(c["md5"]))
-            for c in manifest.get("checkpoints") or []
-            if c.get("status") == "kept" and c.get("md5") and not os.path.isabs(str(c["path"]))
-        ]
+        wanted += [(c.path, str(c.md5)) for c in manifest.kept_checkpoints if not os.path.isabs(c.path)]
     return wanted
 
 
-def _recorded_params(manifest: Mapping[str, Any]) -> ResolvedParams:
+def _recorded_params(manifest: Manifest) -> ResolvedParams:
     """The params file as the run resolved it (`params.file`; a record before issue 14.2 has only
     `values` and `source`), so that `cascade_repro.params()` returns the same in the re-run."""
-    params = manifest.get("params") or {}
+    params = manifest.params
     if "file" in params:
         file = params["file"] or {}  # null: the run had no params file
     else:

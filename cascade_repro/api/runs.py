@@ -246,7 +246,7 @@ def _after_usage_error(result: RunResult, settings: Settings, restore: bool) -> 
     """A script whose argparse refused its arguments (exit 2) before it took a step, logged a
     metric or saved a checkpoint did nothing worth a record: its run is deleted from the store (the
     MLflow UI and `cascade ls` do not show it; `mlflow gc` purges it). A restore's re-run is kept."""
-    error = (result.manifest.outcome or {}).get("error")
+    error = result.manifest.outcome.get("error")
     usage = error.get("usage_error") if isinstance(error, dict) and result.exit_code == 2 else None
     if not isinstance(usage, str):
         return result

@@ -90,7 +90,7 @@ def checkout_command(ctx: click.Context, ref: str, checkpoint: str | None, data:
             chosen = result.chosen
             render.emit_json("checkout", {
                 "run_id": result.run_id, "items": [i.to_dict() for i in result.items],
-                "chosen": {"path": chosen.entry.get("path"), "why": chosen.why} if chosen else None,
+                "chosen": {"path": chosen.entry.path, "why": chosen.why} if chosen else None,
             })  # fmt: skip
         else:
             render.checkout_result(result)

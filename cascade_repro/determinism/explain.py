@@ -11,12 +11,12 @@ step 0 implicates the seed before a learning rate that only acts later.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from cascade_repro.determinism import script_seeds
 from cascade_repro.determinism.compare import FACET_WORDS, TraceComparison
 from cascade_repro.determinism.record_compare import Change, compare_records
-from cascade_repro.distributed import world_size
+from cascade_repro.manifest import Manifest
 from cascade_repro.redaction import is_redacted
 
 # The order differences are listed in (class B, then class A), and causes where the trace says nothing.
@@ -71,7 +71,7 @@ class Cause:
         return {"summary": self.summary, "evidence": self.evidence, "fix": self.fix}
 
 
-def manifest_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Difference]:
+def manifest_differences(a: Manifest, b: Manifest) -> list[Difference]:
     """The class A and B changes of `compare_records(a, b)`, one `Difference` per kind."""
     by_kind: dict[str, list[Change]] = {}
     for change in compare_records(a, b).changes:
@@ -86,7 +86,7 @@ def manifest_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Dif
 
 
 def likely_causes(
-    a: Mapping[str, Any], b: Mapping[str, Any], comparison: TraceComparison, differences: list[Difference]
+    a: Manifest, b: Manifest, comparison: TraceComparison, differences: list[Difference]
 ) -> list[Cause]:
     """Most likely first: ranked by what the first divergent facet implicates (`IMPLICATED`)."""
     kinds = {d.kind for d in differences}
@@ -117,7 +117,7 @@ def likely_causes(
     candidates += _nondeterministic_ops(a, b)
     across = "compare within tolerance (--rtol/--atol), or rerun where the record was made"
     fixes_a = {"world_size": f"rerun with the recorded number of processes: cascade run --nproc-per-node "
-                             f"{world_size(a)} (cascade restore does)"}  # fmt: skip
+                             f"{a.world_size} (cascade restore does)"}  # fmt: skip
     candidates += [
         (d.kind, Cause(d.summary, "bitwise equality is not expected across this difference",
                        fixes_a.get(d.kind, across)))
@@ -135,7 +135,7 @@ def _rank(order: Sequence[str], kind: str) -> int:
     return order.index(kind) if kind in order else len(order)
 
 
-def _from_the_trace(a: Mapping[str, Any], b: Mapping[str, Any], comparison: TraceComparison, first: str,
+def _from_the_trace(a: Manifest, b: Manifest, comparison: TraceComparison, first: str,
                     kinds: set[str]) -> list[tuple[str, Cause]]:  # fmt: skip
     """Causes the trace shows where the records are silent on them."""
     step, facets = comparison.step, comparison.facets()
@@ -171,7 +171,7 @@ def _from_the_trace(a: Mapping[str, Any], b: Mapping[str, Any], comparison: Trac
             "and pin the thread count",
         )))  # fmt: skip
     if facets == ["params_after"] and not kinds & _INPUTS:
-        grads_hashed = all((m.get("trace") or {}).get("grads", True) for m in (a, b))
+        grads_hashed = all(m.trace_header.get("grads", True) for m in (a, b))
         out.append(("outside_write", Cause(
             f"a write outside the optimizer changed {', '.join(names[:3])} after step {step} (a hook, an "
             "EMA, an in-place edit), or nondeterministic code between steps"
@@ -186,8 +186,8 @@ def _from_the_trace(a: Mapping[str, Any], b: Mapping[str, Any], comparison: Trac
     return out
 
 
-def _secrets(a: Mapping[str, Any], b: Mapping[str, Any], step: int | None) -> list[tuple[str, Cause]]:
-    read_a, read_b = a.get("environment_read") or {}, b.get("environment_read") or {}
+def _secrets(a: Manifest, b: Manifest, step: int | None) -> list[tuple[str, Cause]]:
+    read_a, read_b = a.variables_read, b.variables_read
     both = {**read_a, **read_b}
     secrets = sorted(k for k in both if is_redacted(read_a.get(k)) or is_redacted(read_b.get(k)))
     if step is None or not secrets:
@@ -200,9 +200,9 @@ def _secrets(a: Mapping[str, Any], b: Mapping[str, Any], step: int | None) -> li
     ))]  # fmt: skip
 
 
-def _nondeterministic_ops(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[str, Cause]]:
+def _nondeterministic_ops(a: Manifest, b: Manifest) -> list[tuple[str, Cause]]:
     for manifest in (a, b):
-        ops = (manifest.get("determinism") or {}).get("nondeterministic_ops")
+        ops = manifest.determinism.get("nondeterministic_ops")
         if ops:
             return [("nondeterministic_ops", Cause(
                 f"nondeterministic ops ran: {', '.join(ops[:5])}",
@@ -213,7 +213,7 @@ def _nondeterministic_ops(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tu
 
 
 # -- one summary per kind of difference ---------------------------------------------------------
-Summary = Callable[[list[Change], Mapping[str, Any], Mapping[str, Any]], str]
+Summary = Callable[[list[Change], Manifest, Manifest], str]
 
 
 def _pairs(changes: list[Change], limit: int, key: Callable[[Change], str] = lambda c: c.key,
@@ -221,11 +221,11 @@ def _pairs(changes: list[Change], limit: int, key: Callable[[Change], str] = lam
     return _listed([f"{key(c)} {shown(c.a)} → {shown(c.b)}" for c in changes], limit)
 
 
-def _generic(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+def _generic(changes: list[Change], a: Manifest, b: Manifest) -> str:
     return f"{changes[0].kind} differs: " + _pairs(changes, 6)
 
 
-def _seed(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+def _seed(changes: list[Change], a: Manifest, b: Manifest) -> str:
     def shown(value: Any) -> str:
         return "none" if value is None else str(value)
 
@@ -237,27 +237,26 @@ def _seed(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> 
     )
 
 
-def _seed_fix(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
-    fix = "rerun with the recorded seed: --seed " + str((a.get("params") or {}).get("seed"))
-    if script_seeds.described(a) == script_seeds.described(b):
+def _seed_fix(a: Manifest, b: Manifest) -> str:
+    fix = "rerun with the recorded seed: --seed " + str(a.seed)
+    if script_seeds.described(a.determinism) == script_seeds.described(b.determinism):
         return fix
     own = "the script sets its own seeds: give it the recorded ones (its code or arguments decide them)"
-    return own if script_seeds.had_no_effect(a) else f"{fix}; {own}"
+    return own if script_seeds.had_no_effect(a.determinism) else f"{fix}; {own}"
 
 
-def _code(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+def _code(changes: list[Change], a: Manifest, b: Manifest) -> str:
     parts = [f"commit {str(c.a)[:12]} → {str(c.b)[:12]}" for c in changes if c.key == "commit"]
     if any(c.key != "commit" for c in changes):
         parts.append("uncommitted changes differ (patch or untracked files)")
     return "; ".join(parts)
 
 
-def _command(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
-    ca, cb = a.get("command") or {}, b.get("command") or {}
-    return f"command differs: {ca.get('argv')} → {cb.get('argv')}"
+def _command(changes: list[Change], a: Manifest, b: Manifest) -> str:
+    return f"command differs: {a.command.get('argv')} → {b.command.get('argv')}"
 
 
-def _determinism(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+def _determinism(changes: list[Change], a: Manifest, b: Manifest) -> str:
     parts = [f"determinism mode {c.a} → {c.b}" for c in changes if c.key == "determinism.mode"]
     flags = [c.key.removeprefix("flags.") for c in changes if c.key.startswith("flags.")]
     if flags:
@@ -265,12 +264,12 @@ def _determinism(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, An
     return "; ".join(parts)
 
 
-def _threads(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+def _threads(changes: list[Change], a: Manifest, b: Manifest) -> str:
     words = {"torch.num_threads": "torch threads", "torch.num_interop_threads": "torch interop threads"}
     return "; ".join(f"{words.get(c.key, c.key)} {c.a} → {c.b}" for c in changes)
 
 
-def _packages(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+def _packages(changes: list[Change], a: Manifest, b: Manifest) -> str:
     changed = [c for c in changes if c.note is None]
     only_a = [c.key for c in changes if c.note == "removed"]
     only_b = [c.key for c in changes if c.note == "added"]
@@ -281,20 +280,19 @@ def _packages(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any])
     return "packages differ: " + "; ".join(parts)
 
 
-def _image(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
-    def image(manifest: Mapping[str, Any]) -> str:
-        container = manifest.get("container") or {}
-        return str(container.get("image_id") or container.get("image") or "") or "none (not in Docker)"
+def _image(changes: list[Change], a: Manifest, b: Manifest) -> str:
+    def image(manifest: Manifest) -> str:
+        return manifest.container.image_id or manifest.container.image or "none (not in Docker)"
 
     return f"image {image(a)} → {image(b)}"
 
 
-def _environment_read(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+def _environment_read(changes: list[Change], a: Manifest, b: Manifest) -> str:
     listed = _pairs(changes, 5, key=lambda c: c.key.removeprefix("read:"), shown=_shown)
     return f"the script read environment variables that differ: {listed}"
 
 
-def _torch(changes: list[Change], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+def _torch(changes: list[Change], a: Manifest, b: Manifest) -> str:
     listed = _pairs(changes, 11, key=lambda c: c.key.removeprefix("torch."), shown=str)
     return f"torch stack differs: {listed}"
 
@@ -322,7 +320,7 @@ _SUMMARIES: dict[str, Summary] = {
     "gpu": _one_line("GPUs"),
     "cpu": _one_line("CPU"),
     "python": _one_line("Python"),
-    "world_size": lambda changes, a, b: f"world size differs: {world_size(a)} processes vs {world_size(b)}",
+    "world_size": lambda changes, a, b: f"world size differs: {a.world_size} processes vs {b.world_size}",
 }
 
 
@@ -330,10 +328,9 @@ def _listed(items: list[str], limit: int) -> str:
     return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def _installed_in_one(a: Mapping[str, Any], b: Mapping[str, Any], streams: Any) -> list[str]:
+def _installed_in_one(a: Manifest, b: Manifest, streams: Any) -> list[str]:
     """RNG streams named after a package (numpy) that only one of the two environments has."""
-    pa = (a.get("python") or {}).get("packages") or {}
-    pb = (b.get("python") or {}).get("packages") or {}
+    pa, pb = a.python.packages, b.python.packages
     if not pa or not pb:
         return []
     return [s for s in streams if s not in ("torch", "python", "cuda") and (s in pa) != (s in pb)]
@@ -343,5 +340,5 @@ def _shown(value: str | None) -> str:
     return "unset" if value is None else repr(value)
 
 
-def _mode(manifest: Mapping[str, Any]) -> str:
-    return str(manifest.get("determinism", {}).get("mode"))
+def _mode(manifest: Manifest) -> str:
+    return str(manifest.determinism.get("mode"))

@@ -16,8 +16,8 @@ from typing import Any, Callable, Mapping
 
 from cascade_repro.determinism import script_seeds
 from cascade_repro.determinism.catalogue import CONTAINER_FIELDS, TORCH_CLASS_A, TORCH_CLASS_B, lookup
-from cascade_repro.distributed import is_launcher_variable, world_size
-from cascade_repro.manifest import data_objects, record_gpus
+from cascade_repro.distributed import is_launcher_variable
+from cascade_repro.manifest import Manifest
 from cascade_repro.params import flatten
 
 SECTIONS = ("stack", "code", "params", "seed", "packages", "environment", "data", "container", "machine")
@@ -75,7 +75,7 @@ class RecordDiff:
         return next(s for s in self.sections if s.name == name)
 
 
-def compare_records(a: Mapping[str, Any], b: Mapping[str, Any], only: tuple[str, ...] = ()) -> RecordDiff:
+def compare_records(a: Manifest, b: Manifest, only: tuple[str, ...] = ()) -> RecordDiff:
     """Compare two records (or a record and a partial one of this machine); `only`: sections to keep.
 
     >>> [c.key for c in compare_records(run_a, run_b, only=("params",)).changes]
@@ -115,8 +115,8 @@ def same_torch_version(a: Any, b: Any) -> bool:
     return public_a == public_b and (not label_a or not label_b or label_a == label_b)
 
 
-def gpu_names(record: Mapping[str, Any]) -> list[str]:
-    return [str(g.get("name")) for g in record_gpus(record)]
+def gpu_names(record: Manifest) -> list[str]:
+    return [str(g.get("name")) for g in record.gpus]
 
 
 def _mapping(name: str, a: Mapping[str, Any], b: Mapping[str, Any],
@@ -135,52 +135,49 @@ def _mapping(name: str, a: Mapping[str, Any], b: Mapping[str, Any],
     return Section(name, tuple(changes), equal)
 
 
-def _stack(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
+def _stack(a: Manifest, b: Manifest) -> Section:
     # A record made without importing torch (this machine before a restore, a run whose child could
     # not probe it) knows only the installed version: then the version is all that is compared.
-    ta, tb = a.get("torch") or {}, b.get("torch") or {}
-    probed = all(set(t) - {"version", "probed"} for t in (ta, tb))
-    both_ran = all(m.get("command") for m in (a, b))  # `current` runs nothing
+    probed = a.torch.probed and b.torch.probed
+    both_ran = a.ran and b.ran  # `current` runs nothing
     fields = [*TORCH_CLASS_A, *TORCH_CLASS_B] if probed else ["version"]
 
-    def view(m: Mapping[str, Any], torch: Mapping[str, Any]) -> dict[str, Any]:
-        out = {f"torch.{k}": torch.get(k) for k in fields}
+    def view(m: Manifest) -> dict[str, Any]:
+        out = {f"torch.{k}": m.torch.get(k) for k in fields}
         out["gpus"] = gpu_names(m)
-        out["cpu.model"] = ((m.get("hardware") or {}).get("cpu") or {}).get("model")
-        out["python"] = (m.get("python") or {}).get("version")
+        out["cpu.model"] = m.hardware.cpu_model
+        out["python"] = m.python.version
         if both_ran:  # a property of the run (torchrun's processes), not of a machine
-            out["world_size"] = world_size(m)
+            out["world_size"] = m.world_size
         return {k: v for k, v in out.items() if v is not None}
 
     def same(key: str, va: Any, vb: Any) -> bool:
         return key == "torch.version" and same_torch_version(va, vb)
 
-    return _mapping("stack", view(a, ta), view(b, tb), same)
+    return _mapping("stack", view(a), view(b), same)
 
 
-def _code(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
-    both_have_commands = all(m.get("command") for m in (a, b))  # `current` runs nothing
+def _code(a: Manifest, b: Manifest) -> Section:
+    both_have_commands = a.ran and b.ran  # `current` runs nothing
 
-    def view(m: Mapping[str, Any]) -> dict[str, Any]:
-        git = m.get("git") or {}
-        command = m.get("command") or {}
-        out: dict[str, Any] = {"commit": git.get("commit"), "patch": (git.get("patch") or {}).get("sha256")}
+    def view(m: Manifest) -> dict[str, Any]:
+        out: dict[str, Any] = {"commit": m.git.commit, "patch": m.git.patch_sha256}
         if both_have_commands:
-            out.update(script=command.get("script"), argv=command.get("argv"))
-        for item in git.get("untracked") or []:
-            out[f"untracked:{item.get('path')}"] = item.get("sha256")
+            out.update(script=m.command.get("script"), argv=m.command.get("argv"))
+        for item in m.git.untracked:
+            out[f"untracked:{item.path}"] = item.sha256
         return out
 
     return _mapping("code", view(a), view(b))
 
 
-def _params(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _params(a: Manifest, b: Manifest) -> tuple[dict[str, Any], dict[str, Any]]:
     """What each run's script used; against `current` (which runs nothing, so knows no argparse
     namespace and no read) the params files, as resolved."""
-    both_ran = all(m.get("command") for m in (a, b))
+    both_ran = a.ran and b.ran
 
-    def view(m: Mapping[str, Any]) -> dict[str, Any]:
-        params = m.get("params") or {}
+    def view(m: Manifest) -> dict[str, Any]:
+        params = m.params
         file = params.get("file") if "file" in params else {"values": params.get("values")}
         values = flatten((params if both_ran else file or {}).get("values") or {})
         values.pop("seed", None)  # the seed section's
@@ -189,60 +186,56 @@ def _params(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[dict[str, Any],
     return view(a), view(b)
 
 
-def _seed(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
+def _seed(a: Manifest, b: Manifest) -> Section:
     # `current` has not imported torch: its flags are unknown, not absent
-    both_have_flags = all((m.get("determinism") or {}).get("flags_at_start") for m in (a, b))
+    both_have_flags = all(m.determinism.get("flags_at_start") for m in (a, b))
 
     # The seeds the script set itself: known for records made since they were recorded.
-    both_know_script_seeds = all(script_seeds.calls(m) is not None for m in (a, b))
+    both_know_script_seeds = all(script_seeds.calls(m.determinism) is not None for m in (a, b))
 
-    def view(m: Mapping[str, Any]) -> dict[str, Any]:
-        determinism = m.get("determinism") or {}
-        out = {"seed": (m.get("params") or {}).get("seed"), "determinism.mode": determinism.get("mode")}
+    def view(m: Manifest) -> dict[str, Any]:
+        determinism = m.determinism
+        out = {"seed": m.seed, "determinism.mode": determinism.get("mode")}
         if both_know_script_seeds:
-            out["script_seeds"] = ", ".join(script_seeds.described(m)) or None
+            out["script_seeds"] = ", ".join(script_seeds.described(determinism)) or None
         if both_have_flags:
             for key, value in (determinism.get("flags_at_start") or {}).items():
                 out[f"flags.{key}"] = value
         return out
 
     section = _mapping("seed", view(a), view(b))
-    if not (both_know_script_seeds and all(script_seeds.had_no_effect(m) for m in (a, b))):
+    if not (both_know_script_seeds and all(script_seeds.had_no_effect(m.determinism) for m in (a, b))):
         return section
     # Both scripts seeded every generator themselves before step 0: cascade's seed decided nothing.
-    taken = [g for g in script_seeds.overridden(a) if g in script_seeds.overridden(b)]
+    taken = [g for g in script_seeds.overridden(a.determinism) if g in script_seeds.overridden(b.determinism)]
     note = f"the script seeds {script_seeds.words(taken)} itself: this seed had no effect"
     changes = [Change(c.key, c.a, c.b, "C", note, c.kind) if c.key == "seed" else c for c in section.changes]
     changes.sort(key=lambda c: CLASS_ORDER[c.klass])
     return Section("seed", tuple(changes), section.equal)
 
 
-def _packages(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
-    def view(m: Mapping[str, Any]) -> dict[str, Any]:
-        packages = (m.get("python") or {}).get("packages") or {}
-        return {
-            name: (info.get("version") if isinstance(info, dict) else info)
-            for name, info in packages.items()
-            if name != "torch"
-        }
+def _packages(a: Manifest, b: Manifest) -> Section:
+    def view(m: Manifest) -> dict[str, Any]:
+        return {name: version for name, version in m.python.package_versions.items() if name != "torch"}
 
-    if not all((m.get("python") or {}).get("packages") for m in (a, b)):
+    if not all(m.python.packages for m in (a, b)):
         return Section("packages", (), 0)  # a record without a package list cannot say what changed
 
     return _mapping("packages", view(a), view(b))
 
 
-def _environment(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
+def _environment(a: Manifest, b: Manifest) -> Section:
     # What a script read is known only for records of runs (`current` and this machine ran nothing).
-    both_ran = all("environment_read" in m for m in (a, b))
-    read_a, read_b = (m.get("environment_read") or {} for m in (a, b))
+    both_ran = a.environment_read is not None and b.environment_read is not None
+    read_a, read_b = a.variables_read, b.variables_read
 
-    def view(m: Mapping[str, Any]) -> dict[str, Any]:
-        environment = m.get("environment") or {}
+    def view(m: Manifest) -> dict[str, Any]:
         own = (*OWN_VARIABLES, *SEED_DERIVED)
-        out = {k: v for k, v in environment.items() if not k.startswith(own) and not is_launcher_variable(k)}
+        out: dict[str, Any] = {
+            k: v for k, v in m.environment.items() if not k.startswith(own) and not is_launcher_variable(k)
+        }
         if both_ran:
-            for key, value in (m.get("environment_read") or {}).items():
+            for key, value in m.variables_read.items():
                 out[f"read:{key}"] = value
         return out
 
@@ -259,25 +252,23 @@ def _environment(a: Mapping[str, Any], b: Mapping[str, Any]) -> Section:
     return Section("environment", tuple(changes), section.equal)
 
 
-def _data(m: Mapping[str, Any]) -> dict[str, Any]:
+def _data(m: Manifest) -> dict[str, Any]:
     """DVC objects by md5, and the inputs neither git nor DVC tracked by sha256 (cached or not)."""
-    found: dict[str, Any] = dict(data_objects(m.get("data") or []))
-    for item in m.get("inputs") or []:
-        if isinstance(item, dict) and isinstance(item.get("path"), str):
-            found[item["path"]] = item.get("sha256")
+    found: dict[str, Any] = dict(m.data_objects)
+    for item in m.inputs:
+        found[item.path] = item.sha256
     return found
 
 
-def _container(m: Mapping[str, Any]) -> dict[str, Any]:
-    container = m.get("container") or {}
-    return {k: container.get(k) for k in CONTAINER_FIELDS if container.get(k)}
+def _container(m: Manifest) -> dict[str, Any]:
+    return {k: m.container.get(k) for k in CONTAINER_FIELDS if m.container.get(k)}
 
 
-def _machine(m: Mapping[str, Any]) -> dict[str, Any]:
-    hardware = m.get("hardware") or {}
+def _machine(m: Manifest) -> dict[str, Any]:
+    hardware = m.hardware
     return {
-        "hostname": hardware.get("hostname"),
-        "memory_mb": hardware.get("memory_mb"),
-        "cpu.count": (hardware.get("cpu") or {}).get("count"),
-        "os": (hardware.get("os") or {}).get("release"),
+        "hostname": hardware.hostname,
+        "memory_mb": hardware.memory_mb,
+        "cpu.count": hardware.cpu_count,
+        "os": hardware.os_release,
     }

@@ -16,6 +16,7 @@ from cascade_repro.determinism.explain import Cause, Difference, likely_causes, 
 from cascade_repro.determinism.magnitude import Magnitude
 from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from cascade_repro.errors import EXIT_NOT_REPRODUCED, EXIT_OK
+from cascade_repro.manifest import Manifest
 
 BITWISE_IDENTICAL = "BITWISE_IDENTICAL"
 NUMERICALLY_EQUIVALENT = "NUMERICALLY_EQUIVALENT"
@@ -93,8 +94,8 @@ class RankVerdict:
 
 
 def judge_ranks(
-    manifest_a: Mapping[str, Any],
-    manifest_b: Mapping[str, Any],
+    manifest_a: Manifest,
+    manifest_b: Manifest,
     traces_a: Sequence[Sequence[dict[str, Any]]],
     traces_b: Sequence[Sequence[dict[str, Any]]],
     rtol: float = DEFAULT_RTOL,
@@ -129,17 +130,17 @@ def judge_ranks(
     return replace(chosen, ranks=ranks, summary=summary)
 
 
-def _incomparable(manifest_a: Mapping[str, Any], manifest_b: Mapping[str, Any], traced_a: bool,
+def _incomparable(manifest_a: Manifest, manifest_b: Manifest, traced_a: bool,
                   traced_b: bool) -> str | None:  # fmt: skip
     """Why two runs' traces cannot be compared at all: one has none, or they were made differently."""
     if not traced_a or not traced_b:
         record = manifest_a if not traced_a else manifest_b
-        missing = str(record.get("run_id"))
+        missing = record.run_id
         ended = crashed(record)
         if ended:  # a script that died before its first step: that is the reason, not a trace setting
             return f"run {missing[:12]} {ended} before its first traced step"
         return f"run {missing[:12]} has no step trace (recorded with --trace-interval 0 or no optimizer)"
-    header_a, header_b = manifest_a.get("trace") or {}, manifest_b.get("trace") or {}
+    header_a, header_b = manifest_a.trace_header, manifest_b.trace_header
     for key in ("algorithm", "interval"):
         if header_a.get(key) != header_b.get(key):
             return f"the traces differ in {key}: {header_a.get(key)} vs {header_b.get(key)}"
@@ -147,8 +148,8 @@ def _incomparable(manifest_a: Mapping[str, Any], manifest_b: Mapping[str, Any], 
 
 
 def judge(
-    manifest_a: Mapping[str, Any],
-    manifest_b: Mapping[str, Any],
+    manifest_a: Manifest,
+    manifest_b: Manifest,
     trace_a: Sequence[dict[str, Any]],
     trace_b: Sequence[dict[str, Any]],
     rtol: float = DEFAULT_RTOL,
@@ -159,7 +160,7 @@ def judge(
     if steps is not None:
         trace_a = [r for r in trace_a if int(r.get("step", 0)) < steps]
         trace_b = [r for r in trace_b if int(r.get("step", 0)) < steps]
-    a_id, b_id = str(manifest_a.get("run_id")), str(manifest_b.get("run_id"))
+    a_id, b_id = manifest_a.run_id, manifest_b.run_id
     differences = tuple(manifest_differences(manifest_a, manifest_b))
 
     def verdict(
@@ -167,7 +168,7 @@ def judge(
     ) -> Verdict:
         return Verdict(kind, a_id, b_id, comparison, differences, causes, summary)
 
-    header_a, header_b = manifest_a.get("trace") or {}, manifest_b.get("trace") or {}
+    header_a, header_b = manifest_a.trace_header, manifest_b.trace_header
     reason = _incomparable(manifest_a, manifest_b, bool(trace_a), bool(trace_b))
     if reason:
         return verdict(INCOMPARABLE, reason, compare_traces([], []))
@@ -225,10 +226,10 @@ def _earliest_failure(verdicts: Sequence[Verdict]) -> int | None:
     return min(failed, key=order)[0]
 
 
-def crashed(manifest: Mapping[str, Any]) -> str | None:
+def crashed(manifest: Manifest) -> str | None:
     """`FAILED with exit code 1 (RuntimeError: ...)` for a run that did not finish, else None."""
-    outcome = manifest.get("outcome") or {}
-    status = outcome.get("status")
+    outcome = manifest.outcome
+    status = outcome.status
     if status in (None, "FINISHED", "RUNNING"):
         return None
     error = outcome.get("error")

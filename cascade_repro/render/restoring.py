@@ -25,7 +25,7 @@ def restore_plan(plan: RestorePlan) -> None:
         + (f" + patch of {patch.get('size')} bytes" if patch else "")
     )
     if plan.untracked:
-        names = ", ".join(str(u["path"]) for u in plan.untracked[:5])
+        names = ", ".join(u.path for u in plan.untracked[:5])
         notice(f"  untracked  {len(plan.untracked)} file(s), sha256-checked: {names}")
     notice(f"  data       {len(plan.data)} DVC object(s); checkpoints {len(plan.checkpoints)}")
     for line in _plan_inputs(plan.input_sources):
@@ -111,7 +111,7 @@ def checkout_result(result: CheckoutResult) -> None:
     """`cascade checkout`: the checkpoint chosen and why, and each file fetched, md5-verified."""
     if result.chosen is not None:
         entry = result.chosen.entry
-        step = f"step {entry['step']}; " if entry.get("step") is not None else ""
-        notice(f"took {entry.get('path')} ({step}{result.chosen.why})")
+        step = f"step {entry.step}; " if entry.step is not None else ""
+        notice(f"took {entry.path} ({step}{result.chosen.why})")
     for item in result.items:
         notice(f"{item.path} → {item.written_to} (md5 {item.md5[:12]} verified, from the {item.source})")

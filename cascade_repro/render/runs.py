@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from cascade_repro.redaction import redact_text
 from cascade_repro.render.console import _console, _num, _size, _styled, _time, error, notice
@@ -14,7 +14,15 @@ if TYPE_CHECKING:
     from cascade_repro.api.browsing import RunSummary
     from cascade_repro.api.records import RunRecord
     from cascade_repro.images.prepare import PreparedImage
+    from cascade_repro.manifest import Manifest
     from cascade_repro.project import InitResult
+    from cascade_repro.record_sections import (
+        CheckpointEntry,
+        ContainerSection,
+        FileEntry,
+        GitSection,
+        TorchSection,
+    )
     from cascade_repro.recovery import Delivered
     from cascade_repro.run_plan import RunResult
     from cascade_repro.store.ui_server import UiOutcome, UiServer
@@ -51,8 +59,7 @@ def run_result(result: RunResult) -> None:
         for warning in result.warnings:
             notice(f"warning: {warning}")
         return
-    outcome = result.manifest.outcome or {}
-    duration = outcome.get("duration_s")
+    duration = result.manifest.outcome.get("duration_s")
     metrics = {
         k: v for k, v in result.manifest.metrics.get("keys", {}).items() if not k.startswith("cascade.")
     }
@@ -137,7 +144,7 @@ def run_record(record: RunRecord) -> None:
 
     m = record.manifest
     console = _console()
-    outcome = m.outcome or {}
+    outcome = m.outcome
     console.print(_styled((f"run {m.run_id}", "bold"), f"  {record.status}  experiment {m.experiment}"))
     rows: list[tuple[str, str]] = [
         ("command", " ".join(["cascade run", m.command.get("script", ""), *m.command.get("argv", [])])),
@@ -145,19 +152,19 @@ def run_record(record: RunRecord) -> None:
         ("outcome", f"exit {outcome.get('exit_code')} after {outcome.get('duration_s')}s"),
         ("error", _error(outcome.get("error"))),
         ("recovered", str(outcome.get("recovered") or "")),
-        ("missing", "; ".join(map(str, outcome.get("missing") or []))),
+        ("missing", "; ".join(outcome.missing)),
         ("not stored", "; ".join(map(str, outcome.get("undelivered") or []))),
-        ("commit", f"{m.git.get('commit')} ({m.git.get('branch') or 'detached'})"),
+        ("commit", f"{m.git.commit} ({m.git.branch or 'detached'})"),
         ("dirty", _dirty(m.git)),
         ("inputs", _files(m.inputs, "not tracked by git or DVC")),
         ("outputs", _files(m.outputs, "written by the run")),
         ("remotes", ", ".join(f"{k} {v}" for k, v in m.git.get("remotes", {}).items())),
-        ("seed", _seed(m.to_dict())),
+        ("seed", _seed(m)),
         ("params", f"{m.params.get('source') or '(none)'}" + _overrides(m.params.get("overrides") or {})),
         ("determinism", f"{m.determinism.get('mode')}"),
-        ("python", f"{m.python.get('version')} · {len(m.python.get('packages', {}))} packages"),
+        ("python", f"{m.python.version} · {len(m.python.packages)} packages"),
         ("torch", _torch(m.torch)),
-        ("cpu", f"{m.hardware.get('cpu', {}).get('model')} · {m.hardware.get('cpu', {}).get('count')} cores"),
+        ("cpu", f"{m.hardware.cpu_model} · {m.hardware.cpu_count} cores"),
         ("gpus", _gpus(m.gpus or m.hardware.get("gpus"))),  # "unavailable: ..." says why there are none
         ("os", f"{m.hardware.get('os', {}).get('system')} {m.hardware.get('os', {}).get('release')}"),
         ("container", _container(m.container)),
@@ -197,7 +204,7 @@ def run_record(record: RunRecord) -> None:
         console.print(metrics)
 
 
-def checkpoints(entries: list[dict[str, Any]]) -> None:
+def checkpoints(entries: Sequence[CheckpointEntry]) -> None:
     """`cascade show --checkpoints`: each checkpoint with its step, metrics, md5 and state."""
     from rich.table import Table
 
@@ -209,12 +216,14 @@ def checkpoints(entries: list[dict[str, Any]]) -> None:
     for column in ("step", "path", "status", "metrics", "md5", "size", "pushed"):
         table.add_column(column)
     for entry in entries:
-        metrics = "  ".join(f"{k}={_num(v)}" for k, v in (entry.get("metrics") or {}).items())
-        pushed = {True: "yes", False: "NO"}.get(bool(entry["pushed"]), "") if "pushed" in entry else ""
+        metrics = "  ".join(f"{k}={_num(v)}" for k, v in entry.metrics.items())
+        pushed = (
+            {True: "yes", False: "NO"}.get(bool(entry.get("pushed")), "") if "pushed" in entry.raw else ""
+        )
         table.add_row(
-            "" if entry.get("step") is None else str(entry["step"]), str(entry.get("path")),
-            str(entry.get("status")) + (f" ({entry['reason']})" if entry.get("reason") else ""),
-            metrics, str(entry.get("md5") or "")[:12], _size(entry.get("size")), pushed,
+            "" if entry.step is None else str(entry.step), entry.path,
+            str(entry.status) + (f" ({entry.get('reason')})" if entry.get("reason") else ""),
+            metrics, str(entry.md5 or "")[:12], _size(entry.size), pushed,
         )  # fmt: skip
     console.print(table)
 
@@ -278,25 +287,23 @@ def _trace_summary(console: Any, t: Any) -> None:
     console.print("  " + ", ".join(parts))
 
 
-def _dirty(git: dict[str, Any]) -> str:
-    if not git.get("dirty"):
+def _dirty(git: GitSection) -> str:
+    if not git.dirty:
         return "no"
-    patch = git.get("patch") or {}
-    untracked = git.get("untracked") or []
-    return f"yes: patch {patch.get('size', 0)} bytes, {len(untracked)} untracked file(s)"
+    patch = git.patch or {}
+    return f"yes: patch {patch.get('size', 0)} bytes, {len(git.untracked)} untracked file(s)"
 
 
-def _files(entries: list[dict[str, Any]], what: str) -> str:
+def _files(entries: Sequence[FileEntry], what: str) -> str:
     """`2 file(s) not tracked by git or DVC: data/train.bin (8.0 kB, in the DVC cache), ...`."""
     if not entries:
         return ""
     shown = []
     for entry in entries[:6]:
-        size = entry.get("size")
-        note = f"{size} bytes" if isinstance(size, int) else ""
-        if entry.get("md5"):
+        note = f"{entry.size} bytes" if entry.size is not None else ""
+        if entry.md5:
             note += ", in the DVC cache"
-        shown.append(f"{entry.get('path')} ({note})" if note else str(entry.get("path")))
+        shown.append(f"{entry.path} ({note})" if note else entry.path)
     more = f" and {len(entries) - 6} more" if len(entries) > 6 else ""
     return f"{len(entries)} file(s) {what}: " + ", ".join(shown) + more
 
@@ -305,27 +312,27 @@ def _overrides(overrides: dict[str, Any]) -> str:
     return "" if not overrides else " · overrides " + ", ".join(f"{k}={v}" for k, v in overrides.items())
 
 
-def _torch(torch: dict[str, Any]) -> str:
-    parts = [str(torch.get("version"))]
+def _torch(torch: TorchSection) -> str:
+    parts = [str(torch.version)]
     for key in ("cuda", "cudnn", "cpu_capability", "num_threads"):
         if torch.get(key) is not None:
-            parts.append(f"{key} {torch[key]}")
+            parts.append(f"{key} {torch.get(key)}")
     return " · ".join(parts)
 
 
-def _container(container: dict[str, Any]) -> str:
+def _container(container: ContainerSection) -> str:
     if container.get("unavailable"):
-        return str(container["unavailable"])
+        return str(container.get("unavailable"))
     if not container.get("in_container"):
         return "no"
-    image_id = str(container.get("image_id") or "")
-    if not container.get("image") and not image_id:
+    image_id = container.image_id or ""
+    if not container.image and not image_id:
         # started by something else (a dev container, CI, Kubernetes): a fact, not a fault
         evidence = ", ".join(map(str, container.get("evidence") or []))
         return (f"yes{f' ({evidence})' if evidence else ''}, started outside cascade; to record its image, "
                 "set CASCADE_IMAGE (and CASCADE_IMAGE_ID) where it starts")  # fmt: skip
-    image = container.get("image") or "image not recorded"
-    how = " · run by cascade --docker" if container.get("runtime") == "docker" else ""
+    image = container.image or "image not recorded"
+    how = " · run by cascade --docker" if container.in_docker else ""
     return f"{image}" + (f" ({image_id[7:19]})" if image_id.startswith("sha256:") else "") + how
 
 
@@ -341,17 +348,16 @@ def _error(error: dict[str, Any] | None) -> str:
     return f"{error['type']}: {error['message']}" if error else ""
 
 
-def _seed(record: dict[str, Any]) -> str:
+def _seed(record: Manifest) -> str:
     """cascade's seed, and beside it the seeds the script set itself (and whether they took over)."""
     from cascade_repro.determinism import script_seeds
 
-    params = record.get("params") or {}
-    shown = f"{params.get('seed')} ({params.get('seed_source')})"
-    calls = script_seeds.described(record)
+    shown = f"{record.seed} ({record.params.get('seed_source')})"
+    calls = script_seeds.described(record.determinism)
     if not calls:
         return shown
     shown += "; the script set " + ", ".join(calls[:6]) + (" …" if len(calls) > 6 else "")
-    taken = script_seeds.overridden(record)
+    taken = script_seeds.overridden(record.determinism)
     if taken:
         shown += f"; cascade's seed had no effect on {script_seeds.words(taken)}"
     return shown

@@ -19,14 +19,14 @@ def locate_inputs(plan: RestorePlan, root: Path) -> RestorePlan:
     sources: dict[str, str] = {}
     real_root = os.path.realpath(root)
     for item in plan.inputs:
-        rel = posixpath.normpath(str(item["path"]))
-        if item.get("md5"):
+        rel = posixpath.normpath(item.path)
+        if item.md5:
             sources[rel] = "dvc"
             continue
         real = os.path.realpath(root / rel)
         if not real.startswith(real_root + os.sep) or not os.path.isfile(real):
             sources[rel] = "missing"
-        elif os.path.getsize(real) != item.get("size") or sha256_of(Path(real)) != item.get("sha256"):
+        elif os.path.getsize(real) != item.size or sha256_of(Path(real)) != item.sha256:
             sources[rel] = "changed"
         else:
             sources[rel] = "checkout"
@@ -35,26 +35,26 @@ def locate_inputs(plan: RestorePlan, root: Path) -> RestorePlan:
 
 def inputs_not_here(plan: RestorePlan) -> list[str]:
     """`path (missing in your checkout)` / `path (changed: ...)` for each input restore cannot take."""
-    recorded = {posixpath.normpath(str(i["path"])): i for i in plan.inputs}
+    recorded = {posixpath.normpath(i.path): i for i in plan.inputs}
     out = []
     for rel, source in plan.input_sources.items():
         if source == "missing":
             out.append(f"{rel} (missing in your checkout)")
         elif source == "changed":
             item = recorded[rel]
-            out.append(f"{rel} (changed since the run: it read {item.get('size')} bytes with sha256 "
-                       f"{str(item.get('sha256'))[:12]}…)")  # fmt: skip
+            out.append(f"{rel} (changed since the run: it read {item.size} bytes with sha256 "
+                       f"{str(item.sha256)[:12]}…)")  # fmt: skip
     return out
 
 
 def deliver_inputs(plan: RestorePlan, root: Path, workdir: Path) -> list[str]:
     """Copy the inputs taken from the checkout into the worktree (confined), each checked again there."""
-    recorded = {posixpath.normpath(str(i["path"])): i for i in plan.inputs}
+    recorded = {posixpath.normpath(i.path): i for i in plan.inputs}
     copied = []
     for rel, source in plan.input_sources.items():
         if source != "checkout":
             continue
-        expected = str(recorded[rel].get("sha256"))
+        expected = str(recorded[rel].sha256)
         existing = workdir / rel
         if existing.is_file() and not existing.is_symlink() and sha256_of(existing) == expected:
             continue  # a reused worktree has it already

@@ -14,8 +14,10 @@ from typing import Any, Mapping
 from cascade_repro import confined
 from cascade_repro.determinism.explain import Difference
 from cascade_repro.determinism.record_compare import compare_records
-from cascade_repro.distributed import MAX_NPROC_PER_NODE, is_launcher_variable, recorded_layout, world_size
+from cascade_repro.distributed import MAX_NPROC_PER_NODE, is_launcher_variable
 from cascade_repro.errors import RestoreRefused
+from cascade_repro.manifest import Manifest
+from cascade_repro.record_sections import CheckpointEntry, DataEntry, FileEntry, GitSection
 from cascade_repro.redaction import SecretSlot, is_redacted, secret_slots
 from cascade_repro.restore.safety import safe_link, safe_path, untracked_links, written_paths
 
@@ -33,10 +35,10 @@ class RestorePlan:
     commit: str
     dirty: bool
     patch: Mapping[str, Any] | None
-    untracked: tuple[Mapping[str, Any], ...]
+    untracked: tuple[FileEntry, ...]
     unavailable: tuple[str, ...]  # untracked files the record names but did not keep
-    data: tuple[Mapping[str, Any], ...]
-    checkpoints: tuple[Mapping[str, Any], ...]
+    data: tuple[DataEntry, ...]
+    checkpoints: tuple[CheckpointEntry, ...]
     script: str
     argv: tuple[str, ...]
     cwd: str
@@ -55,11 +57,26 @@ class RestorePlan:
     secret_env: Mapping[str, bool] = field(default_factory=dict)  # redacted variables → set here (kept)
     # files the run read that neither git nor DVC tracked (record's `inputs`), and where each comes
     # from here (locate_inputs): "dvc" (cached with --track-inputs), "checkout", "missing", "changed"
-    inputs: tuple[Mapping[str, Any], ...] = ()
+    inputs: tuple[FileEntry, ...] = ()
     input_sources: Mapping[str, str] = field(default_factory=dict)
+
+    def written_paths(self) -> list[tuple[str, str]]:
+        """Every file this restore may write: (path, what it is)."""
+        return written_paths(
+            Manifest(
+                self.run_id,
+                self.experiment,
+                data=self.data,
+                checkpoints=self.checkpoints,
+                inputs=self.inputs,
+                git=GitSection({"untracked": [u.raw for u in self.untracked]}),
+            )
+        )
 
     def to_dict(self) -> dict[str, Any]:
         body = {k: v for k, v in vars(self).items() if k != "differences"}
+        for name in ("untracked", "data", "checkpoints", "inputs"):
+            body[name] = [entry.to_dict() for entry in body[name]]
         body["workdir"] = str(self.workdir)
         body["differences"] = [d.to_dict() for d in self.differences]
         body["secret_args"] = [s.to_dict() for s in self.secret_args]
@@ -75,75 +92,74 @@ class Worktree:
     restored_files: tuple[str, ...] = field(default_factory=tuple)
 
 
-def plan_restore(manifest: Mapping[str, Any], version: str | None, workdir: Path, steps: int | None,
+def plan_restore(manifest: Manifest, version: str | None, workdir: Path, steps: int | None,
                  environ: Mapping[str, str], allow_prefixes: tuple[str, ...],
-                 here: Mapping[str, Any]) -> RestorePlan:  # fmt: skip
+                 here: Manifest) -> RestorePlan:  # fmt: skip
     """Read the record and check every path in it; raises RestoreRefused before anything is written."""
-    git = manifest.get("git") or {}
-    command = manifest.get("command") or {}
-    commit = str(git.get("commit") or "")
+    git, command = manifest.git, manifest.command
+    commit = git.commit or ""
     if len(commit) != 40 or any(c not in "0123456789abcdef" for c in commit):
-        raise RestoreRefused(f"run {manifest.get('run_id')} records no usable git commit ({commit!r})")
+        raise RestoreRefused(f"run {manifest.run_id} records no usable git commit ({commit!r})")
     script = safe_path(str(command.get("script") or ""), "the script")
     cwd = safe_path(str(command.get("cwd") or "."), "the working directory", allow_dot=True)
     stored, unavailable = [], []
-    for item in git.get("untracked") or []:
-        path = safe_path(str(item.get("path") or ""), "an untracked file")
-        target = item.get("symlink_target")
-        if target is not None:
-            safe_link(path, str(target))
-        if item.get("stored"):
+    for item in git.untracked:
+        path = safe_path(item.path, "an untracked file")
+        if item.symlink_target is not None:
+            safe_link(path, item.symlink_target)
+        if item.stored:
             stored.append(item)
         else:
             unavailable.append(path)
-    for item in manifest.get("data") or []:
-        safe_path(str(item.get("path") or ""), "a data path")
-    for item in manifest.get("inputs") or []:
-        safe_path(str(item.get("path") or ""), "an input file")
-    for item in manifest.get("checkpoints") or []:
-        if item.get("status") == "kept" and item.get("md5"):  # the ones restore may write
-            safe_path(str(item.get("path") or ""), "a checkpoint path")
-    # chains of the record's own symlinks, each harmless as text, may still lead out together
-    confined.refuse_escapes(untracked_links(git.get("untracked") or []), written_paths(manifest))
-    params = manifest.get("params") or {}
-    trace = manifest.get("trace") or {}
+    _check_written_paths(manifest)
     return RestorePlan(
-        run_id=str(manifest.get("run_id")),
+        run_id=manifest.run_id,
         version=version,
-        experiment=str(manifest.get("experiment")),
+        experiment=manifest.experiment,
         commit=commit,
-        dirty=bool(git.get("dirty")),
-        patch=git.get("patch"),
+        dirty=git.dirty,
+        patch=git.patch,
         untracked=tuple(stored),
         unavailable=tuple(unavailable),
-        data=tuple(manifest.get("data") or ()),
-        checkpoints=tuple(manifest.get("checkpoints") or ()),
+        data=manifest.data,
+        checkpoints=manifest.checkpoints,
         script=script,
         argv=tuple(str(a) for a in command.get("argv") or ()),
         cwd=cwd,
-        seed=int(params.get("seed", 0)),
-        determinism=str((manifest.get("determinism") or {}).get("mode") or "warn"),
-        trace_interval=int(trace.get("interval") or 0),
+        seed=int(manifest.params.get("seed", 0)),
+        determinism=manifest.determinism_mode,
+        trace_interval=int(manifest.trace_header.get("interval") or 0),
         environment=recorded_environment(
-            manifest.get("environment") or {}, environ, allow_prefixes, manifest.get("environment_read") or {}
+            manifest.environment, environ, allow_prefixes, manifest.variables_read
         ),
         differences=tuple(machine_differences(manifest, here)),
         workdir=workdir,
         steps=steps,
-        num_threads=_int_or_none((manifest.get("torch") or {}).get("num_threads")),
+        num_threads=manifest.torch.num_threads,
         nproc_per_node=_processes(manifest),
         **_redacted_sources(manifest, environ),
-        inputs=tuple(manifest.get("inputs") or ()),
+        inputs=manifest.inputs,
     )
 
 
-def _processes(manifest: Mapping[str, Any]) -> int | None:
+def _check_written_paths(manifest: Manifest) -> None:
+    """The paths restore may write (data, inputs, kept checkpoints) stay inside the worktree."""
+    for data in manifest.data:
+        safe_path(data.path, "a data path")
+    for item in manifest.inputs:
+        safe_path(item.path, "an input file")
+    for checkpoint in manifest.kept_checkpoints:  # the ones restore may write
+        safe_path(checkpoint.path, "a checkpoint path")
+    # chains of the record's own symlinks, each harmless as text, may still lead out together
+    confined.refuse_escapes(untracked_links(manifest.git.untracked), written_paths(manifest))
+
+
+def _processes(manifest: Manifest) -> int | None:
     """The recorded job's world size, all on this machine (checked against MAX_NPROC_PER_NODE); None
     for a single process."""
-    layout = recorded_layout(manifest)
-    if not layout:
+    if not manifest.layout:
         return None
-    size = world_size(manifest)
+    size = manifest.world_size
     if size > MAX_NPROC_PER_NODE:
         raise RestoreRefused(f"the run was a torchrun job of {size} processes; a restore starts them all on "
                              f"this machine, at most {MAX_NPROC_PER_NODE}",
@@ -151,18 +167,11 @@ def _processes(manifest: Mapping[str, Any]) -> int | None:
     return size
 
 
-def _int_or_none(value: Any) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None
-
-
-def _redacted_sources(manifest: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+def _redacted_sources(manifest: Manifest, environ: Mapping[str, str]) -> dict[str, Any]:
     """Where the values the record redacted come from: argv from CASCADE_SECRET_* variables,
     environment variables from this machine."""
-    slots = secret_slots([str(a) for a in (manifest.get("command") or {}).get("argv") or ()])
-    recorded = {**(manifest.get("environment_read") or {}), **(manifest.get("environment") or {})}
+    slots = secret_slots([str(a) for a in manifest.command.get("argv") or ()])
+    recorded = {**manifest.variables_read, **manifest.environment}
     return {
         "secret_args": tuple(slots),
         "secrets_missing": tuple(s.variable for s in slots if s.variable not in environ),
@@ -203,7 +212,7 @@ def recorded_environment(recorded: Mapping[str, str], environ: Mapping[str, str]
     return changes
 
 
-def machine_differences(manifest: Mapping[str, Any], here: Mapping[str, Any]) -> list[Difference]:
+def machine_differences(manifest: Manifest, here: Manifest) -> list[Difference]:
     """This machine (`here`: a partial record made without importing torch) against the record, as
     the one comparator (`record_compare`) sees them: one line per kind. Class A means bitwise equality
     is not expected here; class B variables are set by restore.

@@ -35,7 +35,7 @@ def write_marker(workdir: Path, plan: RestorePlan) -> None:
 def remove_rerun_outputs(workdir: Path, plan: RestorePlan, state: Mapping[str, Any]) -> list[str]:
     """Untracked files a previous re-run wrote (unchanged since: the state check passed), so the
     next re-run starts from the recorded state, not from the last one's outputs."""
-    recorded = {str(u["path"]) for u in plan.untracked}
+    recorded = {u.path for u in plan.untracked}
     removed = []
     for rel, _digest in state.get("untracked") or []:
         if rel in recorded:

@@ -4,31 +4,26 @@ from __future__ import annotations
 
 import posixpath
 from pathlib import Path, PurePosixPath
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Iterable
 
 from cascade_repro.capture.git import sha256_of
 from cascade_repro.errors import RestoreRefused, UnsafeRecord
 
-
-def untracked_links(untracked: Any) -> dict[str, str]:
-    return {
-        posixpath.normpath(str(u["path"])): str(u["symlink_target"])
-        for u in untracked
-        if u.get("symlink_target") is not None
-    }
+if TYPE_CHECKING:
+    from cascade_repro.manifest import Manifest
+    from cascade_repro.record_sections import FileEntry
 
 
-def written_paths(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
+def untracked_links(untracked: Iterable[FileEntry]) -> dict[str, str]:
+    return {posixpath.normpath(u.path): u.symlink_target for u in untracked if u.symlink_target is not None}
+
+
+def written_paths(manifest: Manifest) -> list[tuple[str, str]]:
     """Every file a restore may write for this record: (path, what it is)."""
-    git = manifest.get("git") or {}
-    paths = [(str(u.get("path")), "the untracked file") for u in git.get("untracked") or []]
-    paths += [(str(d.get("path")), "the data path") for d in manifest.get("data") or []]
-    paths += [(str(i.get("path")), "the input file") for i in manifest.get("inputs") or []]
-    paths += [
-        (str(c.get("path")), "the checkpoint")
-        for c in manifest.get("checkpoints") or []
-        if c.get("status") == "kept" and c.get("md5")
-    ]
+    paths = [(u.path, "the untracked file") for u in manifest.git.untracked]
+    paths += [(d.path, "the data path") for d in manifest.data]
+    paths += [(i.path, "the input file") for i in manifest.inputs]
+    paths += [(c.path, "the checkpoint") for c in manifest.kept_checkpoints]
     return paths
 
 

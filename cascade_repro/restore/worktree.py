@@ -13,7 +13,7 @@ from cascade_repro import confined
 from cascade_repro.errors import CascadeError, RestoreRefused
 from cascade_repro.restore.plan import RestorePlan, Worktree
 from cascade_repro.restore.reuse import check_reusable, remove_rerun_outputs, write_marker
-from cascade_repro.restore.safety import check_sha256, safe_link, safe_path, untracked_links, written_paths
+from cascade_repro.restore.safety import check_sha256, safe_link, safe_path, untracked_links
 from cascade_repro.store import git_repo
 from cascade_repro.store.git_repo import has_commit
 from cascade_repro.store.run_store import RunStore
@@ -30,11 +30,11 @@ def stage_dirty_state(
         patch_file = local
     files: dict[str, Path] = {}
     for item in plan.untracked:
-        if item.get("symlink_target") is not None:
+        if item.symlink_target is not None:
             continue
-        rel = str(item["path"])
+        rel = item.path
         local = _download(store, plan.run_id, f"cascade/untracked/{rel}", staging / "untracked")
-        check_sha256(local, str(item.get("sha256")), f"the untracked file {rel}")
+        check_sha256(local, str(item.sha256), f"the untracked file {rel}")
         files[rel] = local
     return patch_file, files
 
@@ -64,7 +64,7 @@ def materialize(plan: RestorePlan, root: Path, store: RunStore, notify: Callable
         patch_file, files = stage_dirty_state(plan, store, Path(tmp))
         patch_links = _check_patch_paths(root, patch_file) if patch_file is not None else {}
         record_links = untracked_links(plan.untracked)
-        confined.refuse_escapes({**record_links, **patch_links}, _plan_paths(plan))
+        confined.refuse_escapes({**record_links, **patch_links}, plan.written_paths())
         workdir.parent.mkdir(parents=True, exist_ok=True)
         _git(root, "worktree", "add", "--detach", "--force", str(workdir), plan.commit)
         try:
@@ -83,12 +83,6 @@ def discard(root: Path, workdir: Path) -> None:
     _git(root, "worktree", "prune", check=False)
 
 
-def _plan_paths(plan: RestorePlan) -> list[tuple[str, str]]:
-    record = {"git": {"untracked": list(plan.untracked)}, "data": list(plan.data)}
-    record["inputs"] = list(plan.inputs)
-    return written_paths({**record, "checkpoints": list(plan.checkpoints)})
-
-
 def _apply_dirty_state(plan: RestorePlan, workdir: Path, patch_file: Path | None,
                        files: Mapping[str, Path]) -> list[str]:  # fmt: skip
     if patch_file is not None:
@@ -101,12 +95,12 @@ def _apply_dirty_state(plan: RestorePlan, workdir: Path, patch_file: Path | None
         confined.refuse_links_out(workdir, _changed_paths_of(workdir))
     restored = []
     for item in plan.untracked:
-        rel = str(item["path"])
+        rel = item.path
         if os.path.lexists(workdir / rel):
             raise RestoreRefused(f"the untracked file {rel} of the record is tracked at {plan.commit[:12]}")
-        link = item.get("symlink_target")
+        link = item.symlink_target
         if link is not None:
-            confined.make_symlink(workdir, rel, str(link), f"the untracked symlink {rel}")
+            confined.make_symlink(workdir, rel, link, f"the untracked symlink {rel}")
         else:
             confined.write_file(workdir, rel, files[rel], f"the untracked file {rel}")
         restored.append(rel)

@@ -3,7 +3,7 @@ artifacts, tag it, list runs. Nothing above `store/` sees an MLflow type or exce
 
     store = RunStore.open(settings)          # probes the store first: a clear error, never a hang
     run = store.resolve("v1.2.3")            # id, unique id prefix, run name or version
-    record = store.record(run.run_id)        # the checked record (`manifest.check_schema`)
+    record = store.record(run.run_id)        # the checked, typed record (`Manifest.from_dict`)
 
 Over MLflow's client, chosen from the tracking URI (a local sqlite file, a database, a tracking
 server); `resolve(ref, fast=True)` first tries the embedded store's fast path (`local_record`: one
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from cascade_repro.errors import CascadeError, RunNotFound, StoreError
-from cascade_repro.manifest import ARTIFACT_PATH, check_schema
+from cascade_repro.manifest import ARTIFACT_PATH, Manifest
 from cascade_repro.store import local_record, mlflow_store
 
 if TYPE_CHECKING:
@@ -165,8 +165,8 @@ class RunStore:
         return found.experiment_id if found else None
 
     # -- reading records and artifacts --------------------------------------------------------
-    def record(self, run_id: str) -> dict[str, Any]:
-        """The run's record, its shape checked whole (it may come from a shared server)."""
+    def record(self, run_id: str) -> Manifest:
+        """The run's record, its schema and shape checked whole (it may come from a shared server)."""
         try:
             data = json.loads(self.text(run_id, RECORD_ARTIFACT))
         except (StoreError, ValueError):
@@ -177,8 +177,7 @@ class RunStore:
             ) from None
         if not isinstance(data, dict):
             raise RunNotFound(f"run {run_id}: {RECORD_ARTIFACT} is not a record")
-        check_schema(data, run_id)
-        return data
+        return Manifest.from_dict(data, run_id)
 
     def text(self, run_id: str, artifact: str) -> str:
         """An artifact's text (StoreError when the run has none by that name)."""

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cascade_repro.manifest import Manifest
 from tests.plugin import Project, git
 
 pytestmark = pytest.mark.slow
@@ -140,6 +141,11 @@ def test_environment_stack_and_redaction(project: Project) -> None:
     assert manifest["determinism"]["applied"]["torch.manual_seed"] == 3
     assert manifest["determinism"]["flags_at_start"]["deterministic_algorithms"] is True
     assert manifest["schema"] == "cascade.run/1"
+    # the one way in and out: the typed record reads what was stored and writes it back unchanged
+    typed = Manifest.from_dict(manifest)
+    assert typed.to_dict() == manifest
+    assert typed.torch.num_threads == 1 and typed.run_id == run.info.run_id
+    assert typed.python.package_versions["torch"] == importlib.metadata.version("torch")
 
 
 def test_stock_mlflow_ui_tags(project: Project) -> None:

@@ -10,7 +10,8 @@ import pytest
 from cascade_repro.checkout import choose_checkpoint, select_checkpoint
 from cascade_repro.child.checkpoints import Policy, _Saved, _to_prune
 from cascade_repro.errors import DataError, UnsafeRecord, UsageError
-from cascade_repro.manifest import data_objects
+from cascade_repro.manifest import Manifest
+from cascade_repro.record_sections import CheckpointEntry, DataEntry
 
 
 def _saved(values: list[float | None]) -> list[_Saved]:
@@ -31,7 +32,7 @@ def test_nothing_is_pruned_without_a_metric_or_with_top_k_minus_one() -> None:
     assert _to_prune(_saved([1, 2, 3, 4]), Policy(monitor=None, save_top_k=1)) == []
 
 
-def _ckpt(step: int, loss: float | None, status: str = "kept", path: str | None = None) -> dict[str, Any]:
+def _ckpt(step: int, loss: float | None, status: str = "kept", path: str | None = None) -> CheckpointEntry:
     entry: dict[str, Any] = {
         "step": step,
         "status": status,
@@ -40,16 +41,16 @@ def _ckpt(step: int, loss: float | None, status: str = "kept", path: str | None 
     }
     if loss is not None:
         entry.update(metrics={"val_loss": loss}, monitor="val_loss", mode="min")
-    return entry
+    return CheckpointEntry(entry)
 
 
 def test_select_best_last_step_and_path() -> None:
     entries = [_ckpt(1, 0.5), _ckpt(2, 0.2), _ckpt(3, 0.1, status="pruned"), _ckpt(4, 0.9)]
-    assert select_checkpoint(entries, "best")["step"] == 2  # the pruned 0.1 is gone
-    assert select_checkpoint(entries, "last")["step"] == 4
-    assert select_checkpoint(entries, "1")["step"] == 1
-    assert select_checkpoint(entries, "c/s4.pt")["step"] == 4
-    assert select_checkpoint(entries, "s2.pt")["step"] == 2
+    assert select_checkpoint(entries, "best").step == 2  # the pruned 0.1 is gone
+    assert select_checkpoint(entries, "last").step == 4
+    assert select_checkpoint(entries, "1").step == 1
+    assert select_checkpoint(entries, "c/s4.pt").step == 4
+    assert select_checkpoint(entries, "s2.pt").step == 2
     with pytest.raises(UsageError, match="no kept checkpoint matches '3'"):
         select_checkpoint(entries, "3")
 
@@ -68,7 +69,10 @@ def test_data_objects_are_the_bytes_the_run_read() -> None:
         {"path": "c.bin", "md5": "committed", "matches": False, "note": "missing"},
         {"path": "dir", "md5": "x.dir", "matches": True},
     ]
-    assert data_objects(data) == [("a.bin", "committed"), ("b.bin", "dirty")]
+    assert Manifest("r", "e", data=DataEntry.each(data)).data_objects == [
+        ("a.bin", "committed"),
+        ("b.bin", "dirty"),
+    ]
 
 
 def test_checkout_never_writes_outside_its_base(tmp_path: Path) -> None:
@@ -92,10 +96,10 @@ def test_checkout_never_writes_outside_its_base(tmp_path: Path) -> None:
 def test_the_default_is_the_best_when_monitored_else_the_last_and_says_why() -> None:
     monitored = [_ckpt(1, 0.5), _ckpt(2, 0.2), _ckpt(4, 0.9)]
     chosen = choose_checkpoint(monitored, None)
-    assert chosen.entry["step"] == 2 and chosen.why == "best by val_loss"
+    assert chosen.entry.step == 2 and chosen.why == "best by val_loss"
     plain = [_ckpt(1, None), _ckpt(4, None), _ckpt(2, None)]
     chosen = choose_checkpoint(plain, None)
-    assert chosen.entry["step"] == 4 and chosen.why == "last: no metric monitored"
+    assert chosen.entry.step == 4 and chosen.why == "last: no metric monitored"
     assert choose_checkpoint(plain, "last").why == "last"
     assert choose_checkpoint(plain, "2").why == "step 2"
     with pytest.raises(UsageError, match="none is 'best'"):  # asked for by name: still refused

@@ -13,6 +13,7 @@ from cascade_repro.determinism.verdict import judge_ranks
 from cascade_repro.distributed import LAUNCHED, Distributed, is_launcher_variable, joined, launched
 from cascade_repro.errors import CascadeError, UsageError
 from cascade_repro.manifest import check_shape
+from tests.plugin import as_record
 from tests.unit.test_verdict import _manifest, _record
 
 
@@ -23,7 +24,7 @@ def _job(run_id: str, world_size: int = 2) -> dict[str, Any]:
 
 def test_every_rank_equal_is_bitwise_identical_with_each_ranks_verdict() -> None:
     ranks = [[_record(i) for i in range(3)] for _ in range(2)]
-    verdict = judge_ranks(_job("a"), _job("b"), ranks, copy.deepcopy(ranks))
+    verdict = judge_ranks(as_record(_job("a")), as_record(_job("b")), ranks, copy.deepcopy(ranks))
     assert verdict.verdict == "BITWISE_IDENTICAL"
     assert verdict.summary == "every rank's steps are bitwise identical (2 ranks, 6 steps in all)"
     assert [(r.rank, r.verdict, r.steps) for r in verdict.ranks] == [(0, "BITWISE_IDENTICAL", 3),
@@ -36,17 +37,21 @@ def test_the_rank_whose_divergence_comes_first_in_causal_order_is_named() -> Non
     other[0][1]["grads"]["w"] = "reduced"  # rank 0: gradients at step 1 (all-reduced from rank 1)
     other[1][1]["batch"] = "skewed"  # rank 1: its batch at step 1, which comes first
     other[1][1]["grads"]["w"] = "reduced"
-    verdict = judge_ranks(_job("a"), _job("b"), ranks, other)
+    verdict = judge_ranks(as_record(_job("a")), as_record(_job("b")), ranks, other)
     assert verdict.verdict == "DIVERGED" and verdict.summary.startswith("rank 1: DIVERGED at step 1")
     assert verdict.comparison.facets()[0] == "batch"
     assert [r.verdict for r in verdict.ranks] == ["DIVERGED", "DIVERGED"]
     other[0][0]["loss"]["bits"] += 1  # now rank 0 differs a step earlier: rank 0 is first
-    assert judge_ranks(_job("a"), _job("b"), ranks, other).summary.startswith("rank 0: DIVERGED at step 0")
+    assert judge_ranks(as_record(_job("a")), as_record(_job("b")), ranks, other).summary.startswith(
+        "rank 0: DIVERGED at step 0"
+    )
 
 
 def test_jobs_of_other_sizes_compare_rank_0_only_and_name_the_world_size() -> None:
     trace = [_record(i) for i in range(3)]
-    verdict = judge_ranks(_job("a", 2), _job("b", 1), [trace, trace], [copy.deepcopy(trace)])
+    verdict = judge_ranks(
+        as_record(_job("a", 2)), as_record(_job("b", 1)), [trace, trace], [copy.deepcopy(trace)]
+    )
     assert verdict.verdict == "INCOMPARABLE"
     assert "the other ranks are not compared (2 vs 1 ranks)" in verdict.summary
     assert [d.summary for d in verdict.differences if d.kind == "world_size"] == [
@@ -56,7 +61,9 @@ def test_jobs_of_other_sizes_compare_rank_0_only_and_name_the_world_size() -> No
 
 def test_a_single_process_verdict_is_unchanged() -> None:
     trace = [_record(i) for i in range(3)]
-    verdict = judge_ranks(_manifest("a"), _manifest("b"), [trace], [copy.deepcopy(trace)])
+    verdict = judge_ranks(
+        as_record(_manifest("a")), as_record(_manifest("b")), [trace], [copy.deepcopy(trace)]
+    )
     assert verdict.verdict == "BITWISE_IDENTICAL" and verdict.ranks == ()
     assert verdict.summary == "all 3 steps are bitwise identical"
 

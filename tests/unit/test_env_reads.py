@@ -12,6 +12,7 @@ import pytest
 
 from cascade_repro.capture.environment import environment_read
 from cascade_repro.determinism.explain import manifest_differences
+from tests.plugin import as_record
 
 SCRIPT = """
 import json, os
@@ -47,7 +48,7 @@ def test_the_parent_drops_allow_listed_names_and_redacts_secrets() -> None:
 def test_a_variable_read_with_another_value_is_a_class_b_difference() -> None:
     a = {"environment_read": {"PERTURB": None, "SAME": "1", "ONLY_A": "x"}}
     b = {"environment_read": {"PERTURB": "5", "SAME": "1"}}
-    (difference,) = manifest_differences(a, b)
+    (difference,) = manifest_differences(as_record(a), as_record(b))
     assert difference.klass == "B" and difference.summary.endswith("PERTURB unset → '5'")
 
 

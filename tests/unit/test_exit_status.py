@@ -18,6 +18,7 @@ from cascade_repro.manifest import Manifest
 from cascade_repro.recovery import Delivered
 from cascade_repro.run_plan import RunResult
 from cascade_repro.store.ui_server import UiOutcome
+from tests.plugin import as_record
 
 CLI = Path(__file__).resolve().parents[2] / "cascade_repro" / "cli"
 
@@ -35,10 +36,10 @@ def _record(run_id: str) -> dict[str, Any]:
 
 def test_a_verdict_exits_3_exactly_when_it_did_not_reproduce() -> None:
     trace = [_step(i, 1.0 - i / 10) for i in range(3)]
-    same = judge(_record("a"), _record("b"), trace, copy.deepcopy(trace))
+    same = judge(as_record(_record("a")), as_record(_record("b")), trace, copy.deepcopy(trace))
     other = copy.deepcopy(trace)
     other[2]["params_after"]["w"] = "changed"
-    diverged = judge(_record("a"), _record("b"), trace, other)
+    diverged = judge(as_record(_record("a")), as_record(_record("b")), trace, other)
     assert (same.verdict, same.exit_status) == ("BITWISE_IDENTICAL", EXIT_OK)
     assert (diverged.verdict, diverged.exit_status) == ("DIVERGED", EXIT_NOT_REPRODUCED)
 
@@ -69,7 +70,7 @@ def test_a_run_exits_with_the_script_code_and_4_only_where_the_script_succeeded(
 def test_a_restore_exits_with_its_verdict_and_0_when_only_materialized() -> None:
     trace = [_step(0, 1.0)]
     other = [_step(0, 2.0)]
-    diverged = judge(_record("a"), _record("b"), trace, other)
+    diverged = judge(as_record(_record("a")), as_record(_record("b")), trace, other)
     ran: Any = object()  # a re-run's RunResult; exit_status reads only whether there was one
     plan: Any = None
     assert RestoreResult(plan, plan, run=None, verdict=None).exit_status == 0

@@ -14,6 +14,7 @@ from cascade_repro.determinism.explain import likely_causes, manifest_difference
 from cascade_repro.determinism.record_compare import compare_records, same_torch_version
 from cascade_repro.diff import diff_records
 from cascade_repro.restore import machine_differences
+from tests.plugin import as_record
 
 TORCH = {
     "version": "2.14.1+cu130", "git_version": "abc", "cuda": "13.0", "hip": None, "cudnn": 91000,
@@ -111,13 +112,15 @@ def test_each_catalogue_field_is_compared_with_its_class(
 ) -> None:
     a, b = _record("a"), _record("b")
     edit(b)
-    (change,) = compare_records(a, b).changes
+    (change,) = compare_records(as_record(a), as_record(b)).changes
     assert (change.key, change.klass, change.kind) == (key, klass, kind)
-    assert compare_records(a, b).section(section).changes == (change,)
+    assert compare_records(as_record(a), as_record(b)).section(section).changes == (change,)
     # diff shows that same change, verify names it as a cause unless it is informational
-    shown = [c for s in diff_records(a, b).sections for c in s.changes if s.name == section]
+    shown = [
+        c for s in diff_records(as_record(a), as_record(b)).sections for c in s.changes if s.name == section
+    ]
     assert shown == [change]
-    kinds = [d.kind for d in manifest_differences(a, b)]
+    kinds = [d.kind for d in manifest_differences(as_record(a), as_record(b))]
     assert kinds == ([] if klass == "C" else [kind])
 
 
@@ -140,7 +143,7 @@ def test_results_are_compared_by_diff_with_the_catalogue_class() -> None:
     for record, loss, md5 in ((a, 0.5, "1" * 32), (b, 0.4, "2" * 32)):
         record["metrics"] = {"keys": {"loss": {"last": loss, "min": loss}}}
         record["checkpoints"] = [{"path": "ckpt.pt", "md5": md5, "status": "kept"}]
-    result = diff_records(a, b, trace_note="DIVERGED at step 3")
+    result = diff_records(as_record(a), as_record(b), trace_note="DIVERGED at step 3")
     changes = [(s.name, c) for s in result.sections for c in s.changes]
     keys = {(name, catalogue.lookup(name, c.key).key, c.klass) for name, c in changes}
     assert keys == {("metrics", "*", "R"), ("checkpoints", "*", "R"), ("trace", "first divergence", "R")}
@@ -150,19 +153,21 @@ def test_seed_derived_and_own_variables_are_part_of_the_seed_not_the_environment
     a, b = _record("a"), _record("b")
     b["params"]["seed"] = 7
     b["environment"].update(PYTHONHASHSEED="7", CASCADE_SEED="7", MLFLOW_RUN_ID="other")
-    assert [(c.key, c.kind) for c in compare_records(a, b).changes] == [("seed", "seed")]
-    assert [d.summary for d in manifest_differences(a, b)] == ["seed 3 → 7"]
+    assert [(c.key, c.kind) for c in compare_records(as_record(a), as_record(b)).changes] == [
+        ("seed", "seed")
+    ]
+    assert [d.summary for d in manifest_differences(as_record(a), as_record(b))] == ["seed 3 → 7"]
 
 
 def test_a_variable_read_by_one_run_only_is_informational() -> None:
     a, b = _record("a"), _record("b")
     b["environment_read"]["NEW_KNOB"] = "1"
-    (change,) = compare_records(a, b).changes
+    (change,) = compare_records(as_record(a), as_record(b)).changes
     assert (change.key, change.klass, change.note) == ("read:NEW_KNOB", "C", "read by one run only")
-    assert manifest_differences(a, b) == []
+    assert manifest_differences(as_record(a), as_record(b)) == []
     # a record that ran nothing (`current`, this machine) read nothing: not compared
     del b["environment_read"]
-    assert compare_records(a, b).changes == ()
+    assert compare_records(as_record(a), as_record(b)).changes == ()
 
 
 @pytest.mark.parametrize(
@@ -192,12 +197,12 @@ def test_pypi_cuda_torch_is_not_a_class_a_line_in_restore_check_or_diff() -> Non
         "python": copy.deepcopy(record["python"]),
         "environment": dict(record["environment"]),
     }
-    assert machine_differences(record, here) == []
+    assert machine_differences(as_record(record), as_record(here)) == []
     probed = {**here, "torch": {**TORCH, "version": "2.14.1"}}  # check and diff probe torch's stack
-    assert check_against(record, probed).verdict == BITWISE
-    assert not diff_records(record, probed, only=("stack",)).sections[0].changes
+    assert check_against(as_record(record), as_record(probed)).verdict == BITWISE
+    assert not diff_records(as_record(record), as_record(probed), only=("stack",)).sections[0].changes
     here["torch"]["version"] = "2.13.0"
-    (difference,) = machine_differences(record, here)
+    (difference,) = machine_differences(as_record(record), as_record(here))
     assert (difference.kind, difference.klass) == ("torch", "A")
     assert difference.summary == "torch 2.14.1+cu130 recorded, 2.13.0 here"
 
@@ -208,7 +213,12 @@ def _diverged(facet: str, *names: str, then: tuple[str, ...] = ()) -> TraceCompa
 
 
 def _causes(a: dict[str, Any], b: dict[str, Any], comparison: TraceComparison) -> list[str]:
-    return [c.summary for c in likely_causes(a, b, comparison, manifest_differences(a, b))]
+    return [
+        c.summary
+        for c in likely_causes(
+            as_record(a), as_record(b), comparison, manifest_differences(as_record(a), as_record(b))
+        )
+    ]
 
 
 def test_rng_first_at_step_zero_ranks_the_seed_above_the_learning_rate() -> None:

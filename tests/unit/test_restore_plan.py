@@ -10,6 +10,7 @@ import pytest
 from cascade_repro.errors import RestoreRefused, UnsafeRecord, UsageError
 from cascade_repro.restore import machine_differences, plan_restore, recorded_environment
 from cascade_repro.versions import validate_version
+from tests.plugin import as_record
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -28,7 +29,15 @@ def _record(**git: Any) -> dict[str, Any]:
 
 
 def _plan(record: dict[str, Any], environ: dict[str, str] | None = None) -> Any:
-    return plan_restore(record, "v1", Path("/tmp/w"), None, environ or {}, ("OMP_", "HF_", "MLFLOW_"), {})
+    return plan_restore(
+        as_record(record),
+        "v1",
+        Path("/tmp/w"),
+        None,
+        environ or {},
+        ("OMP_", "HF_", "MLFLOW_"),
+        as_record({}),
+    )
 
 
 def test_plan_carries_the_recorded_command_seed_and_mode() -> None:
@@ -36,7 +45,7 @@ def test_plan_carries_the_recorded_command_seed_and_mode() -> None:
     assert (plan.script, plan.argv, plan.cwd, plan.seed, plan.determinism) == (
         "src/train.py", ("--epochs", "3"), ".", 7, "strict",
     )  # fmt: skip
-    assert [u["path"] for u in plan.untracked] == ["a/b.txt"] and plan.unavailable == ()
+    assert [u.path for u in plan.untracked] == ["a/b.txt"] and plan.unavailable == ()
 
 
 @pytest.mark.parametrize(
@@ -91,9 +100,9 @@ def test_machine_differences_name_class_a_and_b() -> None:
         "python": {"version": "3.11.7"},
         "environment": {},
     }
-    found = {(d.kind, d.klass) for d in machine_differences(record, here)}
+    found = {(d.kind, d.klass) for d in machine_differences(as_record(record), as_record(here))}
     assert found == {("torch", "A"), ("gpu", "A"), ("environment", "B")}
-    assert machine_differences(record, record) == []
+    assert machine_differences(as_record(record), as_record(record)) == []
 
 
 @pytest.mark.parametrize("version", ["v1.2.3", "baseline-2026-12", "team/exp_7"])

@@ -18,6 +18,7 @@ from cascade_repro.determinism.record_compare import compare_records
 from cascade_repro.determinism.verdict import judge
 from cascade_repro.errors import CascadeError
 from cascade_repro.manifest import check_shape
+from tests.plugin import as_record
 
 # Stand-ins for the frameworks (not installed here), laid out as the real packages are, so that the
 # child's import hooks find them by their module names.
@@ -129,14 +130,14 @@ def _record(script_seed: int = 1337, seed: int = 1, **call: Any) -> dict[str, An
 
 
 def _seed_changes(a: dict[str, Any], b: dict[str, Any]) -> dict[str, tuple[str, str | None]]:
-    changes = compare_records(a, b, only=("seed",)).changes
+    changes = compare_records(as_record(a), as_record(b), only=("seed",)).changes
     return {c.key: (c.klass, c.note) for c in changes}
 
 
 def test_cascades_seed_is_not_a_cause_when_the_scripts_seeds_are_equal_and_in_force() -> None:
     changes = _seed_changes(_record(seed=1), _record(seed=2))
     assert changes == {"seed": ("C", "the script seeds torch and random itself: this seed had no effect")}
-    assert script_seeds.overridden(_record()) == ["torch", "python"]
+    assert script_seeds.overridden(_record()["determinism"]) == ["torch", "python"]
 
 
 def test_cascades_seed_is_a_cause_where_the_script_does_not_hold_every_generator() -> None:
@@ -160,7 +161,7 @@ def test_other_script_seeds_are_a_cause_of_their_own() -> None:
     assert changes == {"script_seeds": ("B", None)}
     from cascade_repro.determinism.explain import manifest_differences
 
-    (difference,) = manifest_differences(_record(script_seed=1), _record(script_seed=2))
+    (difference,) = manifest_differences(as_record(_record(script_seed=1)), as_record(_record(script_seed=2)))
     assert difference.kind == "seed"
     assert difference.summary == (
         "the script's seeds torch.manual_seed(1), random.seed(1) → torch.manual_seed(2), random.seed(2)"
@@ -219,10 +220,10 @@ def test_only_rng_states_differing_over_the_whole_trace_is_not_a_divergence() ->
     a = [step(k) for k in range(3)]
     b = [step(k, python="other") for k in range(3)]
     record = {"run_id": "a", "trace": {"algorithm": "xxh3_64", "interval": 1}}
-    verdict = judge(record, {**record, "run_id": "b"}, a, b)
+    verdict = judge(as_record(record), as_record({**record, "run_id": "b"}), a, b)
     assert verdict.verdict == "BITWISE_IDENTICAL" and verdict.comparison.step is None
     assert verdict.comparison.notes[0].startswith("the RNG state of python differs (first at step 0)")
     b[2]["params_after"] = {"w": "changed"}  # the generator did reach training: diverged where it shows first
-    verdict = judge(record, {**record, "run_id": "b"}, a, b)
+    verdict = judge(as_record(record), as_record({**record, "run_id": "b"}), a, b)
     assert verdict.verdict == "DIVERGED" and verdict.comparison.step == 0
     assert verdict.comparison.facets() == ["rng"]

@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 from cascade_repro.determinism.verdict import judge
+from tests.plugin import as_record
 
 
 def _record(step: int, loss: float = 1.0) -> dict[str, Any]:
@@ -40,10 +41,19 @@ def test_class_a_difference_within_tolerance_is_numerically_equivalent() -> None
         record["grads"]["w"] += "x"
         record["loss"]["bits"] += 1
         record["loss"]["value"] *= 1 + 1e-7
-    verdict = judge(_manifest("a"), _manifest("b", cpu_capability="AVX2"), trace, other, rtol=1e-5)
+    verdict = judge(
+        as_record(_manifest("a")), as_record(_manifest("b", cpu_capability="AVX2")), trace, other, rtol=1e-5
+    )
     assert verdict.verdict == "NUMERICALLY_EQUIVALENT"
     assert "cpu_capability None → AVX2" in verdict.summary
-    strict = judge(_manifest("a"), _manifest("b", cpu_capability="AVX2"), trace, other, rtol=1e-9, atol=0)
+    strict = judge(
+        as_record(_manifest("a")),
+        as_record(_manifest("b", cpu_capability="AVX2")),
+        trace,
+        other,
+        rtol=1e-9,
+        atol=0,
+    )
     assert strict.verdict == "DIVERGED"
 
 
@@ -52,7 +62,7 @@ def test_causal_order_reports_the_earliest_facet_first() -> None:
     other = copy.deepcopy(trace)
     other[1]["batch"] = "changed"
     other[1]["params_after"]["w"] = "changed"
-    verdict = judge(_manifest("a"), _manifest("b"), trace, other)
+    verdict = judge(as_record(_manifest("a")), as_record(_manifest("b")), trace, other)
     assert verdict.verdict == "DIVERGED"
     assert verdict.comparison.step == 1
     assert verdict.comparison.facets() == ["batch", "params_after"]
@@ -61,10 +71,10 @@ def test_causal_order_reports_the_earliest_facet_first() -> None:
 
 def test_missing_trace_or_other_algorithm_is_incomparable() -> None:
     trace = [_record(0)]
-    assert judge(_manifest("a"), _manifest("b"), trace, []).verdict == "INCOMPARABLE"
+    assert judge(as_record(_manifest("a")), as_record(_manifest("b")), trace, []).verdict == "INCOMPARABLE"
     other = _manifest("b")
     other["trace"] = {"algorithm": "blake2b_64", "interval": 1}
-    verdict = judge(_manifest("a"), other, trace, trace)
+    verdict = judge(as_record(_manifest("a")), as_record(other), trace, trace)
     assert verdict.verdict == "INCOMPARABLE" and "algorithm" in verdict.summary
 
 
@@ -76,7 +86,7 @@ def test_diverged_weights_report_how_much_the_loss_moved_later() -> None:
         record["params_after"]["w"] += "x"
         record["loss"]["bits"] += 1
         record["loss"]["value"] += 2.5e-7
-    verdict = judge(_manifest("a"), _manifest("b"), trace, other)
+    verdict = judge(as_record(_manifest("a")), as_record(_manifest("b")), trace, other)
     assert verdict.verdict == "DIVERGED" and verdict.comparison.step == 2
     first = verdict.comparison.loss_first_difference
     assert first is not None and first.step == 3 and abs(first.absolute - 2.5e-7) < 1e-12
@@ -88,8 +98,11 @@ def test_steps_limits_the_comparison_to_a_prefix() -> None:
     trace = [_record(i) for i in range(6)]
     other = copy.deepcopy(trace)
     other[4]["params_after"]["w"] = "changed"
-    assert judge(_manifest("a"), _manifest("b"), trace, other[:5]).verdict == "INCOMPARABLE"
-    prefix = judge(_manifest("a"), _manifest("b"), trace, other, steps=4)
+    assert (
+        judge(as_record(_manifest("a")), as_record(_manifest("b")), trace, other[:5]).verdict
+        == "INCOMPARABLE"
+    )
+    prefix = judge(as_record(_manifest("a")), as_record(_manifest("b")), trace, other, steps=4)
     assert prefix.verdict == "BITWISE_IDENTICAL" and prefix.comparison.compared == 4
 
 
@@ -100,11 +113,11 @@ def test_traces_with_and_without_gradients_compare_what_both_have() -> None:
     a, b = _manifest("a"), _manifest("b")
     a["trace"] = {**a["trace"], "grads": True}
     b["trace"] = {**b["trace"], "grads": False}
-    result = judge(a, b, trace, other)
+    result = judge(as_record(a), as_record(b), trace, other)
     assert result.verdict == "BITWISE_IDENTICAL"
     assert result.to_dict()["notes"] == ["gradients are not compared: run b did not hash them (trace_grads)"]
     other[2]["params_after"] = {"w": "changed"}
-    result = judge(a, b, trace, other)
+    result = judge(as_record(a), as_record(b), trace, other)
     assert result.verdict == "DIVERGED" and result.comparison.step == 2
     (cause,) = [c for c in result.causes if "write outside the optimizer" in c.summary]
     assert "nondeterministic backward" in cause.summary and "trace_grads: true" in cause.fix
@@ -119,11 +132,13 @@ def test_a_run_that_died_before_its_first_step_is_named_as_a_crash_not_a_trace_s
         "outcome": {"status": "FAILED", "exit_code": 1,
                     "error": {"type": "FileNotFoundError", "message": "data/train.bin"}},
     }  # fmt: skip
-    verdict = judge(_manifest("a" * 32), crashed, trace, [])
+    verdict = judge(as_record(_manifest("a" * 32)), as_record(crashed), trace, [])
     assert verdict.verdict == "INCOMPARABLE"
     assert verdict.summary == (
         f"run {'b' * 12} FAILED with exit code 1 (FileNotFoundError: data/train.bin) "
         "before its first traced step"
     )
     untraced = {**_manifest("b" * 32), "outcome": {"status": "FINISHED", "exit_code": 0}}
-    assert "--trace-interval 0" in judge(_manifest("a" * 32), untraced, trace, []).summary
+    assert (
+        "--trace-interval 0" in judge(as_record(_manifest("a" * 32)), as_record(untraced), trace, []).summary
+    )

@@ -1,0 +1,148 @@
+"""The run record's JSON shape, checked whole before any reader uses it.
+
+A record may come from a shared server: a section of the wrong type, a path that is not a string, a
+hash that is not hex, a list longer than cascade ever writes, is named in a clear error, never met
+as a traceback halfway through a command.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, NoReturn
+
+from cascade_repro.distributed import check_section as check_distributed
+from cascade_repro.errors import CascadeError
+
+# The record's shape, checked whole before any reader uses it (a record may come from a shared
+# server): a section of the wrong type is named, never a traceback halfway through a command.
+_SECTIONS: dict[str, tuple[type, ...]] = {
+    "run_id": (str,), "experiment": (str,), "command": (dict,), "params": (dict,), "determinism": (dict,),
+    "git": (dict,), "python": (dict,), "torch": (dict,), "hardware": (dict,), "environment": (dict,),
+    "container": (dict,), "environment_read": (dict,), "data": (list,), "checkpoints": (list,),
+    "trace": (dict, type(None)), "metrics": (dict,), "outcome": (dict, type(None)),
+    "inputs": (list,), "outputs": (list,), "distributed": (dict, type(None)),
+}  # fmt: skip
+_ENTRY_LISTS = ("data", "checkpoints", "git.untracked", "inputs", "outputs")  # objects with a string path
+MAX_FILE_ENTRIES = 10_000  # inputs, outputs: a record naming more was not made by cascade
+
+
+Refuse = Callable[[str, Any, str], NoReturn]
+
+
+def check_shape(data: Mapping[str, Any], run_id: str | None = None) -> None:
+    """Refuse a record whose sections or the fields commands act on have the wrong JSON types."""
+
+    def refuse(where: str, value: Any, expected: str) -> NoReturn:
+        raise CascadeError(
+            f"{'run ' + run_id + ': ' if run_id else ''}the run record is malformed: {where} is "
+            f"{type(value).__name__} {str(value)[:40]!r}, expected {expected}",
+            hint="the record was altered or made by something else; nothing was done with it",
+        )
+
+    for name, types in _SECTIONS.items():
+        if name in data and not isinstance(data[name], types):
+            refuse(name, data[name], " or ".join("null" if t is type(None) else t.__name__ for t in types))
+    _check_command(data, refuse)
+    _check_script_seeds(data.get("determinism") or {}, refuse)
+    check_distributed(data.get("distributed"), refuse)
+    _check_entries(data, refuse)
+    _check_hashes(data, refuse)
+    for section in ("environment", "environment_read"):
+        for name, value in (data.get(section) or {}).items():
+            if not isinstance(value, (str, type(None))):
+                refuse(f"{section}.{name}", value, "a string or null")
+
+
+def _check_command(data: Mapping[str, Any], refuse: Refuse) -> None:
+    """command.argv and script, git.commit, params.file and params.seed."""
+    command, git, params = data.get("command") or {}, data.get("git") or {}, data.get("params") or {}
+    argv = command.get("argv", [])
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        refuse("command.argv", argv, "a list of strings")
+    for where, value in (("command.script", command.get("script")), ("git.commit", git.get("commit"))):
+        if not isinstance(value, (str, type(None))):
+            refuse(where, value, "a string")
+    file = params.get("file")
+    if file is not None and not (isinstance(file, dict) and isinstance(file.get("values", {}), dict)):
+        refuse("params.file", file, "null or an object whose values are an object")
+    seed = params.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        refuse("params.seed", seed, "an integer from 0 to 2**64-1")
+
+
+def _check_entries(data: Mapping[str, Any], refuse: Refuse) -> None:
+    """The lists of files (data, checkpoints, untracked, inputs, outputs): objects with a string path,
+    bounded in number where the script decides how many."""
+    for where in _ENTRY_LISTS:
+        section, _, key = where.partition(".")
+        entries = (data.get(section) or {}).get(key) if key else data.get(section)
+        entries = entries if entries is not None else []
+        if not isinstance(entries, list):
+            refuse(where, entries, "a list")
+        for index, entry in enumerate(entries):
+            if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+                refuse(f"{where}[{index}]", entry, "an object with a string path")
+            link = entry.get("symlink_target")
+            if link is not None and not isinstance(link, str):
+                refuse(f"{where}[{index}].symlink_target", link, "a string")
+    for where in ("inputs", "outputs"):
+        entries = data.get(where) or []
+        if len(entries) > MAX_FILE_ENTRIES:
+            refuse(where, entries, f"a list of at most {MAX_FILE_ENTRIES} entries")
+        for index, entry in enumerate(entries):
+            size = entry.get("size")
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                refuse(f"{where}[{index}].size", size, "a non-negative integer")
+
+
+def _check_hashes(data: Mapping[str, Any], refuse: Refuse) -> None:
+    """Hashes that name cache paths or are compared: hex digits of the right length only."""
+    for index, entry in enumerate(data.get("checkpoints") or []):
+        md5, files = entry.get("md5"), entry.get("files")
+        if md5 is not None and not _hex(str(md5).removesuffix(".dir"), 32):
+            refuse(f"checkpoints[{index}].md5", md5, "32 hex digits (a directory's: then .dir)")
+        if files is not None and (isinstance(files, bool) or not isinstance(files, int) or files < 0):
+            refuse(f"checkpoints[{index}].files", files, "a non-negative integer")
+    for index, entry in enumerate(data.get("inputs") or []):
+        for key, length in (("sha256", 64), ("md5", 32)):
+            value = entry.get(key)
+            if (key == "sha256" or value is not None) and not _hex(value, length):
+                refuse(f"inputs[{index}].{key}", value, f"{length} hex digits")
+
+
+MAX_SCRIPT_SEEDS = 64  # the child keeps 32 calls and counts the rest
+
+
+def _check_script_seeds(determinism: Mapping[str, Any], refuse: Refuse) -> None:
+    """determinism.script_seeds: the seeding calls the script made (child/script_seeds.py), bounded."""
+    calls = determinism.get("script_seeds", [])
+    if not isinstance(calls, list) or len(calls) > MAX_SCRIPT_SEEDS:
+        refuse("determinism.script_seeds", calls, f"a list of at most {MAX_SCRIPT_SEEDS} calls")
+    for index, call in enumerate(calls):
+        where = f"determinism.script_seeds[{index}]"
+        if not isinstance(call, dict):
+            refuse(where, call, "an object")
+        function, seed, step = call.get("function"), call.get("seed"), call.get("step")
+        if not isinstance(function, str) or len(function) > 200:
+            refuse(f"{where}.function", function, "a name of at most 200 characters")
+        if isinstance(seed, bool) or not (
+            seed is None or (isinstance(seed, int) and -(2**127) <= seed < 2**128)
+            or (isinstance(seed, str) and len(seed) <= 200)
+        ):  # fmt: skip
+            refuse(f"{where}.seed", seed, "null, an integer below 2**128 or a string of at most 200 chars")
+        for key in ("generators", "drawn_before"):
+            names = call.get(key, [])
+            if (
+                not isinstance(names, list)
+                or len(names) > 8
+                or not all(isinstance(n, str) and len(n) <= 40 for n in names)
+            ):
+                refuse(f"{where}.{key}", names, "a list of at most 8 generator names")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+            refuse(f"{where}.step", step, "null or a non-negative integer")
+    omitted = determinism.get("script_seeds_omitted", 0)
+    if isinstance(omitted, bool) or not isinstance(omitted, int) or omitted < 0:
+        refuse("determinism.script_seeds_omitted", omitted, "a non-negative integer")
+
+
+def _hex(value: Any, length: int) -> bool:
+    return isinstance(value, str) and len(value) == length and all(c in "0123456789abcdef" for c in value)
