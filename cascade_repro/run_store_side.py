@@ -29,7 +29,7 @@ from cascade_repro.run_record import build_manifest, end_tags, seed_notice, star
 from cascade_repro.store import spool
 from cascade_repro.store.checkpoint_keeper import CheckpointKeeper, CheckpointsRecorded, finish_checkpoints
 from cascade_repro.store.delivery import Delivery, dir_op, file_op, params_op, record_op, tags_op
-from cascade_repro.store.metrics_writer import MetricsWriter
+from cascade_repro.store.metrics_writer import HEARTBEAT_S, MetricsWriter
 from cascade_repro.store.mlflow_store import OpenedRun
 from cascade_repro.store.run_store import RunStore
 from cascade_repro.supervisor import ChildExit, RunningChild
@@ -121,6 +121,7 @@ class Recording:
             flush_s=plan.settings.metrics_flush_s,
             sample=self._sample_memory,
             notify=self.notify,
+            heartbeat_s=HEARTBEAT_S,
         ).start()
         self.notify(f"run {run_id} · experiment {self.opened.experiment} · {plan.settings.tracking_uri}")
         if plan.container is not None:  # what the image was built from, to rebuild it on restore

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -12,10 +13,14 @@ from cascade_repro.api.loading import load_project
 from cascade_repro.errors import UsageError
 from cascade_repro.settings import Settings
 from cascade_repro.store import spool
-from cascade_repro.store.run_store import RunStore
+from cascade_repro.store.metrics_writer import HEARTBEAT_S
+from cascade_repro.store.run_store import RunStore, StoredRun
 
 if TYPE_CHECKING:
     from cascade_repro.store.ui_server import UiOutcome, UiServer
+
+# Three heartbeats missed: a RUNNING run is stale (its process died, or cannot reach the store).
+STALE_AFTER_S = 3 * HEARTBEAT_S
 
 
 @dataclass(frozen=True)
@@ -34,18 +39,24 @@ class RunSummary:
     metrics: dict[str, float]
     pending: bool = False  # its record is not all in the store yet (status PENDING-SYNC): `cascade sync`
     spool: str | None = None  # the run directory holding what is pending
+    user: str | None = None  # who started it (MLflow's mlflow.user)
+    heartbeat: float | None = None  # when its cascade process last told the store it was alive
+    stale: bool = False  # RUNNING in the store, but no heartbeat for STALE_AFTER_S: its process is gone
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
 
 
 def list_runs(cwd: Path | None = None, all_experiments: bool = False, limit: int = 50,
-              versions_only: bool = False) -> list[RunSummary]:  # fmt: skip
-    """`cascade ls`: the project's runs, newest first (`versions_only`: the labelled ones)."""
+              versions_only: bool = False, user: str | None = None,
+              running: bool = False) -> list[RunSummary]:  # fmt: skip
+    """`cascade ls`: the project's runs, newest first (`versions_only`: the labelled ones; `user`:
+    one user's; `running`: those RUNNING in the store, each marked stale when its heartbeat stopped)."""
     settings = load_project(cwd)
     store = RunStore.open(settings, fast_reads=True)
     summaries = []
-    for run in store.listed(all_experiments, limit, versions_only):
+    now = time.time()
+    for run in store.listed(all_experiments, limit, versions_only, user, running):
         end, start = run.end_ms, run.start_ms
         summaries.append(
             RunSummary(
@@ -59,14 +70,28 @@ def list_runs(cwd: Path | None = None, all_experiments: bool = False, limit: int
                 commit=run.tags.get("mlflow.source.git.commit"),
                 dirty={"true": True, "false": False}.get(run.tags.get("cascade.dirty", "")),
                 metrics=_key_metrics(run.metrics, settings.key_metrics),
+                user=run.user,
+                heartbeat=run.heartbeat_s,
+                stale=_stale(run, now),
             )
         )
-    return _with_pending(summaries, settings, all_experiments)
+    filtered = user is not None or running  # a spooled run the store has never seen matches neither
+    return _with_pending(summaries, settings, all_experiments, only_listed=filtered)
 
 
-def _with_pending(summaries: list[RunSummary], settings: Settings, all_experiments: bool) -> list[RunSummary]:
+def _stale(run: StoredRun, now: float) -> bool:
+    """RUNNING in the store with no heartbeat (or, from a cascade without one, no start) for
+    STALE_AFTER_S: the process that records it is gone, and nothing finished the run."""
+    if run.status != "RUNNING":
+        return False
+    last = run.heartbeat_s or (run.start_ms / 1000 if run.start_ms else None)
+    return last is not None and now - last > STALE_AFTER_S
+
+
+def _with_pending(summaries: list[RunSummary], settings: Settings, all_experiments: bool,
+                  only_listed: bool = False) -> list[RunSummary]:  # fmt: skip
     """Runs whose record is still (partly) in the spool show as PENDING-SYNC; spooled runs the store
-    has never seen are listed too."""
+    has never seen are listed too (unless `only_listed`)."""
     from cascade_repro.recovery import PENDING_SYNC
 
     spooled = {entry.run_id or entry.path.name: entry for entry in spool.scan(settings.runs_dir)}
@@ -78,7 +103,7 @@ def _with_pending(summaries: list[RunSummary], settings: Settings, all_experimen
         if entry is not None:
             summary = replace(summary, status=PENDING_SYNC, pending=True, spool=str(entry.path))
         listed.append(summary)
-    for entry in spooled.values():
+    for entry in spooled.values() if not only_listed else ():
         plan = spool.read_json(entry.path / spool.PLAN_FILE)
         experiment = str(plan.get("experiment") or settings.experiment)
         if not all_experiments and experiment != settings.experiment:

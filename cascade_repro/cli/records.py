@@ -18,21 +18,29 @@ if TYPE_CHECKING:
 @main.command(name="ls")
 @click.option("--all", "all_experiments", is_flag=True, help="Runs of every experiment in the store.")
 @click.option("--versions", "versions_only", is_flag=True, help="Only runs that carry a version.")
+@click.option("--user", metavar="NAME", help="Only runs started by this user (e.g. --user $USER).")
+@click.option("--running", is_flag=True, help="Only runs still RUNNING (stale ones marked).")
 @click.option("--limit", default=50, show_default=True, help="At most this many runs, newest first.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-def list_command(ctx: click.Context, all_experiments: bool, versions_only: bool, limit: int,
-                 as_json: bool) -> None:  # fmt: skip
-    """List recorded runs: id, name, version, status, start, duration, commit, key metrics."""
+def list_command(ctx: click.Context, all_experiments: bool, versions_only: bool, user: str | None,
+                 running: bool, limit: int, as_json: bool) -> None:  # fmt: skip
+    """List recorded runs: id, name, version, status, user, start, duration, commit, key metrics.
+
+    A RUNNING run whose cascade process has not told the store it is alive for three minutes is
+    STALE: its process died or cannot reach the store (on this machine, any cascade command
+    finishes a run whose process died)."""
 
     def body() -> None:
         from cascade_repro import api, render
 
-        runs = api.list_runs(all_experiments=all_experiments, limit=limit, versions_only=versions_only)
+        runs = api.list_runs(all_experiments=all_experiments, limit=limit, versions_only=versions_only,
+                             user=user, running=running)  # fmt: skip
         if as_json:
             render.emit_json("ls", [r.to_dict() for r in runs])
         else:
-            render.run_list(runs, show_experiment=all_experiments, versions_only=versions_only)
+            render.run_list(runs, show_experiment=all_experiments, versions_only=versions_only,
+                            filtered=user is not None or running)  # fmt: skip
 
     _guard(body, ctx)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 from cascade_repro.redaction import redact_text
@@ -104,12 +105,13 @@ def sync_result(delivered: list[Delivered]) -> None:
             notice(f"  missing: {line}")
 
 
-def run_list(runs: list[RunSummary], show_experiment: bool = False, versions_only: bool = False) -> None:
-    """`cascade ls`: one row per run, newest first (pending ones marked)."""
+def run_list(runs: list[RunSummary], show_experiment: bool = False, versions_only: bool = False,
+             filtered: bool = False) -> None:  # fmt: skip
+    """`cascade ls`: one row per run, newest first (pending and stale ones marked)."""
     from rich.table import Table
 
     table = Table(box=None, header_style="bold")
-    columns = ("run", "name", "version", "status", "start", "duration", "commit", "metrics")
+    columns = ("run", "name", "version", "status", "user", "start", "duration", "commit", "metrics")
     for column in ("experiment", *columns) if show_experiment else columns:
         table.add_column(column)
     for run in runs:
@@ -119,7 +121,8 @@ def run_list(runs: list[RunSummary], show_experiment: bool = False, versions_onl
             run.run_id[:12] or "(spooled)",
             run.name or "",
             run.version or "",
-            run.status,
+            _status(run),
+            run.user or "",
             _time(run.start_time),
             f"{run.duration_s:.1f}s" if run.duration_s is not None else "",
             commit,
@@ -127,7 +130,9 @@ def run_list(runs: list[RunSummary], show_experiment: bool = False, versions_onl
         )
     console = _console()
     if not runs:
-        if versions_only:
+        if filtered:
+            console.print("no runs match (`cascade ls` without --user/--running lists them all)")
+        elif versions_only:
             console.print("no versions yet: `cascade run --tag v1 train.py` or `cascade tag RUN v1`")
         elif show_experiment:
             console.print("no runs yet: record one with `cascade run train.py`")
@@ -136,6 +141,20 @@ def run_list(runs: list[RunSummary], show_experiment: bool = False, versions_onl
                           " runs of every experiment: `cascade ls --all`")  # fmt: skip
         return
     console.print(table)
+
+
+def _status(run: RunSummary) -> str:
+    """RUNNING, or STALE with how long its process has been silent."""
+    if not run.stale:
+        return run.status
+    since = run.heartbeat or run.start_time
+    silent = f" {_duration(time.time() - since)}" if since else ""
+    return f"STALE (no heartbeat{silent})"
+
+
+def _duration(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m"
 
 
 def run_record(record: RunRecord) -> None:

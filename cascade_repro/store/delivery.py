@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cascade_repro.store import mlflow_store, spool
+from cascade_repro.store.local_record import HEARTBEAT_TAG
 from cascade_repro.store.spool import FAILED, STORED, WAITING, Ledger, Point
 
 if TYPE_CHECKING:
@@ -108,6 +109,16 @@ class Delivery:
             if op["id"] == op_id:
                 return op
         return None
+
+    def heartbeat(self, at_s: float) -> None:
+        """Tell the store this run's cascade process is alive (`cascade ls --running` calls a RUNNING
+        run without a recent beat stale). Never queued: a beat the store missed, the next replaces."""
+        if self._down:
+            return
+        try:
+            mlflow_store.set_tags(self.mlflow, self.run_id, {HEARTBEAT_TAG: f"{at_s:.0f}"})
+        except Exception as exc:  # the next beat, or the metric points, will say the store is down
+            log.debug("heartbeat not stored: %s", mlflow_store.first_line(exc))
 
     def pending(self) -> list[dict[str, Any]]:
         return [op for op in self.ledger.ops() if op.get("state") == WAITING and op["id"] != CLOSE_OP]

@@ -22,6 +22,8 @@ from typing import Any, Mapping
 from cascade_repro.settings import sqlite_path
 
 VERSION_TAG = "cascade.version"
+USER_TAG = "mlflow.user"
+HEARTBEAT_TAG = "cascade.heartbeat"  # when the run's cascade process last said it was alive (epoch s)
 
 
 @dataclass(frozen=True)
@@ -147,8 +149,10 @@ class LocalStore:
         except sqlite3.Error:
             return None
 
-    def runs(self, experiment: str | None, limit: int, versions_only: bool = False) -> list[RunRow] | None:
-        """Active runs, newest first (then by id, as MLflow orders them): of `experiment`, or of all."""
+    def runs(self, experiment: str | None, limit: int, versions_only: bool = False, user: str | None = None,
+             status: str | None = None) -> list[RunRow] | None:  # fmt: skip
+        """Active runs, newest first (then by id, as MLflow orders them): of `experiment`, or of all;
+        only labelled ones, one user's (`mlflow.user`), or those in one status, where asked."""
         sql, args = f"SELECT {_RUN_COLUMNS} {_ACTIVE}", []
         if experiment is not None:
             sql += " AND e.name = ?"
@@ -156,6 +160,13 @@ class LocalStore:
         if versions_only:
             sql += " AND EXISTS (SELECT 1 FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = ?)"
             args.append(VERSION_TAG)
+        if user is not None:
+            sql += " AND EXISTS (SELECT 1 FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = ? AND "
+            sql += "t.value = ?)"
+            args += [USER_TAG, user]
+        if status is not None:
+            sql += " AND r.status = ?"
+            args.append(status)
         sql += " ORDER BY r.start_time IS NULL, r.start_time DESC, r.run_uuid LIMIT ?"
         rows = self._query(sql, (*args, limit))
         return None if rows is None else self._with_tags_and_metrics(rows)

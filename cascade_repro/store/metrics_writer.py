@@ -19,6 +19,7 @@ from cascade_repro.store.spool import EVENT_FILES, PARENT_EVENTS_FILE, Point
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2
+HEARTBEAT_S = 60.0  # how often a running run tells the store it is alive (cascade.heartbeat)
 RETRY_BASE_S = 2.0
 RETRY_MAX_S = 30.0
 
@@ -39,6 +40,7 @@ class MetricsWriter:
         sample: Callable[[], dict[str, float]] | None = None,
         sample_every_s: float = 30.0,
         notify: Callable[[str], None] = lambda message: None,
+        heartbeat_s: float | None = None,
     ) -> None:
         self._delivery = delivery
         self._run_dir = run_dir
@@ -46,6 +48,7 @@ class MetricsWriter:
         self._sample = sample
         self._sample_every_s = sample_every_s
         self._notify = notify
+        self._heartbeat_s = heartbeat_s
         saved = spool.read_json(run_dir / spool.OFFSETS_FILE)
         self._delivered: dict[str, int] = {
             name: int((saved.get("offsets") or {}).get(name, 0)) for name in EVENT_FILES
@@ -119,6 +122,7 @@ class MetricsWriter:
 
     def _loop(self) -> None:
         next_sample = time.monotonic() + self._sample_every_s
+        next_beat = time.monotonic() + (self._heartbeat_s or 0)
         while not self._stop.wait(POLL_S):
             with self._lock:
                 if self._sample is not None and time.monotonic() >= next_sample:
@@ -127,6 +131,10 @@ class MetricsWriter:
                 self._top_up()
                 while self._due() and self._write():
                     self._top_up()
+            # a beat only while the store takes the points: one that does not answer is not waited on twice
+            if self._heartbeat_s and time.monotonic() >= next_beat and self.failing is None:
+                next_beat = time.monotonic() + self._heartbeat_s
+                self._delivery.heartbeat(time.time())
 
     def _due(self) -> bool:
         if not self._batch or time.monotonic() < self._retry_at or self._stop.is_set():

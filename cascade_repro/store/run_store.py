@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 RECORD_ARTIFACT = ARTIFACT_PATH
 VERSION_TAG = local_record.VERSION_TAG  # a run's version label (`cascade tag`, `--tag`)
+USER_TAG = local_record.USER_TAG  # who started the run (MLflow's own tag; the UI shows it)
+HEARTBEAT_TAG = local_record.HEARTBEAT_TAG  # when its cascade process last said it was alive
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,18 @@ class StoredRun:
     @property
     def version(self) -> str | None:
         return self.tags.get(VERSION_TAG)
+
+    @property
+    def user(self) -> str | None:
+        return self.tags.get(USER_TAG)
+
+    @property
+    def heartbeat_s(self) -> float | None:
+        """When the run's cascade process last told the store it was alive (epoch seconds)."""
+        try:
+            return float(self.tags[HEARTBEAT_TAG])
+        except (KeyError, ValueError):
+            return None
 
     @classmethod
     def of_row(cls, row: local_record.RunRow) -> StoredRun:
@@ -129,17 +143,22 @@ class RunStore:
         experiment = None if all_experiments else self.experiment
         return [StoredRun.of(r) for r in mlflow_store.search_runs(self.client, experiment, limit, where)]
 
-    def listed(
-        self, all_experiments: bool = False, limit: int = 50, versions_only: bool = False
-    ) -> list[StoredRun]:
-        """`cascade ls`: newest first, in the project's experiment (or all); `versions_only`: labelled."""
+    def listed(self, all_experiments: bool = False, limit: int = 50, versions_only: bool = False,
+               user: str | None = None, running: bool = False) -> list[StoredRun]:  # fmt: skip
+        """`cascade ls`: newest first, in the project's experiment (or all); `versions_only`: labelled;
+        `user`: started by that user (MLflow's `mlflow.user`); `running`: still RUNNING in the store."""
+        status = "RUNNING" if running else None
         if self._tables is not None:
             experiment = None if all_experiments else self.experiment
-            rows = self._tables.runs(experiment, limit, versions_only)
+            rows = self._tables.runs(experiment, limit, versions_only, user, status)
             if rows is not None:
                 return [StoredRun.of_row(row) for row in rows]
-        where = f"tags.`{VERSION_TAG}` LIKE '%'" if versions_only else None
-        return self.search(all_experiments, limit, where)
+        where = [f"tags.`{VERSION_TAG}` LIKE '%'"] if versions_only else []
+        if user is not None:
+            where.append(f"tags.`{USER_TAG}` = '{_quoted(user)}'")
+        if status is not None:
+            where.append(f"attributes.status = '{status}'")
+        return self.search(all_experiments, limit, " AND ".join(where) or None)
 
     def search_ids(self, experiment_ids: list[str], where: str, limit: int) -> list[str]:
         """Ids of the runs of those experiments that match an MLflow filter string, newest first."""
@@ -221,6 +240,13 @@ class RunStore:
         with translated(f"deleting run {run_id}"):
             self.client.set_tag(run_id, "cascade.discarded", why)
             self.client.delete_run(run_id)
+
+
+def _quoted(value: str) -> str:
+    """A value for an MLflow filter string's single quotes (which has no escape for them)."""
+    if "'" in value:
+        raise CascadeError(f"cannot search for {value!r}: MLflow's filter strings cannot hold a quote")
+    return value
 
 
 @contextlib.contextmanager
