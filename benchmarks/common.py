@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -44,3 +47,28 @@ def median(values: list[float]) -> float:
 def verdict(ratio: float, target: float, lower_is_better: bool = True) -> str:
     ok = ratio <= target if lower_is_better else ratio >= target
     return "meets target" if ok else "MISSES target"
+
+
+def start_server(workdir: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    """`mlflow server` on sqlite with proxied artifacts, once it answers /health."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    log = (workdir / "server.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{workdir}/server.db",
+         "--serve-artifacts", "--artifacts-destination", str(workdir / "artifacts"),
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2):
+                return url, process
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                sys.exit(f"mlflow server did not start: see {workdir / 'server.log'}")
+            time.sleep(0.5)

@@ -3,9 +3,9 @@ and the verdict recorded on the later run."""
 
 from __future__ import annotations
 
-import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from cascade_repro.determinism.trace_file import TraceRecords
 from cascade_repro.distributed import trace_artifact
 from cascade_repro.store.run_store import RunStore
 
@@ -29,7 +29,7 @@ def judge_runs(
     return judge_ranks(manifest_a, manifest_b, traces[0], traces[1], rtol=rtol, atol=atol, steps=steps)
 
 
-def _rank_traces(store: RunStore, run_id: str, manifest: Manifest) -> list[list[dict[str, Any]]]:
+def _rank_traces(store: RunStore, run_id: str, manifest: Manifest) -> list[TraceRecords]:
     """Each rank's step trace, rank 0 first (one for a single process); [] for a rank without one."""
     traces = [trace_records(store, run_id, manifest.trace_header.get("artifact"))]
     layout = manifest.layout
@@ -39,7 +39,7 @@ def _rank_traces(store: RunStore, run_id: str, manifest: Manifest) -> list[list[
         if rank in traced:  # the artifact's name is made here from the (checked) rank, never read
             traces.append(trace_records(store, run_id, trace_artifact(rank)))
         else:
-            traces.append([])
+            traces.append(TraceRecords([]))
     return traces
 
 
@@ -49,16 +49,9 @@ def record_verdict(store: RunStore, verdict: Verdict, record_on: str, against: s
     store.log_json(record_on, verdict.to_dict(), f"cascade/verify/{against}.json")
 
 
-def trace_records(store: RunStore, run_id: str, artifact: str | None) -> list[dict[str, Any]]:
-    """A step trace's records (none without an artifact); a run killed mid-write keeps its whole ones."""
+def trace_records(store: RunStore, run_id: str, artifact: str | None) -> TraceRecords:
+    """A step trace's records, parsed where read (none without an artifact); a run killed mid-write
+    keeps its whole ones."""
     if not artifact:
-        return []
-    text = store.text(run_id, artifact)
-    records = []
-    for line in text.splitlines():
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                break  # a run killed mid-write: its trace ends at the last whole record
-    return records
+        return TraceRecords([])
+    return TraceRecords.from_text(store.text(run_id, artifact), f"the trace {artifact} of run {run_id[:12]}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from cascade_repro.api.judging import judge_runs, record_verdict, trace_records
 from cascade_repro.api.loading import load_project
@@ -62,7 +62,7 @@ def show_run(ref: str, cwd: Path | None = None, trace: bool = False) -> RunRecor
                      summary)  # fmt: skip
 
 
-def _summarize_trace(records: list[dict[str, Any]], header: Mapping[str, Any]) -> TraceSummary:
+def _summarize_trace(records: Sequence[dict[str, Any]], header: Mapping[str, Any]) -> TraceSummary:
     losses = [(int(r["step"]), float(r["loss"]["value"])) for r in records if r.get("loss")]
     finite = [(step, value) for step, value in losses if math.isfinite(value)]
     return TraceSummary(

@@ -16,6 +16,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
+from cascade_repro.determinism.trace_file import equal_prefix
+
 FACETS = ("rng", "batch", "params_before", "loss", "grads", "params_after")
 FACET_WORDS = {
     "rng": "RNG state at the step's start",
@@ -78,7 +80,8 @@ def compare_traces(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> 
     first: int | None = None
     first_index = overlap
     differences: list[FacetDifference] = []
-    for index in range(overlap):
+    same = equal_prefix(a, b, overlap)  # equal text: equal records, every facet and the loss alike
+    for index in range(same, overlap):
         found = _step_differences(a[index], b[index])
         if found:
             first = int(a[index].get("step", index))
@@ -99,7 +102,7 @@ def compare_traces(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> 
         compared=overlap,
         step=first,
         differences=tuple(differences),
-        loss_max_rel=_loss_max_rel(a[:overlap], b[:overlap]),
+        loss_max_rel=_loss_max_rel(a[same:overlap], b[same:overlap]),
         loss_first_difference=_first_loss_difference(a[first_index:overlap], b[first_index:overlap]),
         notes=notes,
     )

@@ -6,12 +6,14 @@ runs and restores one recorded by the first, bit for bit, with the first machine
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.plugin import Project, git
+from tests.plugin import CASCADE, Project, git
 
 pytestmark = pytest.mark.slow
 
@@ -66,3 +68,42 @@ def test_postgresql_as_the_store_itself(project: Project, postgres_db: str) -> N
 
     tags = MlflowClient(tracking_uri=postgres_db).get_run(listed[0]["run_id"]).data.tags
     assert tags["cascade.verdict"] == "BITWISE_IDENTICAL"  # recorded in the database
+
+
+def test_eight_runs_at_once_from_two_clones_lose_no_point(
+    project: Project, tracking_server: tuple[str, Path], tmp_path: Path
+) -> None:
+    """Many users: 8 `cascade run`s at the same time, 4 from each of two clones, into one server
+    (the experiment created by whichever comes first): every point of every run is on the server."""
+    url, _ = tracking_server
+    env = {**os.environ, "MLFLOW_TRACKING_URI": url}
+    clone = tmp_path / "machine-b"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    points = 1500
+
+    def start(where: Path, name: str) -> subprocess.Popen[str]:
+        argv = [*CASCADE, "run", "--name", name, "train.py", "--points", str(points)]
+        return subprocess.Popen(argv, cwd=where, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)  # fmt: skip
+
+    started = [start(where, f"{where.name}-{i}") for where in (project.root, clone) for i in range(4)]
+    for process in started:
+        _, stderr = process.communicate(timeout=600)
+        assert process.returncode == 0, stderr
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=url)
+    experiments = [e for e in client.search_experiments() if e.name == "proj"]
+    assert len(experiments) == 1  # both clones' first runs raced to create it: one experiment
+    runs = client.search_runs([experiments[0].experiment_id])
+    assert sorted(str(r.info.run_name) for r in runs) == sorted(f"{w}-{i}" for w in ("proj", "machine-b")
+                                                                for i in range(4))  # fmt: skip
+    for run in runs:
+        history = client.get_metric_history(run.info.run_id, "extra")
+        assert sorted(m.step for m in history) == list(range(points)), run.info.run_name
+        into = tmp_path / run.info.run_id
+        into.mkdir()
+        local = client.download_artifacts(run.info.run_id, "cascade/run.json", str(into))
+        record = json.loads(Path(local).read_text())
+        assert record["metrics"]["pending"] == 0 and record["metrics"]["keys"]["extra"]["count"] == points
+        assert run.info.status == "FINISHED" and run.data.tags["cascade.status"] == "FINISHED"
