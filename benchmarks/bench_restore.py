@@ -1,6 +1,7 @@
 """`cascade restore` overhead: time from the command to the script's first line, when code and data
 are local, beside doing the same by hand: `git worktree add` + `git apply` of the patch + copying the
-untracked file + `dvc checkout`, then `python script`.
+untracked file + `dvc checkout` of the run's data (32 MiB, DVC-tracked: both sides check it out of
+the cache), then `python script`.
 
 No numeric target in the issue: reported. restore also reads the record (from a local sqlite store
 without importing MLflow), checks sha256s, and prints a plan before it starts the script.
@@ -8,6 +9,7 @@ without importing MLflow), checks sha256s, and prints a plan before it starts th
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -20,10 +22,21 @@ from common import CASCADE, HERE, clean_env, median, scratch_repo
 REPEATS = 3
 
 
+def _check_data(tree: Path) -> None:
+    data = tree / "data" / "train.bin"
+    if not data.is_file() or data.stat().st_size != 32 * 1024 * 1024:
+        sys.exit(f"{tree}: the run's data was not checked out")
+
+
 def main() -> None:
     repo = scratch_repo({"first_line.py": HERE / "scripts" / "first_line.py"})
     env = clean_env()
     subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=repo, check=True, env=env)
+    # data the run has, so that both sides check it out of the DVC cache: the same work
+    (repo / "data").mkdir()
+    (repo / "data" / "train.bin").write_bytes(os.urandom(32 * 1024 * 1024))
+    subprocess.run([sys.executable, "-m", "dvc", "add", "-q", "data/train.bin"], cwd=repo, check=True,
+                   env=env)  # fmt: skip
     subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
     subprocess.run(
         ["git", "-c", "user.name=b", "-c", "user.email=b@e", "commit", "-qm", "dvc"], cwd=repo, check=True
@@ -51,6 +64,7 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "dvc", "checkout", "-q"], cwd=tree, check=True, env=env)
         subprocess.run([sys.executable, "first_line.py"], cwd=tree, check=True, env=env)
         by_hand.append(float((tree / "first_line.json").read_text()) - started)
+        _check_data(tree)
 
         tree = scratch / f"restore-{index}"
         started = time.time()
@@ -58,6 +72,7 @@ def main() -> None:
         subprocess.run([*CASCADE, "restore", "v1", "--workdir", str(tree)], cwd=repo, env=env, check=False,
                        capture_output=True)  # fmt: skip
         restore.append(float((tree / "first_line.json").read_text()) - started)
+        _check_data(tree)
 
         started = time.time()
         # exit 3 is expected: first_line.py has no optimizer, so there is no trace to verify
