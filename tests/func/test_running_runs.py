@@ -21,7 +21,7 @@ def _open_run(project: Project, experiment: str, user: str, status: str, started
     found = client.get_experiment_by_name(experiment)
     experiment_id = found.experiment_id if found else client.create_experiment(experiment)
     start_ms = int((time.time() - started_s_ago) * 1000)
-    tags = {"mlflow.user": user}
+    tags = {"mlflow.user": user}  # the heartbeat is stored to the second: times here are mid-minute
     if heartbeat_s_ago is not None:
         tags[HEARTBEAT_TAG] = f"{time.time() - heartbeat_s_ago:.0f}"
     run = client.create_run(experiment_id, start_time=start_ms, tags=tags)
@@ -34,8 +34,8 @@ def test_ls_filters_by_user_and_running_and_marks_stale_runs(project: Project) -
     project.cascade("ls", check=True)  # creates the store
     name = project.root.name  # no remote, no cascade.yaml experiment: the directory's name
     alive = _open_run(project, name, "ana", "RUNNING", started_s_ago=3600, heartbeat_s_ago=20)
-    silent = _open_run(project, name, "ana", "RUNNING", started_s_ago=3600, heartbeat_s_ago=900)
-    old_cascade = _open_run(project, name, "bo", "RUNNING", started_s_ago=3600, heartbeat_s_ago=None)
+    silent = _open_run(project, name, "ana", "RUNNING", started_s_ago=3610, heartbeat_s_ago=930)
+    old_cascade = _open_run(project, name, "bo", "RUNNING", started_s_ago=3630, heartbeat_s_ago=None)
     fresh = _open_run(project, name, "bo", "RUNNING", started_s_ago=5, heartbeat_s_ago=None)
     done = _open_run(project, name, "ana", "FINISHED", started_s_ago=7200, heartbeat_s_ago=7000)
 
