@@ -7,6 +7,10 @@ Two ways in, one record:
 - the user's own `torchrun ... cascade run train.py`: one `cascade run` per rank. Rank 0's records
   the run; every other rank's only runs its script, writing in `ranks/K/` of a job directory named
   by the rendezvous id (`.cascade/jobs/ID`), and says how it ended there; rank 0's waits for them.
+- `cascade run --nnodes N --rdzv-endpoint HOST:PORT` on each node (api/nodes.py) is the same as the
+  user's torchrun: each node's torchrun starts one `cascade run` per rank. The ranks of other nodes
+  than rank 0's cannot reach its files: each such node's first rank delivers its node's traces and
+  exits into rank 0's run through the store, which it finds by the job's tag (node_exchange.py).
 
 The record's `distributed` section says how the job was laid out (class A: world size) and where each
 rank's trace is; `verify` and `restore` compare rank by rank.
@@ -38,6 +42,9 @@ LAUNCHER_VARIABLES = frozenset({
 })  # fmt: skip
 LAUNCHER_PREFIXES = ("TORCHELASTIC_",)
 RANK_WAIT_S = 120.0  # rank 0's cascade run waits this long for the others' to say how they ended
+JOB_TAG = "cascade.job"  # on rank 0's run of a torchrun job: the rendezvous id, for the other nodes
+MAX_NNODES = 4096
+DEFAULT_RDZV_PORT = 29400  # torchrun's own default for a c10d endpoint without a port
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,7 @@ class Distributed:
     nnodes: int
     rank: int = 0  # JOINED: the rank of this process's script
     job: str | None = None  # JOINED: the rendezvous id all ranks share
+    local_rank: int = 0  # JOINED: its rank on its node (LOCAL_RANK)
 
     def ranks_dir(self, run_dir: Path, settings_root: Path) -> Path:
         """Where ranks 1.. write (ranks/K/ below it): the run directory, or the job's."""
@@ -60,9 +68,26 @@ class Distributed:
         return ProjectPaths(root).jobs / self.job
 
     @property
+    def node_ranks(self) -> range:
+        """The ranks on this process's node (torchrun numbers a node's ranks one after the other)."""
+        first = self.rank - self.local_rank
+        return range(first, first + self.nproc_per_node)
+
+    @property
     def local_ranks(self) -> range:
-        """The ranks other than 0 whose files this machine has (rank 0's node: 0..nproc_per_node-1)."""
-        return range(1, self.nproc_per_node)
+        """The ranks of this node other than its first, whose files this machine has (rank 0's node:
+        1..nproc_per_node-1)."""
+        return self.node_ranks[1:]
+
+    @property
+    def remote_ranks(self) -> range:
+        """The ranks on other nodes than this one's, which rank 0 hears of through the store."""
+        return range(self.node_ranks.stop, self.world_size) if self.rank == 0 else range(0)
+
+    @property
+    def leads_another_node(self) -> bool:
+        """This rank is the first of a node other than rank 0's: it delivers its node's ranks."""
+        return self.launcher == JOINED and self.local_rank == 0 and self.rank > 0
 
     def section(self, ranks: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -99,6 +124,40 @@ def launched(nproc_per_node: int | None, environ: Mapping[str, str]) -> Distribu
     return Distributed(LAUNCHED, nproc_per_node, nproc_per_node, 1)
 
 
+@dataclass(frozen=True)
+class NodesLaunch:
+    """`cascade run --nnodes N --rdzv-endpoint HOST:PORT`: this node's part of a job over N nodes."""
+
+    nnodes: int
+    nproc_per_node: int
+    endpoint: str  # HOST:PORT of torchrun's c10d rendezvous, the same on every node
+
+
+def nodes_launch(nnodes: int | None, nproc_per_node: int | None, endpoint: str | None,
+                 environ: Mapping[str, str]) -> NodesLaunch | None:  # fmt: skip
+    """The checked multi-node options, None without --nnodes; every refusal names the fix."""
+    if nnodes is None:
+        if endpoint is not None:
+            raise UsageError("--rdzv-endpoint goes with --nnodes",
+                             hint="cascade run --nnodes N --rdzv-endpoint HOST:PORT ... on each of the N "
+                             "nodes")  # fmt: skip
+        return None
+    if not 1 <= nnodes <= MAX_NNODES:
+        raise UsageError(f"--nnodes must be from 1 to {MAX_NNODES}, not {nnodes}")
+    if endpoint is None:
+        raise UsageError(
+            "--nnodes needs the rendezvous all nodes meet at: --rdzv-endpoint HOST:PORT",
+            hint="the same HOST:PORT on every node: HOST one of them, PORT free there (torchrun's c10d "
+            f"rendezvous; {DEFAULT_RDZV_PORT} if left out)",
+        )
+    host, _, port = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", str(DEFAULT_RDZV_PORT))
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise UsageError(f"--rdzv-endpoint must be HOST:PORT (a port from 1 to 65535), not {endpoint!r}")
+    single = launched(nproc_per_node or 1, environ)  # the same refusals as one node's
+    assert single is not None
+    return NodesLaunch(nnodes, single.nproc_per_node, f"{host}:{port}")
+
+
 def joined(environ: Mapping[str, str]) -> Distributed | None:
     """This `cascade run` is one rank of the user's torchrun job (RANK and WORLD_SIZE set, more than
     one process), else None."""
@@ -106,14 +165,21 @@ def joined(environ: Mapping[str, str]) -> Distributed | None:
         world_size = int(environ.get("WORLD_SIZE", "1"))
         rank = int(environ.get("RANK", "0"))
         local = int(environ.get("LOCAL_WORLD_SIZE", str(world_size)))
+        local_rank = int(environ.get("LOCAL_RANK", str(rank % max(local, 1))))
     except ValueError:
         return None
     if "RANK" not in environ or world_size <= 1 or not 0 <= rank < world_size:
         return None
     local = min(max(local, 1), world_size)
+    local_rank = local_rank if 0 <= local_rank < local and local_rank <= rank else rank % local
     key = environ.get("TORCHELASTIC_RUN_ID") or f"{environ.get('MASTER_ADDR')}-{environ.get('MASTER_PORT')}"
-    job = re.sub(r"[^A-Za-z0-9._-]", "_", key)[:100].lstrip(".") or "job"
-    return Distributed(JOINED, world_size, local, max(world_size // local, 1), rank, job)
+    nnodes = max(world_size // local, 1)
+    return Distributed(JOINED, world_size, local, nnodes, rank, job_name(key), local_rank)
+
+
+def job_name(key: str) -> str:
+    """A rendezvous id as a directory name and a tag value (letters, digits, `._-`)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", key)[:100].lstrip(".") or "job"
 
 
 def collect_ranks(layout: Distributed, ranks_dir: Path, notify: Callable[[str], None],
@@ -133,11 +199,11 @@ def collect_ranks(layout: Distributed, ranks_dir: Path, notify: Callable[[str], 
                 notify(f"waiting for rank {rank} (and the others) to end, up to {wait_s:.0f} s")
                 told = True
             time.sleep(0.05)
-        entries.append(_rank_entry(rank, own, ended if layout.launcher == JOINED else None))
+        entries.append(rank_entry(rank, own, ended if layout.launcher == JOINED else None))
     return entries
 
 
-def _rank_entry(rank: int, own: Path, ended: Path | None) -> dict[str, Any]:
+def rank_entry(rank: int, own: Path, ended: Path | None) -> dict[str, Any]:
     facts = read_json(own / protocol.FACTS_FILE)
     trace = own / protocol.TRACE_FILE
     entry: dict[str, Any] = {"rank": rank, "error": facts.get("exception")}
@@ -211,7 +277,7 @@ def check_section(section: Any, refuse: Callable[[str, Any, str], None]) -> None
     if not isinstance(section, dict):
         refuse("distributed", section, "null or an object")
     for key, top in (("world_size", MAX_WORLD_SIZE), ("nproc_per_node", MAX_NPROC_PER_NODE),
-                     ("nnodes", MAX_WORLD_SIZE)):  # fmt: skip
+                     ("nnodes", MAX_NNODES)):  # fmt: skip
         value = section.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
             refuse(f"distributed.{key}", value, f"an integer from 1 to {top}")

@@ -97,6 +97,12 @@ class Manifest:
         return value if isinstance(value, int) and not isinstance(value, bool) else 1
 
     @property
+    def nnodes(self) -> int:
+        """The machines the job ran on (1 for a single process)."""
+        value = self.layout.get("nnodes", 1)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 1
+
+    @property
     def gpus(self) -> list[dict[str, Any]]:
         """The GPUs the run used: the ones torch saw, else the ones the machine has."""
         return self.torch.gpus or self.hardware.gpus

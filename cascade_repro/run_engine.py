@@ -116,11 +116,24 @@ def follow_rank(plan: RunPlan, layout: Distributed, notify: Notify) -> RunResult
     follower.ended(ended.exit_code)
     run_id_file = job_dir / protocol.RUN_ID_FILE
     run_id = run_id_file.read_text(encoding="utf-8").strip() if run_id_file.exists() else ""
+    warnings: tuple[str, ...] = ()
+    if layout.leads_another_node:  # rank 0's files are on another machine: meet it in the store
+        try:
+            run_id = _deliver_node(plan, layout, job_dir, output.wrap(notify)) or run_id
+        except CascadeError as exc:
+            warnings = (f"this node's ranks are not recorded: {exc} (their files stay in {job_dir})",)
     status = "FINISHED" if ended.exit_code == 0 else "FAILED"
     outcome = {"status": status, "exit_code": ended.exit_code}
     manifest = Manifest.outcome_only(run_id, plan.settings.experiment, __version__, outcome)
     return RunResult(run_id, status, ended.exit_code, plan.settings.tracking_uri, plan.settings.experiment,
-                     manifest, (), rank=layout.rank)  # fmt: skip
+                     manifest, warnings, rank=layout.rank)  # fmt: skip
+
+
+def _deliver_node(plan: RunPlan, layout: Distributed, job_dir: Path, notify: Notify) -> str | None:
+    from cascade_repro.node_exchange import deliver_node
+    from cascade_repro.store.run_store import RunStore
+
+    return deliver_node(layout, RunStore.open(plan.settings), job_dir, notify)
 
 
 def _start_recording(plan: RunPlan, notify: Notify, child: RunningChild, env: dict[str, str], run_dir: Path,

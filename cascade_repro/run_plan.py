@@ -78,6 +78,7 @@ class RunResult:
     usage_error: str | None = None  # argparse refused the script's arguments: the line it printed
     discarded: bool = False  # it did so before the first step: the run was deleted from the store
     rank: int | None = None  # rank K > 0 of the user's torchrun job: rank 0's `cascade run` records it
+    nodes: int | None = None  # `--nnodes N`: this node's torchrun ended; rank 0's `cascade run` recorded
 
     @property
     def exit_status(self) -> int:

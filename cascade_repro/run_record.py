@@ -13,6 +13,7 @@ from cascade_repro import __version__
 from cascade_repro.capture.environment import environment_read
 from cascade_repro.capture.packages import installed_version
 from cascade_repro.determinism import script_seeds
+from cascade_repro.distributed import JOB_TAG
 from cascade_repro.manifest import Manifest
 from cascade_repro.params import resolved_dict, used_params
 from cascade_repro.record_sections import (
@@ -84,6 +85,8 @@ def start_tags(plan: RunPlan) -> dict[str, str]:
     }
     if plan.run_name:
         tags["mlflow.runName"] = plan.run_name
+    if plan.distributed is not None and plan.distributed.job:  # other nodes' ranks find the run by it
+        tags[JOB_TAG] = plan.distributed.job
     return {**tags, **plan.extra_tags}
 
 

@@ -21,6 +21,7 @@ from cascade_repro.capture.files import RunFiles, inputs_warning, read_opened, r
 from cascade_repro.capture.git import GitState
 from cascade_repro.capture.snapshot import empty_snapshot
 from cascade_repro.child import protocol
+from cascade_repro.errors import CascadeError
 from cascade_repro.manifest import ARTIFACT_PATH, Manifest
 from cascade_repro.params import resolved_dict, unused_overrides, used_params
 from cascade_repro.record_sections import DataEntry
@@ -74,6 +75,7 @@ class Recording:
         self.notify = notify
         self.keeper = keeper
         self.mlflow: Any = None
+        self.store: RunStore | None = None
         self.opened: OpenedRun | None = None
         self.writer: MetricsWriter | None = None
         self.delivery: Delivery | None = None
@@ -92,7 +94,7 @@ class Recording:
         part never keeps the others from the store, and what is not stored stays in the spool."""
         plan = self.plan
         try:
-            store = RunStore(plan.settings.tracking_uri, plan.settings.experiment)
+            self.store = store = RunStore(plan.settings.tracking_uri, plan.settings.experiment)
             self.mlflow = store.client
             existing = plan.environ.get("MLFLOW_RUN_ID") or None
             self.opened = store.open_run(plan.settings.artifact_root, plan.run_name, self.tags, self.start_ms,
@@ -263,6 +265,13 @@ class Recording:
         except OSError as exc:
             self.warnings.append(f"the other ranks' files are not all recorded: {exc}")
             entries = []
+        if layout.remote_ranks and self.store is not None and self.opened is not None:
+            from cascade_repro.node_exchange import collect_remote
+
+            try:  # the other nodes' ranks, delivered into this run through the store
+                entries += collect_remote(layout, self.store, self.opened.run_id, self.notify)
+            except CascadeError as exc:
+                self.warnings.append(f"the other nodes' ranks are not recorded: {exc}")
         section = layout.section(entries)
         self.warnings.extend(distributed.rank_warnings(section))
         return section

@@ -1,6 +1,6 @@
 """One function per use case; the CLI renders what these return. The only orchestrator.
 
-    runs.py       init, run (with --tag)
+    runs.py       init, run (with --tag; nodes.py: this machine's part of a job over several)
     browsing.py   list_runs, tag, ui
     records.py    show_run, verify
     restoring.py  restore

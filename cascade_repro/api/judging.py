@@ -33,9 +33,12 @@ def _rank_traces(store: RunStore, run_id: str, manifest: Manifest) -> list[Trace
     """Each rank's step trace, rank 0 first (one for a single process); [] for a rank without one."""
     traces = [trace_records(store, run_id, manifest.trace_header.get("artifact"))]
     layout = manifest.layout
-    traced = {e["rank"] for e in layout.get("ranks") or [] if isinstance(e, dict) and e.get("trace")}
-    local = layout.get("nproc_per_node", 1)  # the ranks recorded on rank 0's machine (checked ≤ 256)
-    for rank in range(1, local if isinstance(local, int) and layout.get("ranks") is not None else 1):
+    entries = [e for e in layout.get("ranks") or [] if isinstance(e, dict)]
+    traced = {e["rank"] for e in entries if e.get("trace")}
+    # every rank listed (checked: 1 ≤ rank < world size, fewer entries than that), and rank 0's node's
+    local = layout.get("nproc_per_node", 1) if layout.get("ranks") is not None else 1
+    last = max([local - 1 if isinstance(local, int) else 0, *(e["rank"] for e in entries)])
+    for rank in range(1, last + 1):
         if rank in traced:  # the artifact's name is made here from the (checked) rank, never read
             traces.append(trace_records(store, run_id, trace_artifact(rank)))
         else:

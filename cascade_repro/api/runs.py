@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from cascade_repro import distributed, versions
+from cascade_repro import __version__, distributed, versions
 from cascade_repro.api.spooled import finish_dead_runs
 from cascade_repro.capture.git import is_dirty
 from cascade_repro.errors import CascadeError, DirtyTreeRefused, UsageError
@@ -42,7 +42,8 @@ class RunRequest:
     The script and its arguments (`script`, `args`); its hyperparameters (`params_file`, overrides
     `sets` and `adds` as KEY=VALUE, `seed`, `restored_params` when restore replays a record);
     how it runs (`determinism` mode, `trace_interval`, `cwd`, `environ`, `nproc_per_node` for
-    torchrun, and in a container: `docker`, `gpus`, `shm_size`, `image`, `no_cache`); what is
+    torchrun, `nnodes`, `rdzv_endpoint` and `rdzv_id` for a job over several machines, and in a
+    container: `docker`, `gpus`, `shm_size`, `image`, `no_cache`); what is
     recorded (`run_name`, `experiment`, `extra_tags`, `log_checkpoints`, `track_inputs`,
     `require_clean`); and the label given once it finished (`version`, `force_version`, `git_tag`).
     """
@@ -73,6 +74,9 @@ class RunRequest:
     no_cache: bool = False  # rebuild the image even when one with the same inputs exists
     track_inputs: bool = False  # files read that neither git nor DVC tracks go into the DVC cache
     nproc_per_node: int | None = None  # `--nproc-per-node N`: torchrun starts N ranks on this machine
+    nnodes: int | None = None  # `--nnodes N`: this machine is one of N nodes (api/nodes.py)
+    rdzv_endpoint: str | None = None  # with nnodes: HOST:PORT of the c10d rendezvous, the same on each node
+    rdzv_id: str | None = None  # with nnodes: the job's id (default: made from the commit and command)
 
 
 def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult:
@@ -83,6 +87,9 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
     settings = _settings_for(request, root, environ)
     script, script_rel = _script_in_repository(request.script, root, cwd)
     commit = head_commit(root)
+    nodes = distributed.nodes_launch(request.nnodes, request.nproc_per_node, request.rdzv_endpoint, environ)
+    if nodes is not None:  # this machine is one node of the job: its torchrun, a `cascade run` per rank
+        return _run_as_node(request, nodes, settings, script_rel, commit, cwd, notify)
     exclude = own_paths(settings)
     if request.require_clean:
         _refuse_dirty(root, exclude)
@@ -130,6 +137,30 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
             recovering.join()
     result = _after_usage_error(result, settings, restore=request.restored_params is not None)
     return _tagged(result, request, settings)
+
+
+def _run_as_node(request: RunRequest, nodes: distributed.NodesLaunch, settings: Settings, script_rel: str,
+                 commit: str, cwd: Path, notify: Notify) -> RunResult:  # fmt: skip
+    """`--nnodes`: this node's part of the job; rank 0's own `cascade run` records it (api/nodes.py)."""
+    from cascade_repro.api.nodes import one_seed, run_on_nodes
+    from cascade_repro.manifest import Manifest
+
+    if request.docker:
+        raise UsageError("a torchrun job (--nnodes) is not run in --docker yet",
+                         hint="run it without --docker, or run torchrun inside your own image")  # fmt: skip
+    uri = settings.tracking_uri
+    if nodes.nnodes > 1 and (uri.startswith(("file:", "sqlite:")) or "://" not in uri):
+        notify(f"the store is a file ({uri}): the other nodes' ranks are recorded only if "
+               "they reach the same one (a shared filesystem); a tracking server is the usual way: "
+               "MLFLOW_TRACKING_URI=http://HOST:5000")  # fmt: skip
+    options = _rank_options(replace(request, seed=one_seed(request.seed)))
+    code = run_on_nodes(nodes, request.script, script_rel, request.args, commit, options, request.rdzv_id,
+                        cwd, notify)  # fmt: skip
+    status = "FINISHED" if code == 0 else "FAILED"
+    manifest = Manifest.outcome_only("", settings.experiment, __version__,
+                                     {"status": status, "exit_code": code})  # fmt: skip
+    return RunResult("", status, code, settings.tracking_uri, settings.experiment, manifest, (),
+                     nodes=nodes.nnodes)  # fmt: skip
 
 
 def _settings_for(request: RunRequest, root: Path, environ: Mapping[str, str]) -> Settings:
@@ -343,6 +374,18 @@ def _store_source(environ: Mapping[str, str]) -> str:
         if environ.get(name):
             return f"from {name}"
     return "from cascade.yaml or MLflow's default"
+
+
+def _rank_options(request: RunRequest) -> list[str]:
+    """What each rank's own `cascade run` is given by `cascade run --nnodes`: every option but the layout."""
+    options = _invocation_options(replace(request, nproc_per_node=None))
+    for flag, value in (("--experiment", request.experiment), ("--trace-interval", request.trace_interval)):
+        if value is not None:
+            options += [flag, str(value)]
+    flags = (("--require-clean", request.require_clean), ("--force-tag", request.force_version),
+             ("--no-git-tag", not request.git_tag),
+             ("--log-checkpoints", request.log_checkpoints))  # fmt: skip
+    return options + [flag for flag, given in flags if given]
 
 
 def _invocation_options(request: RunRequest) -> list[str]:

@@ -26,21 +26,28 @@ def main(argv: list[str]) -> None:
     nproc, script_and_args = int(argv[0]), argv[1:]
     stop_with_parent()
     os.environ[protocol.ENV_PARENT_PID] = str(os.getpid())  # the ranks stop when this agent dies
+    code = run_torchrun(["--standalone", f"--nproc-per-node={nproc}", "--module",
+                         "cascade_repro.child.bootstrap", *script_and_args])  # fmt: skip
+    raise SystemExit(code)
+
+
+def run_torchrun(arguments: list[str]) -> int:
+    """torchrun's agent with `arguments` (its command line), in this process, until its ranks end: 0,
+    the code of the first rank that failed (torchrun itself says 1), or 128 + N for a signal N."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    args = parse_args(["--standalone", f"--nproc-per-node={nproc}", "--module",
-                       "cascade_repro.child.bootstrap", *script_and_args])  # fmt: skip
     try:
-        run(args)
+        run(parse_args(arguments))
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         code = failure.exitcode if failure.exitcode >= 0 else 128 - failure.exitcode
         sys.stderr.write(f"cascade: rank {rank} of the torchrun job exited with code {code}\n")
-        raise SystemExit(code or 1) from None
+        return code or 1
     except SignalException as exc:
-        raise SystemExit(128 + int(exc.sigval)) from None
+        return 128 + int(exc.sigval)
+    return 0
 
 
 if __name__ == "__main__":

@@ -51,6 +51,18 @@ from cascade_repro.cli.base import _guard, main
     metavar="N",
     help="Start N processes with torchrun (DDP: gloo on CPU, nccl on GPU); one run, every rank traced.",
 )
+@click.option(
+    "--nnodes",
+    type=int,
+    metavar="N",
+    help="This machine is one of N nodes of a torchrun job: the same command on each (with --rdzv-endpoint).",
+)
+@click.option(
+    "--rdzv-endpoint",
+    metavar="HOST:PORT",
+    help="With --nnodes: where the nodes meet (torchrun's c10d rendezvous; HOST one of them).",
+)
+@click.option("--rdzv-id", metavar="ID", help="With --nnodes: the job id (default: from commit and command).")
 @click.option("--docker/--no-docker", default=None, help="In the project's image (default: docker.enabled).")
 @click.option("--gpus", metavar="all|none|N", help="With --docker: GPUs to give it (default: all there are).")
 @click.option("--shm-size", metavar="SIZE", help="With --docker: shared memory, e.g. 8g (default: 1g).")
@@ -68,6 +80,7 @@ def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options
     cascade run --docker --gpus all train.py     in the project's image (templates/Dockerfile.j2)
     cascade run --nproc-per-node 2 train_ddp.py   torchrun, 2 ranks, one run
     torchrun --nproc-per-node 2 --no-python cascade run train_ddp.py   the same, torchrun yours
+    cascade run --nnodes 2 --nproc-per-node 2 --rdzv-endpoint node1:29400 train_ddp.py   on each node
     """
 
     def body() -> int:

@@ -42,6 +42,7 @@ FIELDS: tuple[Field, ...] = (
     Field("stack", "cpu.model", "A", "cpu", "hardware.cpu.model"),
     Field("stack", "python", "A", "python", "python.version"),
     Field("stack", "world_size", "A", "world_size", "distributed.world_size (1: one process)"),
+    Field("stack", "nnodes", "A", "nnodes", "distributed.nnodes (1: one machine)"),
     Field("code", "commit", "B", "code", "git.commit", "hash"),
     Field("code", "patch", "B", "code", "git.patch.sha256", "hash"),
     Field("code", "script", "B", "command", "command.script"),

@@ -22,7 +22,7 @@ from cascade_repro.redaction import is_redacted
 # The order differences are listed in (class B, then class A), and causes where the trace says nothing.
 KINDS = (
     "params", "seed", "code", "command", "determinism", "threads", "environment", "environment_read",
-    "data", "packages", "image", "torch", "gpu", "cpu", "python", "world_size",
+    "data", "packages", "image", "torch", "gpu", "cpu", "python", "world_size", "nnodes",
 )  # fmt: skip
 _NONDETERMINISM = ("nondeterministic_ops", "nondeterministic", "determinism", "threads", "torch", "cpu",
                    "gpu", "python", "environment", "packages", "image")  # fmt: skip
@@ -117,7 +117,9 @@ def likely_causes(
     candidates += _nondeterministic_ops(a, b)
     across = "compare within tolerance (--rtol/--atol), or rerun where the record was made"
     fixes_a = {"world_size": f"rerun with the recorded number of processes: cascade run --nproc-per-node "
-                             f"{a.world_size} (cascade restore does)"}  # fmt: skip
+                             f"{a.world_size} (cascade restore does)",
+               "nnodes": f"rerun on {a.nnodes} nodes: cascade run --nnodes {a.nnodes} --rdzv-endpoint "
+                         "HOST:PORT on each (cascade restore runs every rank on one machine)"}  # fmt: skip
     candidates += [
         (d.kind, Cause(d.summary, "bitwise equality is not expected across this difference",
                        fixes_a.get(d.kind, across)))
@@ -321,6 +323,7 @@ _SUMMARIES: dict[str, Summary] = {
     "cpu": _one_line("CPU"),
     "python": _one_line("Python"),
     "world_size": lambda changes, a, b: f"world size differs: {a.world_size} processes vs {b.world_size}",
+    "nnodes": lambda changes, a, b: f"node count differs: {a.nnodes} nodes vs {b.nnodes}",
 }
 
 

@@ -149,6 +149,7 @@ def _stack(a: Manifest, b: Manifest) -> Section:
         out["python"] = m.python.version
         if both_ran:  # a property of the run (torchrun's processes), not of a machine
             out["world_size"] = m.world_size
+            out["nnodes"] = m.nnodes  # collectives cross a network, or not: another reduction order
         return {k: v for k, v in out.items() if v is not None}
 
     def same(key: str, va: Any, vb: Any) -> bool:

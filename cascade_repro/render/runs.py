@@ -47,12 +47,23 @@ def init_result(result: InitResult) -> None:
     console.print("next: commit these files, then `cascade run train.py`")
 
 
+def _part_of_a_job(result: RunResult) -> None:
+    """Rank K > 0 of a torchrun job, or `--nnodes`' own torchrun: rank 0's `cascade run` says the rest."""
+    if result.nodes is not None:
+        notice(f"this node's ranks of the {result.nodes}-node job ended (exit {result.exit_code}); the "
+               "node of rank 0 printed the run")  # fmt: skip
+        return
+    run = f"run {result.run_id[:8]}" if result.run_id else "its run"
+    notice(f"rank {result.rank}: the script ended (exit {result.exit_code}); rank 0's cascade run "
+           f"records it in {run}")  # fmt: skip
+    for warning in result.warnings:
+        notice(f"warning: {warning}")
+
+
 def run_result(result: RunResult) -> None:
     """`cascade run`: how the run ended, its warnings, what is still pending, where to see it."""
-    if result.rank is not None:  # rank K > 0 of the user's torchrun job: rank 0's run says the rest
-        run = f"run {result.run_id[:8]}" if result.run_id else "its run"
-        notice(f"rank {result.rank}: the script ended (exit {result.exit_code}); rank 0's cascade run "
-               f"records it in {run}")  # fmt: skip
+    if result.rank is not None or result.nodes is not None:
+        _part_of_a_job(result)
         return
     if result.discarded:
         notice(f"not kept: the script stopped in argument parsing (exit {result.exit_code}) before its "

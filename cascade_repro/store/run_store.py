@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from cascade_repro.errors import CascadeError, RunNotFound, StoreError
@@ -216,6 +217,11 @@ class RunStore:
         with translated(f"downloading {artifact} of run {run_id}"):
             return str(self.client.download_artifacts(run_id, artifact, into))
 
+    def artifact_names(self, run_id: str, directory: str) -> set[str]:
+        """The paths of what the run holds directly in `directory` (files and directories)."""
+        with translated(f"listing {directory} of run {run_id}"):
+            return {str(info.path) for info in self.client.list_artifacts(run_id, directory)}
+
     # -- recording a run ---------------------------------------------------------------------
     def open_run(self, artifact_root: str | None, run_name: str | None, tags: Mapping[str, str],
                  start_ms: int, existing_run_id: str | None = None) -> mlflow_store.OpenedRun:  # fmt: skip
@@ -233,7 +239,13 @@ class RunStore:
             self.client.delete_tag(run_id, key)
 
     def log_json(self, run_id: str, data: Any, artifact_file: str) -> None:
-        mlflow_store.log_json(self.client, run_id, data, artifact_file)
+        with translated(f"storing {artifact_file} in run {run_id}"):
+            mlflow_store.log_json(self.client, run_id, data, artifact_file)
+
+    def log_file(self, run_id: str, path: Path, artifact_dir: str) -> None:
+        """A file as an artifact of the run, under `artifact_dir`."""
+        with translated(f"storing {path.name} in run {run_id}"):
+            mlflow_store.log_file(self.client, run_id, path, artifact_dir)
 
     def discard(self, run_id: str, why: str) -> None:
         """Delete the run from the store (`mlflow gc` purges it), saying why in a tag first."""

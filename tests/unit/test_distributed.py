@@ -71,13 +71,67 @@ def test_a_single_process_verdict_is_unchanged() -> None:
 def test_a_rank_of_the_users_torchrun_finds_its_job() -> None:
     environ = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "job/../x"}
     layout = joined(environ)
-    assert layout == Distributed("torchrun", 4, 2, 2, rank=1, job="job_.._x")
+    assert layout == Distributed("torchrun", 4, 2, 2, rank=1, job="job_.._x", local_rank=1)
+    assert not layout.leads_another_node and list(layout.remote_ranks) == []
     assert joined({"RANK": "0", "WORLD_SIZE": "1"}) is None  # one process: a plain run
     assert joined({"WORLD_SIZE": "2"}) is None and joined({"RANK": "x", "WORLD_SIZE": "2"}) is None
     with pytest.raises(UsageError, match="inside a torchrun job"):
         launched(2, {"RANK": "0", "WORLD_SIZE": "2"})
     with pytest.raises(UsageError, match="from 1 to 256"):
         launched(300, {})
+
+
+def test_the_first_rank_of_another_node_delivers_that_nodes_ranks() -> None:
+    node = {"WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "j"}
+    second = joined({**node, "RANK": "2", "LOCAL_RANK": "0"})
+    assert second is not None and second.nnodes == 3 and second.leads_another_node
+    assert (list(second.node_ranks), list(second.local_ranks)) == ([2, 3], [3])
+    follower = joined({**node, "RANK": "3", "LOCAL_RANK": "1"})
+    assert follower is not None and not follower.leads_another_node and list(follower.node_ranks) == [2, 3]
+    rank0 = joined({**node, "RANK": "0", "LOCAL_RANK": "0"})
+    assert rank0 is not None and not rank0.leads_another_node
+    assert (list(rank0.local_ranks), list(rank0.remote_ranks)) == ([1], [2, 3, 4, 5])
+    odd = joined({**node, "RANK": "1", "LOCAL_RANK": "7"})  # a LOCAL_RANK out of its node: from RANK
+    assert odd is not None and odd.local_rank == 1
+
+
+def test_nnodes_options_are_checked_before_anything_starts() -> None:
+    from cascade_repro.distributed import nodes_launch
+
+    assert nodes_launch(None, 2, None, {}) is None
+    launch = nodes_launch(2, None, "node1", {})
+    assert launch is not None
+    assert (launch.nnodes, launch.nproc_per_node, launch.endpoint) == (2, 1, "node1:29400")
+    refused = ((2, None, "--rdzv-endpoint HOST:PORT"), (0, "h:1", "from 1 to 4096"), (2, "h:x", "HOST:PORT"),
+               (2, ":80", "HOST:PORT"), (2, "h:70000", "HOST:PORT"), (None, "h:1", "goes with --nnodes"))
+    for nnodes, endpoint, said in refused:
+        with pytest.raises(UsageError, match=said):
+            nodes_launch(nnodes, None, endpoint, {})
+    with pytest.raises(UsageError, match="inside a torchrun job"):
+        nodes_launch(2, 1, "h:1", {"RANK": "0", "WORLD_SIZE": "2"})
+
+
+UNREADABLE = {"rank": 3, "error": None, "exit_code": None, "missing": "its exit.json is not readable"}
+
+
+@pytest.mark.parametrize(
+    ("stored", "expected"),
+    [
+        ('{"rank": 3, "exit_code": 0, "error": null, "trace": {"artifact": "../../etc", "steps": 4}}',
+         {"rank": 3, "exit_code": 0, "error": None,
+          "trace": {"artifact": "cascade/ranks/3/trace.jsonl", "steps": 4}}),
+        ('{"rank": 3, "exit_code": true, "error": {"type": 1, "message": "' + "m" * 5000 + '", "x": 2}}',
+         {"rank": 3, "exit_code": None, "error": {"type": "1", "message": "m" * 2000}}),
+        ('{"rank": 3, "trace": {"steps": -1}}', {"rank": 3, "exit_code": None, "error": None}),
+        ('{"rank": 4}', UNREADABLE),
+        ("[1]", UNREADABLE),
+        ("{", UNREADABLE),
+    ],
+)
+def test_another_nodes_exit_is_read_as_untrusted_input(stored: str, expected: dict[str, Any]) -> None:
+    from cascade_repro.node_exchange import remote_entry
+
+    assert remote_entry(3, stored) == expected
 
 
 def test_a_rank_writes_apart_only_in_a_job_of_several() -> None:

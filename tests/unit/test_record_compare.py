@@ -79,6 +79,8 @@ CATALOGUE = [
     (_set("python.version", "3.12.1"), "stack", "python", "A", "python"),
     (_set("distributed", {"launcher": "launched", "world_size": 2, "nproc_per_node": 2, "nnodes": 1}),
      "stack", "world_size", "A", "world_size"),
+    (_set("distributed", {"launcher": "torchrun", "world_size": 1, "nproc_per_node": 1, "nnodes": 2}),
+     "stack", "nnodes", "A", "nnodes"),
     (_set("git.commit", "d" * 40), "code", "commit", "B", "code"),
     (_set("git.patch", {"sha256": "p2"}), "code", "patch", "B", "code"),
     (_set("git.untracked", [{"path": "n.txt", "sha256": "u2"}]), "code", "untracked:n.txt", "B", "code"),
