@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import CASCADE, HERE, clean_env, median, scratch_repo, start_server
+from common import CASCADE, HERE, clean_env, median, scratch_repo, start_server, stop_server
 
 REPEATS = 3
 DOWNLOAD = """
@@ -33,8 +33,9 @@ for path in ("cascade/git.patch", "cascade/untracked/notes.txt"):
 
 
 def _git(*args: str, cwd: Path) -> None:
+    # stderr is left alone: every call is -q, so it only carries git's reason for a failure
     subprocess.run(["git", "-c", "user.name=b", "-c", "user.email=b@e", *args], cwd=cwd, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                   stdout=subprocess.DEVNULL)  # fmt: skip
 
 
 def recorded_project(url: str, remote: Path, env: dict[str, str]) -> Path:
@@ -64,8 +65,9 @@ def by_hand(repo: Path, commit: str, tree: Path, env: dict[str, str]) -> float:
     downloaded.mkdir()
     subprocess.run([sys.executable, "-c", DOWNLOAD, str(downloaded)], cwd=tree, env=env, check=True,
                    stderr=subprocess.DEVNULL)  # fmt: skip
-    _git("apply", "--binary", str(downloaded / "cascade" / "git.patch"), cwd=tree)
-    shutil.copyfile(downloaded / "cascade" / "untracked" / "notes.txt", tree / "notes.txt")
+    # download_artifacts puts a file artifact at dst/<its name>, not dst/<its artifact path>
+    _git("apply", "--binary", str(downloaded / "git.patch"), cwd=tree)
+    shutil.copyfile(downloaded / "notes.txt", tree / "notes.txt")
     subprocess.run([sys.executable, "-m", "dvc", "pull", "-q"], cwd=tree, check=True, env=env)
     subprocess.run([sys.executable, "first_line.py"], cwd=tree, check=True, env=env)
     return float((tree / "first_line.json").read_text()) - started
@@ -98,8 +100,7 @@ def main() -> None:
             hand.append(by_hand(repo, commit.strip(), workdir / f"hand-{index}", server_env))
             ours.append(with_cascade(repo, workdir / f"cascade-{index}", server_env))
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        stop_server(server)
     print(f"by hand: clone + checkout + download + apply + copy + dvc pull + python : {median(hand):.2f} s "
           f"(median of {REPEATS})")  # fmt: skip
     print(f"git clone + cascade restore v1, to the first line                       : {median(ours):.2f} s"

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import CASCADE, HERE, clean_env, median, scratch_repo, start_server, verdict
+from common import CASCADE, HERE, clean_env, median, scratch_repo, start_server, stop_server, verdict
 
 
 def main() -> None:
@@ -47,8 +47,7 @@ def main() -> None:
                                capture_output=True, text=True)  # fmt: skip
         metrics = json.loads(shown.stdout)["data"]["manifest"]["metrics"]
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        stop_server(server)
 
     ratio = median(ours["times"]["on"]) / median(ours["times"]["off"])
     mlflow_ratio = median(theirs["times"]["on"]) / median(theirs["times"]["off"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -69,6 +70,35 @@ def start_server(workdir: Path) -> tuple[str, subprocess.Popen[bytes]]:
                 return url, process
         except OSError:
             if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
+                stop_server(process)
                 sys.exit(f"mlflow server did not start: see {workdir / 'server.log'}")
             time.sleep(0.5)
+
+
+def stop_server(process: subprocess.Popen[bytes]) -> None:
+    """Stop `mlflow server` and what it started (uvicorn, the job runner, huey consumers).
+
+    They share the session start_server opened, so the whole process group is signalled: the parent
+    forwards SIGTERM to uvicorn only, and a SIGKILL to it alone would leave its children serving.
+    """
+    group = process.pid
+    try:
+        os.killpg(group, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(group, signal.SIGKILL)
+        process.wait()
+    # the children may outlive the parent for a moment; signal 0 only asks whether any is left
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return
+        if time.monotonic() > deadline:
+            os.killpg(group, signal.SIGKILL)
+            return
+        time.sleep(0.1)
