@@ -276,6 +276,9 @@ def child_environment(plan: RunPlan, run_dir: Path) -> dict[str, str]:
     env[protocol.ENV_SEED] = str(plan.params.seed)
     env[protocol.ENV_DETERMINISM] = plan.determinism
     env[protocol.ENV_TRACE_INTERVAL] = str(plan.settings.trace_interval)
+    env[protocol.ENV_TRACE_BUDGET] = repr(plan.settings.trace_budget)
+    if plan.trace_schedule is not None:
+        env[protocol.ENV_TRACE_SCHEDULE] = json.dumps(plan.trace_schedule)
     env[protocol.ENV_TRACE_GRADS] = {True: "1", False: "0", None: "auto"}[plan.settings.trace_grads]
     env[protocol.ENV_CHECKPOINTS_DIR] = str(plan.settings.root / plan.settings.checkpoints_dir)
     env[protocol.ENV_ROOT] = str(plan.settings.root)  # files opened under it are noted

@@ -12,7 +12,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from cascade_repro.errors import ConfigError
 from cascade_repro.yaml_io import read_yaml_mapping
@@ -41,6 +41,8 @@ SETTINGS_VARIABLES = (
     "CASCADE_EXPERIMENT",
     "CASCADE_DETERMINISM",
 )
+DEFAULT_TRACE_BUDGET = 0.02  # of step time, for fingerprinting the weights (issue 17)
+TRACE_BUDGET_EXPECTED = "a share of step time from 0 to 1 (0.02: 2 %; 0: every facet every step)"
 DEFAULT_ENV_PREFIXES = (
     "CUDA_", "CUBLAS_", "CUDNN_", "NCCL_", "NVIDIA_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "KMP_",
     "OPENBLAS_", "ATEN_", "PYTHONHASHSEED", "CASCADE_", "MLFLOW_", "HF_", "XLA_", "LD_PRELOAD",
@@ -65,6 +67,9 @@ class Settings:
     docker: Mapping[str, Any] = field(default_factory=dict)
     metrics_flush_s: float = 5.0
     trace_interval: int = 1  # record every Nth optimizer step; 0 turns the trace off
+    # The weights (and gradients) are fingerprinted as often as this share of step time allows; the RNG
+    # state, batch and loss every step. 0 (`trace: full`): every facet every step.
+    trace_budget: float = DEFAULT_TRACE_BUDGET
     # Gradient fingerprints tell "backward differs" from "a write between steps". None ("auto"): where
     # cheap (on an accelerator; on CPU for models up to 1 MiB of parameters).
     trace_grads: bool | None = None
@@ -144,7 +149,8 @@ def load_settings(root: Path, environ: Mapping[str, str] | None = None) -> Setti
     known = {
         "experiment", "tracking_uri", "params_file", "checkpoints_dir", "determinism",
         "untracked_max_bytes", "env_allow_prefixes", "key_metrics", "dvc", "docker",
-        "metrics_flush_s", "trace_interval", "trace_grads", "checkpoints", "log_checkpoints",
+        "metrics_flush_s", "trace_interval", "trace_grads", "checkpoints", "log_checkpoints", "trace_budget",
+        "trace",
     }  # fmt: skip
     unknown = sorted(str(key) for key in set(raw) - known)
     if unknown:
@@ -183,6 +189,7 @@ def load_settings(root: Path, environ: Mapping[str, str] | None = None) -> Setti
         metrics_flush_s=check.seconds("metrics_flush_s", 5.0),
         trace_interval=check.integer("trace_interval", 1, 0, "a whole number of steps >= 0 (0: no trace)"),
         trace_grads=_trace_grads(check),
+        trace_budget=_trace_budget(check),
         checkpoint_policy=_checkpoint_policy(check),
         log_checkpoints=check.flag("log_checkpoints", False),
     )
@@ -344,6 +351,26 @@ def resolve_tracking_uri(uri: str, root: Path) -> str:
     if "://" not in uri and not uri.startswith("databricks"):
         return (root / uri).resolve().as_uri()
     return uri
+
+
+def _trace_budget(check: _Checker) -> float:
+    """`trace_budget: 0.02` (a share of step time, 0 to 1), or `trace: full` for 0."""
+    full = check.raw.get("trace")
+    if full is not None and full != "full":
+        raise check.bad("trace", full, "full (every facet every step), or leave it out for trace_budget")
+    value = check.get("trace_budget", 0.0 if full == "full" else DEFAULT_TRACE_BUDGET)
+    return trace_budget(value, lambda: check.bad("trace_budget", value, TRACE_BUDGET_EXPECTED))
+
+
+def trace_budget(value: Any, refuse: Callable[[], Exception]) -> float:
+    """A trace budget as given (cascade.yaml, --trace-budget): a number from 0 to 1."""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (math.isfinite(number) and 0 <= number <= 1):
+        raise refuse()
+    return number
 
 
 def _trace_grads(check: _Checker) -> bool | None:

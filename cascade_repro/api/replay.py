@@ -4,52 +4,112 @@ Fingerprints say which tensors differ at step k, not by how much. Each run is re
 state, data, recorded environment) and re-run for k+1 steps with its tensors of step k saved; each
 replay must reproduce its own recorded trace bit for bit up to there, or the saved tensors would not
 be that run's, and nothing is measured. Both replays are recorded as runs, like any restore.
+
+Where the traces only bracket the divergence (a trace budget fingerprinted the weights at some
+steps only: they agreed at step j and something differs at step k > j + 1), the replays run with
+every facet at every step, and their two traces pin the exact step and tensors; the tensors are
+then measured there (a second replay when the pinned step comes before k).
 """
 
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from cascade_repro.api.judging import trace_records
 from cascade_repro.api.loading import load_project
 from cascade_repro.api.restoring import restore
 from cascade_repro.child.protocol import DUMP_FILE
+from cascade_repro.determinism.compare import TraceComparison, compare_traces
 from cascade_repro.determinism.magnitude import TENSOR_FACETS, Magnitude, magnitudes
 from cascade_repro.determinism.verdict import BITWISE_IDENTICAL, Verdict
 from cascade_repro.run_plan import Notify
+from cascade_repro.store.run_store import RunStore
 
 
 def replay_divergence(
     verdict: Verdict, cwd: Path | None, notify: Notify
-) -> tuple[list[Magnitude], dict[str, Any]]:
-    """The magnitudes at the first divergence, and the replay's record (runs, what was not measured)."""
+) -> tuple[list[Magnitude], dict[str, Any], TraceComparison | None]:
+    """The magnitudes at the first divergence, the replay's record (runs, what was not measured, the
+    step pinned), and the comparison with the exact step where the traces had only bracketed it."""
     comparison = verdict.comparison
-    step = comparison.step
-    tensor_facets = [d for d in comparison.differences if d.facet in TENSOR_FACETS]
-    if step is None or not tensor_facets:
-        where = "no step differs" if step is None else f"at step {step} no tensor differs"
-        return [], {"runs": {}, "not_measured": [f"nothing to replay: {where}"]}
-    replays = load_project(cwd).paths.replays
+    if comparison.step is None:
+        return [], {"runs": {}, "not_measured": ["nothing to replay: no step differs"]}, None
     runs: dict[str, str] = {}
-    dumps: list[Path] = []
+    pinned: TraceComparison | None = None
+    if comparison.bracket_start is not None:
+        replayed, failure = _replay_both(verdict, comparison.step, cwd, notify, runs)
+        if failure is None:
+            pinned, failure = _pin(comparison, replayed, cwd)
+        if failure is not None:
+            return [], {"runs": runs, "not_measured": [failure]}, None
+        assert pinned is not None and pinned.step is not None
+        comparison = pinned
+    step = comparison.step
+    assert step is not None
+    record: dict[str, Any] = {"runs": runs, "not_measured": []}
+    if pinned is not None:
+        bracket = [verdict.comparison.bracket_start, verdict.comparison.step]
+        record["pinned"] = {"step": step, "bracket": bracket}
+    tensor_facets = [d for d in comparison.differences if d.facet in TENSOR_FACETS]
+    if not tensor_facets:
+        record["not_measured"] = [f"nothing to measure: at step {step} no tensor differs"]
+        return [], record, pinned
+    if pinned is None or step != verdict.comparison.step:  # the tensors of `step` are not saved yet
+        _, failure = _replay_both(verdict, step, cwd, notify, runs)
+        if failure is not None:
+            record["not_measured"] = [failure]
+            return [], record, pinned
+    import torch
+
+    replays = load_project(cwd).paths.replays
+    dumps = [_directory(replays, run_id, step) / DUMP_FILE for run_id in (verdict.run_a, verdict.run_b)]
+    saved = [torch.load(path, map_location="cpu", weights_only=True) for path in dumps]
+    found, missing = magnitudes(torch, saved[0], saved[1], tensor_facets)
+    record["not_measured"] = missing
+    return found, record, pinned
+
+
+def _replay_both(verdict: Verdict, step: int, cwd: Path | None, notify: Notify,
+                 runs: dict[str, str]) -> tuple[dict[str, str], str | None]:  # fmt: skip
+    """Both runs re-run for step+1 steps, every facet traced, step's tensors saved: the replays' run
+    ids by side, or why they cannot be measured (a replay that did not reproduce its run)."""
+    replays = load_project(cwd).paths.replays
+    replayed: dict[str, str] = {}
     for side, run_id in (("a", verdict.run_a), ("b", verdict.run_b)):
-        directory = replays / f"{run_id[:12]}-step{step}"
+        directory = _directory(replays, run_id, step)
         shutil.rmtree(directory, ignore_errors=True)
         notify(f"replay {side}: re-running {run_id[:12]} for {step + 1} steps to save step {step}")
         result = restore(run_id, cwd=cwd, steps=step + 1, dump=(step, directory), notify=notify)
         assert result.run is not None and result.verdict is not None  # execute=True
-        runs[side] = result.run.run_id
+        runs[side] = replayed[side] = result.run.run_id
         if result.verdict.verdict != BITWISE_IDENTICAL:
-            reason = (
+            return replayed, (
                 f"the replay of {run_id[:12]} did not reproduce its own trace up to step {step} "
                 f"({result.verdict.verdict}: {result.verdict.summary}), so its tensors there are not "
                 "that run's: the two runs differ by where they ran, which the fingerprints and causes show"
             )
-            return [], {"runs": runs, "not_measured": [reason]}
-        dumps.append(directory / DUMP_FILE)
-    import torch
+    return replayed, None
 
-    saved = [torch.load(path, map_location="cpu", weights_only=True) for path in dumps]
-    found, missing = magnitudes(torch, saved[0], saved[1], tensor_facets)
-    return found, {"runs": runs, "not_measured": missing}
+
+def _pin(bracketed: TraceComparison, replayed: dict[str, str],
+         cwd: Path | None) -> tuple[TraceComparison | None, str | None]:  # fmt: skip
+    """The exact first divergence, from the two replays' traces (every facet at every step)."""
+    store = RunStore.open(load_project(cwd), fast_reads=True)
+    traces = []
+    for side in ("a", "b"):
+        run_id = replayed[side]
+        traces.append(trace_records(store, run_id, store.record(run_id).trace_header.get("artifact")))
+    found = compare_traces(traces[0], traces[1])
+    if found.step is None or found.bracket_start is not None:
+        return None, (
+            f"the replays, traced at every step, agree up to step {bracketed.step} where the recorded "
+            "traces differ: the divergence did not happen again, so it is not pinned"
+        )
+    return replace(bracketed, step=found.step, differences=found.differences, bracket_start=None), None
+
+
+def _directory(replays: Path, run_id: str, step: int) -> Path:
+    return replays / f"{run_id[:12]}-step{step}"

@@ -16,7 +16,13 @@ from cascade_repro.params import ResolvedParams, find_params_file, resolve_param
 from cascade_repro.project import InitResult, find_repo_root, init_project, preview_init
 from cascade_repro.run_engine import follow_rank, own_paths, record_run
 from cascade_repro.run_plan import ContainerPlan, Notify, RunPlan, RunResult
-from cascade_repro.settings import SETTINGS_VARIABLES, Settings, load_settings
+from cascade_repro.settings import (
+    SETTINGS_VARIABLES,
+    TRACE_BUDGET_EXPECTED,
+    Settings,
+    load_settings,
+    trace_budget,
+)
 from cascade_repro.store import git_repo, mlflow_store, sqlite_store
 from cascade_repro.store.git_repo import head_commit
 from cascade_repro.store.run_store import RunStore
@@ -59,6 +65,8 @@ class RunRequest:
     experiment: str | None = None
     require_clean: bool = False
     trace_interval: int | None = None
+    trace_budget: float | None = None  # `--trace-budget`: share of step time for weights' fingerprints
+    trace_schedule: tuple[tuple[int, int], ...] | None = None  # restore: the steps sampled, as recorded
     cwd: Path | None = None
     environ: Mapping[str, str] | None = None
     version: str | None = None  # `--tag`: label the run once it has finished
@@ -122,6 +130,7 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
         extra_tags=dict(request.extra_tags or {}),
         container=container,
         track_inputs=request.track_inputs,
+        trace_schedule=request.trace_schedule,
         distributed=layout,
     )
     if layout is not None and layout.rank > 0:  # the user's torchrun: rank 0's `cascade run` records
@@ -174,6 +183,9 @@ def _settings_for(request: RunRequest, root: Path, environ: Mapping[str, str]) -
         if request.trace_interval < 0:
             raise UsageError("--trace-interval must be 0 (no trace) or a positive number of steps")
         settings = replace(settings, trace_interval=request.trace_interval)
+    if request.trace_budget is not None:
+        refused = UsageError(f"--trace-budget must be {TRACE_BUDGET_EXPECTED}, not {request.trace_budget}")
+        settings = replace(settings, trace_budget=trace_budget(request.trace_budget, lambda: refused))
     return settings
 
 
@@ -379,7 +391,9 @@ def _store_source(environ: Mapping[str, str]) -> str:
 def _rank_options(request: RunRequest) -> list[str]:
     """What each rank's own `cascade run` is given by `cascade run --nnodes`: every option but the layout."""
     options = _invocation_options(replace(request, nproc_per_node=None))
-    for flag, value in (("--experiment", request.experiment), ("--trace-interval", request.trace_interval)):
+    given = (("--experiment", request.experiment), ("--trace-interval", request.trace_interval),
+             ("--trace-budget", request.trace_budget))  # fmt: skip
+    for flag, value in given:
         if value is not None:
             options += [flag, str(value)]
     flags = (("--require-clean", request.require_clean), ("--force-tag", request.force_version),

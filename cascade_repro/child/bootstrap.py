@@ -8,6 +8,7 @@ the torch stack, an uncaught exception, peak GPU memory) goes to `child.json` in
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import runpy
 import signal
@@ -70,8 +71,14 @@ def _observe_torch(torch: ModuleType, run_dir: Path, facts: Facts, determinism: 
 
     grads = {"1": True, "0": False}.get(os.environ.get(protocol.ENV_TRACE_GRADS, "auto"))
     stop = int(os.environ.get(protocol.ENV_STOP_AFTER) or 0) or None
+    try:
+        budget = float(os.environ.get(protocol.ENV_TRACE_BUDGET) or 0)
+    except ValueError:
+        budget = 0.0  # every facet every step
+    schedule = _schedule(os.environ.get(protocol.ENV_TRACE_SCHEDULE))
     tracer = StepTracer(torch, run_dir / protocol.TRACE_FILE, interval, grads=grads, stop_after=stop,
-                        on_header=lambda header: facts.update(trace=header))  # fmt: skip
+                        on_header=lambda header: facts.update(trace=header), budget=budget,
+                        schedule=schedule)  # fmt: skip
     dump = os.environ.get(protocol.ENV_TRACE_DUMP)
     if dump:
         step, _, directory = dump.partition(":")
@@ -81,6 +88,16 @@ def _observe_torch(torch: ModuleType, run_dir: Path, facts: Facts, determinism: 
     atexit.register(tracer.close)
     checkpoint_log(run_dir).current_step = lambda: tracer.step - 1 if tracer.step > 0 else None
     facts.update(trace=tracer.header())
+
+
+def _schedule(given: str | None) -> list[tuple[int, int]] | None:
+    """The sampling schedule a restore hands back, None to measure one."""
+    from cascade_repro.child.trace_budget import parse_schedule
+
+    try:
+        return parse_schedule(json.loads(given)) if given else None
+    except ValueError:
+        return None
 
 
 def main(argv: list[str]) -> None:

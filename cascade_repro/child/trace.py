@@ -10,6 +10,11 @@ optimizer with a closure), or at exit. A write outside the optimizer (EMA, hook,
 between the two steps counts as part of step k. One parameter hash per step serves as both
 "after k" and "before k+1".
 
+The weights and gradients are fingerprinted as often as the trace's cost budget allows
+(`budget`, child/trace_budget.py; 0: every step), the RNG state, batch and loss every step: a record
+without "params_after" (or "grads") is a step that was not sampled. The last step's weights are
+always read (at exit). Scripts without an optimizer (below) get every facet every step.
+
 Gradients are hashed "where cheap" by default (`grads=None`): always on an accelerator (the
 checksum rides the same copy back), on CPU when the optimizer's parameters hold at most
 GRADS_CHEAP_BYTES. There every gradient hash is one more pass over memory; for a model the size of
@@ -41,6 +46,7 @@ from typing import Any, Callable
 
 from cascade_repro.child import step_values
 from cascade_repro.child.protocol import DUMP_FILE, open_private
+from cascade_repro.child.trace_budget import SamplingBudget
 from cascade_repro.determinism import fingerprint
 
 RNG_EXTRA_EVERY = 16
@@ -50,10 +56,15 @@ FLUSH_EVERY_S = 0.5  # a crash keeps the trace up to here; an exception or Ctrl-
 
 class StepTracer:
     def __init__(self, torch: ModuleType, path: Path, interval: int = 1, grads: bool | None = None,
-                 stop_after: int | None = None,
-                 on_header: Callable[[dict[str, Any]], None] | None = None) -> None:  # fmt: skip
+                 stop_after: int | None = None, on_header: Callable[[dict[str, Any]], None] | None = None,
+                 budget: float = 0.0, schedule: list[tuple[int, int]] | None = None) -> None:  # fmt: skip
         self.torch = torch
         self.interval = max(1, int(interval))
+        # a fixed --trace-interval N > 1 keeps every facet at those steps
+        # (a restore hands back the recorded schedule: the same steps sampled, the same trace)
+        self.sampling = SamplingBudget(budget if self.interval == 1 else 0.0, schedule)
+        self._pending_sampled = True  # the pending step gets its weights (and gradients) read
+        self._hash_s = 0.0  # what fingerprinting the pending step's tensors took so far
         self.grads_setting = grads  # None: "where cheap", decided from the first step's parameters
         self.grads = grads
         self._on_header = on_header  # told when the header changes (the gradient decision)
@@ -216,10 +227,14 @@ class StepTracer:
             self._pending = None
             sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
 
-    def _finish_pending(self) -> None:
-        """Step k's parameters-after, read when step k+1 begins; the record is complete then."""
+    def _finish_pending(self, final: bool = False) -> None:
+        """Step k's parameters-after, read when step k+1 begins (or at exit: the final weights, always),
+        if step k is sampled; the record is complete then."""
         if self._pending is not None:
-            self._pending["params_after"] = self._hash_params(self._pending_params)
+            if self._pending_sampled or final:
+                started = time.perf_counter()
+                self._pending["params_after"] = self._hash_params(self._pending_params)
+                self.sampling.hashed(self._hash_s + time.perf_counter() - started)
             if self._pending["step"] == self._dump_step:
                 self._save_dump("params_after", self._pending_params)
             self._write(self._pending)
@@ -279,6 +294,7 @@ class StepTracer:
             self._save_dump("grads", params, grads=True)
         self._pending = record
         self._pending_params = params
+        self._pending_sampled = True
         self._rng_next = self._rng_fingerprint()  # the next step starts after this update
 
     def _manual_params(self) -> list[Any]:
@@ -304,11 +320,13 @@ class StepTracer:
             self._in_step = True
             self._finish_pending()  # no backward() since the last step (an optimizer with a closure)
             self._stop_if_done()
+            self.sampling.step_began(time.perf_counter())
             if self.step % self.interval != 0:
                 return
             params = [p for group in optimizer.param_groups for p in group["params"]]
             self._decide_grads(params)
-            record = self._new_record(params)
+            sampled = self.sampling.samples(self.step) or self.step == self._dump_step
+            record = self._new_record(params, sampled)
             if self.step == 0:
                 record["params_before"] = self._hash_params(params)
             if self.step == self._dump_step:
@@ -316,13 +334,15 @@ class StepTracer:
                 self._save_dump("grads", params, grads=True)
             self._pending = record
             self._pending_params = params
+            self._pending_sampled = sampled
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         with self._lock:
             self._in_step = False
             if self._backward_in_step and self._pending is not None:
                 self._pending["loss"] = self._loss_copy()  # the closure's last loss and gradients
-                self._pending["grads"] = self._hash_grads(self._pending_params) if self.grads else None
+                if self._pending_sampled:
+                    self._pending["grads"] = self._hash_grads(self._pending_params) if self.grads else None
                 if self._pending["step"] == self._dump_step:
                     self._save_dump("grads", self._pending_params, grads=True)
             self._backward_in_step = False
@@ -336,9 +356,11 @@ class StepTracer:
             if self._file.closed:
                 return
             self._closed = True
-            self._finish_pending()
+            self._finish_pending(final=True)
             self._flush()
             self._file.close()
+            if self._on_header is not None and self.sampling.budget > 0:
+                self._on_header(self.header())  # the schedule as it ended
 
     def _stop_if_done(self) -> None:
         """`cascade restore --steps N`: steps 0..N-1 are complete, so end the script as a success.
@@ -364,15 +386,20 @@ class StepTracer:
         if self._on_header is not None:
             self._on_header(self.header())
 
-    def _new_record(self, params: list[Any]) -> dict[str, Any]:
-        """Step k up to its gradients; "params_after" is added when step k+1 begins."""
-        return {
+    def _new_record(self, params: list[Any], sampled: bool = True) -> dict[str, Any]:
+        """Step k up to its gradients (a sampled step's); "params_after" is added when step k+1 begins."""
+        record = {
             "step": self.step,
             "rng": self._rng,
             "batch": self._batch,
             "loss": self._loss_copy(),  # a tensor until encoded (`_encode`)
-            "grads": self._hash_grads(params) if self.grads else None,
         }
+        self._hash_s = 0.0
+        if sampled:
+            started = time.perf_counter()
+            record["grads"] = self._hash_grads(params) if self.grads else None
+            self._hash_s = time.perf_counter() - started
+        return record
 
     def _write(self, record: dict[str, Any]) -> None:
         """Records are written in batches: encoding 30 at once costs less than one at a time between
@@ -420,6 +447,10 @@ class StepTracer:
 
     def header(self) -> dict[str, Any]:
         header: dict[str, Any] = {"algorithm": fingerprint.ALGORITHM, "interval": self.interval}
+        if self.sampling.budget > 0:  # a record without them is a step that was not sampled
+            header["budget"] = self.sampling.budget
+            header["sampled"] = ["grads", "params_after"]
+            header["schedule"] = [list(entry) for entry in self.sampling.schedule]  # [step, every] from it on
         header["grads"] = self.grads  # None until the first step decides (setting "where cheap")
         if self.grads_setting is None:
             header["grads_rule"] = f"where cheap: on an accelerator, or on CPU up to {GRADS_CHEAP_BYTES} B"

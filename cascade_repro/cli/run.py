@@ -46,6 +46,13 @@ from cascade_repro.cli.base import _guard, main
     help="Fingerprint every Nth optimizer step (default: cascade.yaml, else 1); 0: no trace.",
 )
 @click.option(
+    "--trace-budget",
+    type=float,
+    metavar="SHARE",
+    help="Fingerprint weights as often as this share of step time allows (default: cascade.yaml, else "
+    "0.02); 0: every facet every step.",
+)
+@click.option(
     "--nproc-per-node",
     type=int,
     metavar="N",

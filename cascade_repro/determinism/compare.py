@@ -7,6 +7,12 @@ The RNG state comes first because it shows a cause before its effect; it is not 
 training. Where only RNG states differ over the whole overlap (a generator seeded from `--seed`
 that the script never drew from, while it seeds the ones it uses itself), no step diverges: every
 batch, loss, gradient and weight is equal, and a note names the generators.
+
+A trace with a cost budget fingerprints the weights and gradients only at sampled steps: a facet
+one side did not record at a step is not compared there. The first divergence is then exact only
+where the weights were compared at the step before it; otherwise the comparison brackets it
+(`bracket_start`: the first step it can be at, the step after the last one whose weights agreed),
+and `cascade verify --replay` re-runs both with every facet to pin it.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from typing import Any, Iterator, Sequence
 from cascade_repro.determinism.trace_file import equal_prefix
 
 FACETS = ("rng", "batch", "params_before", "loss", "grads", "params_after")
+SAMPLED_FACETS = ("grads", "params_after")  # at the steps a trace budget allowed (or every step)
+EVERY_STEP_FACETS = ("rng", "batch")  # a difference in these is exact where the records are consecutive
 FACET_WORDS = {
     "rng": "RNG state at the step's start",
     "batch": "the batch",
@@ -66,6 +74,9 @@ class TraceComparison:
     # How much it matters: the first step (at or after `step`) whose loss differs, and by how much.
     loss_first_difference: LossDifference | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # The divergence at `step` is the first one seen, and may be as early as this step: the weights
+    # were last compared before it (a trace budget, or --trace-interval). None: `step` is exact.
+    bracket_start: int | None = None
 
     @property
     def same_length(self) -> bool:
@@ -97,6 +108,7 @@ def compare_traces(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> 
         )
         first, first_index, differences = None, overlap, []
     return TraceComparison(
+        bracket_start=None if first is None else _bracket_start(a, b, first_index, first, differences),
         steps_a=len(a),
         steps_b=len(b),
         compared=overlap,
@@ -106,6 +118,27 @@ def compare_traces(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> 
         loss_first_difference=_first_loss_difference(a[first_index:overlap], b[first_index:overlap]),
         notes=notes,
     )
+
+
+def _bracket_start(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], index: int, step: int,
+                   differences: list[FacetDifference]) -> int | None:  # fmt: skip
+    """The first step the divergence seen at `step` (record `index`) can be at, if earlier than it."""
+    if index == 0:
+        return None
+    if any(d.facet in EVERY_STEP_FACETS for d in differences):  # the previous record's start agreed
+        start = _step_of(a[index - 1], index - 1) + 1
+    else:  # the weights the step began with: those after the last step both fingerprinted
+        start = 0
+        for back in range(index - 1, -1, -1):
+            if a[back].get("params_after") is not None and b[back].get("params_after") is not None:
+                start = _step_of(a[back], back) + 1
+                break
+    return start if start < step else None
+
+
+def _step_of(record: dict[str, Any], index: int) -> int:
+    step = record.get("step", index)
+    return step if isinstance(step, int) and not isinstance(step, bool) else index
 
 
 def _only_rng_differs(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> bool:
@@ -130,6 +163,8 @@ def _step_differences(x: dict[str, Any], y: dict[str, Any]) -> list[FacetDiffere
         if facet == "loss":
             if _loss_bits(left) != _loss_bits(right):
                 out.append(FacetDifference("loss", (), _loss_detail(left, right)))
+        elif facet in SAMPLED_FACETS and (left is None or right is None):
+            continue  # not fingerprinted at this step by one of the two (a budget's sampling)
         elif isinstance(left, dict) or isinstance(right, dict):
             left, right = left or {}, right or {}
             names = tuple(sorted(k for k in set(left) | set(right) if left.get(k) != right.get(k)))

@@ -65,6 +65,7 @@ class Verdict:
             if c.step is None
             else {
                 "step": c.step,
+                "bracket": None if c.bracket_start is None else [c.bracket_start, c.step],
                 "facets": [d.to_dict() for d in c.differences],
                 "magnitudes": [m.to_dict() for m in self.magnitudes],
             },
@@ -238,8 +239,12 @@ def crashed(manifest: Manifest) -> str | None:
     return f"{status} with exit code {outcome.get('exit_code')}{cause}"
 
 
-def with_replay(verdict: Verdict, magnitudes: Sequence[Magnitude], replay: Mapping[str, Any]) -> Verdict:
-    """The verdict with the magnitudes a replay measured, also in its summary where it diverged."""
+def with_replay(verdict: Verdict, magnitudes: Sequence[Magnitude], replay: Mapping[str, Any],
+                pinned: TraceComparison | None = None) -> Verdict:  # fmt: skip
+    """The verdict with the magnitudes a replay measured, also in its summary where it diverged, and
+    the exact step where the replays pinned one the traces had bracketed."""
+    if pinned is not None:
+        verdict = replace(verdict, comparison=pinned)
     summary = verdict.summary
     if verdict.verdict == DIVERGED and verdict.comparison.step is not None:
         summary = _where(verdict.comparison, magnitudes)
@@ -273,6 +278,10 @@ def _where(comparison: TraceComparison, magnitudes: Sequence[Magnitude] = ()) ->
             parts.append(f"{equal_at} and first differs at step {loss.step}: {loss.detail}")
     if comparison.loss_max_rel > 0:
         parts.append(f"; largest relative loss difference {comparison.loss_max_rel:.2g}")
+    if comparison.bracket_start is not None:
+        parts.append(f"; the weights were last compared before step {comparison.bracket_start}, so it "
+                     f"began at a step from {comparison.bracket_start} to {comparison.step}: `cascade verify "
+                     "--replay` re-runs both with every facet to pin it")  # fmt: skip
     return "".join(parts)
 
 

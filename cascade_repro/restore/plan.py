@@ -45,6 +45,8 @@ class RestorePlan:
     seed: int
     determinism: str
     trace_interval: int
+    trace_budget: float  # the record's (0: every facet every step, as before budgets)
+    trace_schedule: tuple[tuple[int, int], ...] | None  # the steps it sampled, to sample the same again
     environment: Mapping[str, str | None]  # value to set, or None to unset
     differences: tuple[Difference, ...]  # this machine vs the record
     workdir: Path
@@ -129,6 +131,8 @@ def plan_restore(manifest: Manifest, version: str | None, workdir: Path, steps: 
         seed=int(manifest.params.get("seed", 0)),
         determinism=manifest.determinism_mode,
         trace_interval=int(manifest.trace_header.get("interval") or 0),
+        trace_budget=_trace_budget(manifest.trace_header.get("budget")),
+        trace_schedule=_schedule(manifest.trace_header.get("schedule")),
         environment=recorded_environment(
             manifest.environment, environ, allow_prefixes, manifest.variables_read
         ),
@@ -152,6 +156,20 @@ def _check_written_paths(manifest: Manifest) -> None:
         safe_path(checkpoint.path, "a checkpoint path")
     # chains of the record's own symlinks, each harmless as text, may still lead out together
     confined.refuse_escapes(untracked_links(manifest.git.untracked), written_paths(manifest))
+
+
+def _trace_budget(value: Any) -> float:
+    """The recorded trace budget, 0 where absent or not a share of step time (the record may be hostile)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1:
+        return float(value)
+    return 0.0
+
+
+def _schedule(value: Any) -> tuple[tuple[int, int], ...] | None:
+    from cascade_repro.child.trace_budget import parse_schedule
+
+    schedule = parse_schedule(value)
+    return tuple(schedule) if schedule is not None else None
 
 
 def _processes(manifest: Manifest) -> int | None:

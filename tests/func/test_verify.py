@@ -47,8 +47,9 @@ def test_unseeded_runs_diverge_at_step_zero_in_the_rng(project: Project) -> None
 
 
 def test_one_ulp_write_after_step_k_is_found_at_step_k(project: Project) -> None:
-    a = project.record("train.py")
-    b = project.record("train.py", env={"PERTURB_AT_STEP": "5"})
+    # every facet every step: found without a replay (a budget's bracket: test_verify_replay.py)
+    a = project.record("--trace-budget", "0", "train.py")
+    b = project.record("--trace-budget", "0", "train.py", env={"PERTURB_AT_STEP": "5"})
     code, verdict = _verify(project, a, b)
     assert code == 3 and verdict["verdict"] == "DIVERGED"
     first = verdict["first_divergence"]

@@ -20,8 +20,9 @@ def _verify_replay(project: Project, a: str, b: str) -> dict:
 
 
 def test_replay_measures_a_one_ulp_write_exactly(project: Project) -> None:
-    a = project.record("train.py")
-    b = project.record("train.py", env={"PERTURB_AT_STEP": "5"})
+    # every facet every step, so that the saved tensors can be checked against the recorded fingerprints
+    a = project.record("--trace-budget", "0", "train.py")
+    b = project.record("--trace-budget", "0", "train.py", env={"PERTURB_AT_STEP": "5"})
     verdict = _verify_replay(project, a, b)
     first = verdict["first_divergence"]
     assert first["step"] == 5
@@ -53,6 +54,46 @@ def test_replay_measures_a_one_ulp_write_exactly(project: Project) -> None:
     # the verdict recorded on the later run carries the magnitudes
     report = client.download_artifacts(b, f"cascade/verify/{a}.json", str(project.root / ".dl"))
     assert json.loads(Path(report).read_text())["first_divergence"]["magnitudes"] == [magnitude]
+
+
+def test_a_divergence_at_a_step_the_budget_skipped_is_pinned_by_replay(project: Project) -> None:
+    """The one-ulp write of step 5 with a budget so small that only steps 0, 1 and the last have their
+    weights read: verify brackets it, --replay re-runs both with every facet and pins step 5."""
+    a = project.record("--trace-budget", "1e-9", "train.py")
+    b = project.record("--trace-budget", "1e-9", "train.py", env={"PERTURB_AT_STEP": "5"})
+    trace = _trace(project, b)
+    assert [r["step"] for r in trace if "params_after" in r] == [0, 1, len(trace) - 1]  # what the record says
+    assert project.manifest(b)["trace"]["budget"] == 1e-9
+    seen = project.cascade("verify", a, b, "--json")
+    assert seen.returncode == 3, seen.stderr
+    bracketed = json.loads(seen.stdout)["data"]
+    first = bracketed["first_divergence"]
+    assert first["step"] > 5 and first["bracket"] == [2, first["step"]], first
+    assert "verify --replay" in bracketed["summary"] and "from 2 to" in bracketed["summary"]
+    replayed = _verify_replay(project, a, b)
+    pinned = replayed["first_divergence"]
+    assert (pinned["step"], pinned["bracket"]) == (5, None)
+    assert [f["facet"] for f in pinned["facets"]][:1] == ["params_after"]
+    assert replayed["replay"]["pinned"] == {"step": 5, "bracket": [2, first["step"]]}
+    (magnitude,) = pinned["magnitudes"]
+    assert (magnitude["facet"], magnitude["name"], magnitude["differing"]) == ("params_after", "0.weight", 1)
+    assert replayed["summary"].startswith("DIVERGED at step 5")
+
+
+def test_a_restore_samples_the_recorded_steps_so_its_trace_is_the_same_bytes(project: Project) -> None:
+    """The default budget samples the weights by timing; a restore hands the schedule back."""
+    project.write("hyperparameters.yaml", "seed: 3\nsteps: 60\noptimizer:\n  lr: 0.01\n  momentum: 0.9\n"
+                  "model:\n  hidden: 16\n")  # fmt: skip
+    project.commit("longer")
+    original = project.record("train.py")
+    header = project.manifest(original)["trace"]
+    assert header["budget"] == 0.02 and header["schedule"][0] == [0, 1]
+    project.cascade("tag", original, "v1", check=True)
+    restored = project.cascade("restore", "v1", "--json")
+    assert restored.returncode == 0, restored.stderr
+    rerun = json.loads(restored.stdout)["data"]["run"]["run_id"]
+    assert project.manifest(rerun)["trace"]["schedule"] == header["schedule"]
+    assert _trace(project, rerun) == _trace(project, original)  # bit for bit, sampled steps alike
 
 
 def test_replay_that_does_not_reproduce_its_run_measures_nothing(project: Project, tmp_path: Path) -> None:

@@ -91,3 +91,62 @@ def test_loss_bits_are_the_float_bits(tmp_path: Path) -> None:
     for record, seen in zip(records, facts["losses"], strict=False):  # steps 0-3: the script's own losses
         loss = record["loss"]
         assert loss["value"] == seen and loss["bits"] == struct.unpack("<i", struct.pack("<f", seen))[0]
+
+
+BUDGETED = """
+import json, sys, torch
+from pathlib import Path
+from cascade_repro.child.trace import StepTracer
+
+out, budget, schedule = Path(sys.argv[1]), float(sys.argv[2]), json.loads(sys.argv[3])
+tracer = StepTracer(torch, out / "trace.jsonl", grads=True, budget=budget,
+                    schedule=None if schedule is None else [tuple(e) for e in schedule])
+tracer.install()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(40):
+    x, y = torch.randn(32, 64), torch.randn(32, 1)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+tracer.close()
+(out / "header.json").write_text(json.dumps(tracer.header()))
+"""
+
+
+Traced = tuple[list[dict[str, Any]], dict[str, Any]]
+
+
+def _budgeted(tmp_path: Path, budget: float, schedule: list[list[int]] | None = None) -> Traced:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-c", textwrap.dedent(BUDGETED), str(tmp_path), str(budget),
+                    json.dumps(schedule)], check=True, timeout=120)  # fmt: skip
+    records = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    return records, json.loads((tmp_path / "header.json").read_text())
+
+
+def test_a_tiny_budget_reads_the_weights_at_the_first_and_last_steps_only(tmp_path: Path) -> None:
+    records, header = _budgeted(tmp_path, 1e-9)
+    assert [r["step"] for r in records] == list(range(40))  # the cheap facets every step
+    assert all(r["rng"] and r["batch"] is None and r["loss"]["bits"] is not None for r in records)
+    sampled = [r["step"] for r in records if "params_after" in r]
+    # step 0 (the schedule starts at every step) and step 1 (before a step time is known), then none
+    # until the final weights at exit
+    assert sampled == [0, 1, 39], sampled
+    assert [r["step"] for r in records if "grads" in r] == [0, 1]
+    assert (header["budget"], header["sampled"]) == (1e-9, ["grads", "params_after"])
+    assert header["schedule"] == [[0, 1], [2, 1024]]  # from step 2 on, every 1024th step
+
+
+def test_a_schedule_handed_back_samples_the_same_steps(tmp_path: Path) -> None:
+    records, header = _budgeted(tmp_path, 0.02, [[0, 1], [3, 8], [20, 2]])
+    assert [r["step"] for r in records if "params_after" in r] == [0, 1, 2, 8, 16, 20, 22, 24, 26, 28, 30,
+                                                                    32, 34, 36, 38, 39]  # fmt: skip
+    assert header["schedule"] == [[0, 1], [3, 8], [20, 2]]
+
+
+def test_budget_zero_reads_every_facet_every_step(tmp_path: Path) -> None:
+    records, header = _budgeted(tmp_path, 0.0)
+    assert all("params_after" in r and r["grads"] for r in records) and len(records) == 40
+    assert "budget" not in header and "sampled" not in header

@@ -1,0 +1,82 @@
+"""How often the step trace reads the weights and gradients: as often as a cost budget allows.
+
+The cheap facets (RNG state, batch, loss) are recorded every step. Fingerprinting the parameters
+(and gradients) is a pass over the model's memory, a fixed cost per step that is a large share of
+a short step. With a budget b (`trace_budget`, 0.02: 2 % of the step time) they are fingerprinted
+every `every` steps: the smallest power of two with hash_time / every <= b * step_time, measured as
+the run goes (step time from one optimizer step to the next, less the hashing it held; hash time at
+each sampled step). It grows at once when the cost does, and shrinks only when a quarter of it
+would do, so it settles. Sampled steps are the multiples of `every`, so two runs sampled on other
+schedules still share every multiple of the larger. A budget of 0 samples every step.
+
+The schedule (the step each `every` began at) is in the trace's header; a restore hands it back,
+so a run that reproduces writes the same trace, byte for byte.
+
+Standard library only (this runs inside the training process).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_EVERY = 1024  # a divergence is bracketed within this many steps at worst
+MAX_CHANGES = 256  # schedule entries kept; past them `every` stays as it is
+SMOOTHING = 0.1  # of the step time's running average
+
+
+class SamplingBudget:
+    """Which optimizer steps get the expensive facets (weights, gradients)."""
+
+    def __init__(self, budget: float, schedule: list[tuple[int, int]] | None = None) -> None:
+        self.budget = max(0.0, float(budget))
+        self.every = 1
+        self.replayed = schedule is not None  # a restore: the recorded schedule, not a measured one
+        self.schedule: list[tuple[int, int]] = list(schedule) if schedule is not None else []
+        self._step_s: float | None = None
+        self._last_start: float | None = None
+
+    def samples(self, step: int) -> bool:
+        """Whether `step` gets the weights read (called once per step, in order)."""
+        if self.budget <= 0:
+            return True
+        if self.replayed:
+            self.every = next((every for start, every in reversed(self.schedule) if start <= step), 1)
+        elif (not self.schedule or self.schedule[-1][1] != self.every) and len(self.schedule) < MAX_CHANGES:
+            self.schedule.append((step, self.every))
+        elif len(self.schedule) >= MAX_CHANGES:
+            self.every = self.schedule[-1][1]
+        return step % self.every == 0
+
+    def step_began(self, now: float) -> None:
+        """An optimizer step began at `now` (perf_counter seconds)."""
+        if self._last_start is not None:
+            took = now - self._last_start
+            self._step_s = took if self._step_s is None else (1 - SMOOTHING) * self._step_s + SMOOTHING * took
+        self._last_start = now
+
+    def hashed(self, seconds: float) -> None:
+        """A sampled step's fingerprints took `seconds`: the interval for the steps that follow."""
+        if self.budget <= 0 or self.replayed or not self._step_s:
+            return
+        bare_step = max(self._step_s - seconds / self.every, 1e-9)  # the average holds the hashing too
+        ideal = 1
+        while ideal < MAX_EVERY and seconds / ideal > self.budget * bare_step:
+            ideal *= 2
+        if ideal > self.every or ideal * 4 <= self.every:
+            self.every = ideal
+
+
+def parse_schedule(value: Any) -> list[tuple[int, int]] | None:
+    """A schedule as a record holds it ([[step, every], ...]), None unless well formed (it may be
+    hostile: steps ascending from 0, each `every` a power of two up to MAX_EVERY)."""
+    if not isinstance(value, list) or not 0 < len(value) <= MAX_CHANGES:
+        return None
+    out: list[tuple[int, int]] = []
+    for entry in value:
+        if not (isinstance(entry, list) and len(entry) == 2 and all(type(n) is int for n in entry)):
+            return None
+        start, every = entry
+        if start < (out[-1][0] + 1 if out else 0) or not 1 <= every <= MAX_EVERY or every & (every - 1):
+            return None
+        out.append((start, every))
+    return out if out[0][0] == 0 else None

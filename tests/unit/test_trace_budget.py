@@ -1,0 +1,79 @@
+"""The trace's sampling schedule (child/trace_budget.py) and what the comparison makes of sampled
+traces (determinism/compare.py): a step one side did not fingerprint is not a difference, and a
+divergence seen after unsampled steps is bracketed, never placed at a step it may not be at."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cascade_repro.child.trace_budget import MAX_EVERY, SamplingBudget, parse_schedule
+from cascade_repro.determinism.compare import compare_traces
+
+
+def test_the_weights_are_read_as_often_as_the_budget_allows_in_powers_of_two() -> None:
+    budget = SamplingBudget(0.02)
+    for start in (0.0, 0.010, 0.020):  # 10 ms steps
+        budget.step_began(start)
+    budget.hashed(0.0005)  # 0.5 ms: 5 % of a step, so every 4th step (1.25 %) fits in 2 %
+    assert budget.every == 4
+    assert [s for s in range(10) if budget.samples(s)] == [0, 4, 8]
+    budget.hashed(0.00001)  # cheap: every step
+    assert budget.every == 1
+    budget.hashed(100.0)  # never fits: as rarely as the schedule goes
+    assert budget.every == MAX_EVERY
+    assert SamplingBudget(0.0).samples(7) and SamplingBudget(0.5).every == 1
+
+
+@pytest.mark.parametrize(
+    ("given", "parsed"),
+    [
+        ([[0, 1], [2, 1024]], [(0, 1), (2, 1024)]),
+        ([[0, 1], [2, 3]], None),  # not a power of two
+        ([[0, 1], [2, 2048]], None),  # past MAX_EVERY
+        ([[1, 1]], None),  # does not start at step 0
+        ([[0, 1], [0, 2]], None),  # steps not ascending
+        ([[0, True]], None), ([[0, 1.0]], None), ([[0]], None), ([], None), ("[[0, 1]]", None),
+        ([[0, 1]] * 300, None),  # longer than a schedule can be
+    ],
+)
+def test_a_recorded_schedule_is_read_as_untrusted_input(given: object, parsed: object) -> None:
+    assert parse_schedule(given) == parsed
+
+
+def _record(step: int, loss: int = 1, weights: str | None = "w", rng: str = "r") -> dict[str, Any]:
+    record: dict[str, Any] = {"step": step, "rng": {"torch": f"{rng}{step}"}, "batch": f"b{step}",
+                              "loss": {"bits": loss, "value": float(loss), "dtype": "float32"}}  # fmt: skip
+    if weights is not None:
+        record["params_after"] = {"0.weight": f"{weights}{step}"}
+    return record
+
+
+def test_a_step_only_one_side_sampled_is_not_a_difference() -> None:
+    a = [_record(s, weights="w" if s % 2 == 0 else None) for s in range(8)]
+    b = [_record(s, weights="w" if s % 4 == 0 else None) for s in range(8)]
+    result = compare_traces(a, b)
+    assert (result.step, result.bracket_start) == (None, None)
+
+
+def test_a_divergence_after_unsampled_steps_is_bracketed_from_the_last_weights_compared() -> None:
+    a = [_record(s, weights="w" if s % 4 == 0 else None) for s in range(12)]
+    b = [dict(r) for r in a]
+    b[7] = _record(7, loss=2, weights=None)  # the loss is the first sign, at an unsampled step
+    result = compare_traces(a, b)
+    assert (result.step, result.bracket_start) == (7, 5)  # weights agreed after step 4
+    sampled_before = [_record(s) for s in range(12)]  # every step sampled: exact
+    changed = [dict(r) for r in sampled_before]
+    changed[7] = _record(7, loss=2)
+    exact = compare_traces(sampled_before, changed)
+    assert (exact.step, exact.bracket_start) == (7, None)
+
+
+def test_an_rng_difference_is_exact_where_records_are_consecutive_and_bracketed_by_an_interval() -> None:
+    a = [_record(s, weights=None) for s in range(6)]
+    b = [*a[:3], *[_record(s, loss=2, weights=None, rng="x") for s in range(3, 6)]]
+    assert (compare_traces(a, b).step, compare_traces(a, b).bracket_start) == (3, None)
+    every10 = [_record(s) for s in range(0, 60, 10)]  # --trace-interval 10
+    other = [*every10[:3], *[_record(s, loss=2, rng="x") for s in range(30, 60, 10)]]
+    assert (compare_traces(every10, other).step, compare_traces(every10, other).bracket_start) == (30, 21)
