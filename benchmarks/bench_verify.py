@@ -85,7 +85,7 @@ def main() -> None:
         print(f"growth: {growth:.1f} us per extra step (linear if the per-step time settles); "
               f"100k steps: {large[1]:.2f} s (target <= {TARGET_S} s: {ok})")  # fmt: skip
         ok = verdict(diverged, TARGET_S)
-        print(f"{SIZES[-1]} steps diverging at step 0 (another learning rate: every record parsed and "
+        print(f"{SIZES[-1]} steps diverging at step 0 (another learning rate: every step's loss "
               f"compared): {diverged:.2f} s (target <= {TARGET_S} s: {ok})")  # fmt: skip
     finally:
         shutil.rmtree(root, ignore_errors=True)

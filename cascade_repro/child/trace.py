@@ -65,6 +65,8 @@ class StepTracer:
         self.sampling = SamplingBudget(budget if self.interval == 1 else 0.0, schedule)
         self._pending_sampled = True  # the pending step gets its weights (and gradients) read
         self._hash_s = 0.0  # what fingerprinting the pending step's tensors took so far
+        self._spent_s = 0.0  # time inside the hooks since the last step began ...
+        self._hashing_s = 0.0  # ... and the part of it that fingerprinted weights and gradients
         self.grads_setting = grads  # None: "where cheap", decided from the first step's parameters
         self.grads = grads
         self._on_header = on_header  # told when the header changes (the gradient decision)
@@ -193,12 +195,14 @@ class StepTracer:
         def run(optimizer: Any, args: Any, kwargs: Any) -> None:
             if self._closed:
                 return
+            started = time.perf_counter()
             try:
                 hook(optimizer, args, kwargs)
             except Exception as exc:
                 self._closed = True
                 self._pending = None
                 sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
+            self._spent_s += time.perf_counter() - started
 
         return run
 
@@ -219,9 +223,11 @@ class StepTracer:
             return
         if self._closed or self._pending is None:
             return
+        started = time.perf_counter()
         try:
             with self._lock:
                 self._finish_pending()
+            self._spent_s += time.perf_counter() - started
         except Exception as exc:
             self._closed = True
             self._pending = None
@@ -234,7 +240,9 @@ class StepTracer:
             if self._pending_sampled or final:
                 started = time.perf_counter()
                 self._pending["params_after"] = self._hash_params(self._pending_params)
-                self.sampling.hashed(self._hash_s + time.perf_counter() - started)
+                took = time.perf_counter() - started
+                self._hashing_s += took
+                self.sampling.hashed(self._hash_s + took)
             if self._pending["step"] == self._dump_step:
                 self._save_dump("params_after", self._pending_params)
             self._write(self._pending)
@@ -320,7 +328,9 @@ class StepTracer:
             self._in_step = True
             self._finish_pending()  # no backward() since the last step (an optimizer with a closure)
             self._stop_if_done()
-            self.sampling.step_began(time.perf_counter())
+            # what the hooks took since the last step began, the weights' fingerprints apart
+            self.sampling.step_began(time.perf_counter(), self._spent_s - self._hashing_s)
+            self._spent_s = self._hashing_s = 0.0
             if self.step % self.interval != 0:
                 return
             params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -399,6 +409,7 @@ class StepTracer:
             started = time.perf_counter()
             record["grads"] = self._hash_grads(params) if self.grads else None
             self._hash_s = time.perf_counter() - started
+            self._hashing_s += self._hash_s
         return record
 
     def _write(self, record: dict[str, Any]) -> None:

@@ -3,10 +3,11 @@
 The cheap facets (RNG state, batch, loss) are recorded every step. Fingerprinting the parameters
 (and gradients) is a pass over the model's memory, a fixed cost per step that is a large share of
 a short step. With a budget b (`trace_budget`, 0.02: 2 % of the step time) they are fingerprinted
-every `every` steps: the smallest power of two with hash_time / every <= b * step_time, measured as
-the run goes (step time from one optimizer step to the next, less the hashing it held; hash time at
-each sampled step). It grows at once when the cost does, and shrinks only when a quarter of it
-would do, so it settles. Sampled steps are the multiples of `every`, so two runs sampled on other
+every `every` steps: the smallest power of two with fixed + hash_time / every <= b * step_time,
+measured as the run goes: step time from one optimizer step to the next (less the trace's own work
+in it), `fixed` what the every-step facets cost, hash time at each sampled step. It grows at once
+when the cost does, and shrinks only when a quarter of it would do, so it settles. Sampled steps
+are the multiples of `every`, so two runs sampled on other
 schedules still share every multiple of the larger. A budget of 0 samples every step.
 
 The schedule (the step each `every` began at) is in the trace's header; a restore hands it back,
@@ -22,6 +23,7 @@ from typing import Any
 MAX_EVERY = 1024  # a divergence is bracketed within this many steps at worst
 MAX_CHANGES = 256  # schedule entries kept; past them `every` stays as it is
 SMOOTHING = 0.1  # of the step time's running average
+OUTLIER = 4.0  # a gap this many times the average step is not a step's time
 
 
 class SamplingBudget:
@@ -33,6 +35,7 @@ class SamplingBudget:
         self.replayed = schedule is not None  # a restore: the recorded schedule, not a measured one
         self.schedule: list[tuple[int, int]] = list(schedule) if schedule is not None else []
         self._step_s: float | None = None
+        self._fixed_s: float | None = None
         self._last_start: float | None = None
 
     def samples(self, step: int) -> bool:
@@ -47,20 +50,28 @@ class SamplingBudget:
             self.every = self.schedule[-1][1]
         return step % self.every == 0
 
-    def step_began(self, now: float) -> None:
-        """An optimizer step began at `now` (perf_counter seconds)."""
+    def step_began(self, now: float, overhead_s: float = 0.0) -> None:
+        """An optimizer step began at `now` (perf_counter seconds); the trace's other work since the
+        last one (RNG state, loss, records: every step's, whatever is sampled) took `overhead_s`."""
+        fixed, overhead_s = self._fixed_s, max(overhead_s, 0.0)  # (a first backward's guess is not timed)
+        self._fixed_s = overhead_s if fixed is None else (1 - SMOOTHING) * fixed + SMOOTHING * overhead_s
         if self._last_start is not None:
             took = now - self._last_start
-            self._step_s = took if self._step_s is None else (1 - SMOOTHING) * self._step_s + SMOOTHING * took
+            if self._step_s is None:
+                self._step_s = took
+            elif took < OUTLIER * self._step_s:  # not an evaluation or a checkpoint between two steps
+                self._step_s = (1 - SMOOTHING) * self._step_s + SMOOTHING * took
         self._last_start = now
 
     def hashed(self, seconds: float) -> None:
         """A sampled step's fingerprints took `seconds`: the interval for the steps that follow."""
         if self.budget <= 0 or self.replayed or not self._step_s:
             return
-        bare_step = max(self._step_s - seconds / self.every, 1e-9)  # the average holds the hashing too
+        fixed = self._fixed_s or 0.0
+        bare_step = max(self._step_s - seconds / self.every - fixed, 1e-9)  # the average holds the trace
+        allowed = self.budget * bare_step - fixed  # what the every-step facets leave of the budget
         ideal = 1
-        while ideal < MAX_EVERY and seconds / ideal > self.budget * bare_step:
+        while ideal < MAX_EVERY and seconds / ideal > allowed:
             ideal *= 2
         if ideal > self.every or ideal * 4 <= self.every:
             self.every = ideal

@@ -22,7 +22,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-from cascade_repro.determinism.trace_file import equal_prefix
+from cascade_repro.determinism.trace_file import TraceRecords, equal_prefix, next_difference
 
 FACETS = ("rng", "batch", "params_before", "loss", "grads", "params_after")
 SAMPLED_FACETS = ("grads", "params_after")  # at the steps a trace budget allowed (or every step)
@@ -92,13 +92,18 @@ def compare_traces(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> 
     first_index = overlap
     differences: list[FacetDifference] = []
     same = equal_prefix(a, b, overlap)  # equal text: equal records, every facet and the loss alike
-    for index in range(same, overlap):
+    index = same
+    while index < overlap:
+        index = next_difference(a, b, index, overlap)  # text alike but for facets one side sampled
+        if index >= overlap:
+            break
         found = _step_differences(a[index], b[index])
         if found:
             first = int(a[index].get("step", index))
             first_index = index
             differences = found
             break
+        index += 1
     notes: tuple[str, ...] = ()
     if differences and _only_rng_differs(a[first_index:overlap], b[first_index:overlap]):
         streams = ", ".join(differences[0].names)
@@ -114,7 +119,8 @@ def compare_traces(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> 
         compared=overlap,
         step=first,
         differences=tuple(differences),
-        loss_max_rel=_loss_max_rel(a[same:overlap], b[same:overlap]),
+        # before the first difference every loss is equal (it would be one)
+        loss_max_rel=_loss_max_rel(a[first_index:overlap], b[first_index:overlap]),
         loss_first_difference=_first_loss_difference(a[first_index:overlap], b[first_index:overlap]),
         notes=notes,
     )
@@ -165,6 +171,9 @@ def _step_differences(x: dict[str, Any], y: dict[str, Any]) -> list[FacetDiffere
                 out.append(FacetDifference("loss", (), _loss_detail(left, right)))
         elif facet in SAMPLED_FACETS and (left is None or right is None):
             continue  # not fingerprinted at this step by one of the two (a budget's sampling)
+        elif (isinstance(left, dict) or isinstance(right, dict)) and not (isinstance(left or {}, dict)
+                                                                         and isinstance(right or {}, dict)):
+            out.append(FacetDifference(facet, (), "fingerprints differ"))  # one a mapping, one not
         elif isinstance(left, dict) or isinstance(right, dict):
             left, right = left or {}, right or {}
             names = tuple(sorted(k for k in set(left) | set(right) if left.get(k) != right.get(k)))
@@ -200,8 +209,11 @@ def _ulps(x: float, y: float) -> int:
 
 def _loss_pairs(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> Iterator[tuple[float, float]]:
     """(loss in a, loss in b) for each step both recorded a loss."""
-    for x, y in zip(a, b, strict=False):
-        la, lb = x.get("loss"), y.get("loss")
+    if isinstance(a, TraceRecords) and isinstance(b, TraceRecords):  # from the text, records unparsed
+        pairs: Iterator[tuple[Any, Any]] = ((a.loss_of(i), b.loss_of(i)) for i in range(min(len(a), len(b))))
+    else:
+        pairs = ((x.get("loss"), y.get("loss")) for x, y in zip(a, b, strict=False))
+    for la, lb in pairs:
         if la and lb:
             yield float(la["value"]), float(lb["value"])
 

@@ -4,6 +4,9 @@ The child writes each step's record as one line, with its keys always in the sam
 numbers in the same notation, so two steps whose lines are equal text are equal records. Comparing
 two traces (`compare.compare_traces`) therefore skips the lines the two share as text and parses only
 from the first line that differs: a reproduced run of 100k steps is judged without parsing a record.
+Two runs whose trace budgets sampled other steps (the weights read at step k by one only) write
+lines that differ by those facets alone: a line whose text up to its sampled facets equals the
+other's, where one of the two has none, is skipped the same way (`next_difference`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from collections.abc import Sequence
 from typing import Any, overload
 
 from cascade_repro.errors import CascadeError
+
+LOSS_KEY = ',"loss":'
+LOSS_FIELDS = {"bits", "value", "dtype"}
 
 
 class TraceRecords(Sequence[dict[str, Any]]):
@@ -53,6 +59,30 @@ class TraceRecords(Sequence[dict[str, Any]]):
             self._parsed[position] = record
         return record
 
+    def loss_of(self, position: int) -> Any:
+        """A record's loss: the flat object after its `"loss":` key, read from the text alone unless the
+        record is parsed already (a run diverged from its start has every loss compared, and its
+        weights' fingerprints are most of each line); the whole record where the text is unusual."""
+        parsed = self._parsed.get(position)
+        if parsed is not None:
+            return parsed.get("loss")
+        line = self.lines[position]
+        at = line.find(LOSS_KEY)
+        while at >= 0:
+            start = at + len(LOSS_KEY)
+            if line.startswith("null", start):
+                return None
+            if line.startswith("{", start):
+                try:
+                    loss = json.loads(line[start : line.index("}", start) + 1])
+                except ValueError:
+                    break
+                if isinstance(loss, dict) and set(loss) <= LOSS_FIELDS:
+                    return loss
+                break
+            at = line.find(LOSS_KEY, start)  # a batch's own "loss" key: the record's comes after it
+        return self[position].get("loss")
+
     def _parse(self, position: int) -> dict[str, Any]:
         try:
             record = json.loads(self.lines[position])
@@ -64,6 +94,36 @@ class TraceRecords(Sequence[dict[str, Any]]):
                 hint="the trace artifact was altered or cut; nothing can be compared past that step",
             )
         return record
+
+
+SAMPLED_AT = (',"grads":', ',"params_after":')  # where a record's sampled facets begin (written last)
+
+
+def next_difference(a: Sequence[Any], b: Sequence[Any], start: int, overlap: int) -> int:
+    """The first index from `start` whose records may differ in a facet both recorded (`start` unless
+    both were read as `TraceRecords`): equal lines are skipped, and so are lines equal up to their
+    sampled facets where one of the two has none."""
+    if not isinstance(a, TraceRecords) or not isinstance(b, TraceRecords):
+        return start
+    lines_a, lines_b = a.lines, b.lines
+    index = start
+    while index < overlap:
+        x, y = lines_a[index], lines_b[index]
+        if x != y:
+            cut_x, cut_y = _sampled_at(x), _sampled_at(y)
+            if (cut_x < len(x) - 1 and cut_y < len(y) - 1) or x[:cut_x] != y[:cut_y]:
+                return index
+        index += 1
+    return index
+
+
+def _sampled_at(line: str) -> int:
+    """Where the line's sampled facets begin; without any, the index of its closing brace."""
+    for key in SAMPLED_AT:
+        at = line.find(key)
+        if at >= 0:
+            return at
+    return len(line) - 1
 
 
 def equal_prefix(a: Sequence[Any], b: Sequence[Any], overlap: int) -> int:
