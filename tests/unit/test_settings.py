@@ -33,6 +33,11 @@ def settings_from(tmp_path: Path, text: str, env: dict[str, str] | None = None):
         ("trace_interval: -1", "trace_interval is -1; expected a whole number of steps >= 0 (0: no trace)"),
         ("trace_interval: 2.5", "trace_interval is 2.5; expected a whole number of steps >= 0"),
         ("trace_interval: often", "trace_interval is 'often'; expected a whole number of steps >= 0"),
+        ("trace_budget: -0.1", "trace_budget is -0.1; expected a share of step time from 0 to 1"),
+        ("trace_budget: 2", "trace_budget is 2; expected a share of step time from 0 to 1"),
+        ("trace_budget: .nan", "trace_budget is nan; expected a share of step time from 0 to 1"),
+        ("trace_budget: yes", "trace_budget is True; expected a share of step time from 0 to 1"),
+        ("trace: partial", "trace is 'partial'; expected full (every facet every step)"),
         ("untracked_max_bytes: -5", "untracked_max_bytes is -5; expected a whole number of bytes >= 0"),
         ("untracked_max_bytes: 1MB", "untracked_max_bytes is '1MB'; expected a whole number of bytes >= 0"),
         ("env_allow_prefixes: CUDA_", "env_allow_prefixes is 'CUDA_'; expected a list of variable-name"),
@@ -67,6 +72,9 @@ def test_the_template_and_good_values_load(tmp_path: Path) -> None:
     template = Path(__file__).parents[2] / "templates" / "cascade.yaml"
     settings = settings_from(tmp_path, template.read_text())
     assert (settings.determinism, settings.trace_interval, settings.metrics_flush_s) == ("warn", 1, 5.0)
+    assert settings.trace_budget == 0.02
+    assert settings_from(tmp_path, "trace: full\n").trace_budget == 0.0
+    assert settings_from(tmp_path, "trace_budget: 0.1\n").trace_budget == 0.1
     assert settings.checkpoint_policy == {"mode": "min", "save_top_k": 3, "save_last": True}
     assert settings.docker == {"enabled": False} and settings.dvc_remote is None
     settings = settings_from(tmp_path, (
