@@ -20,8 +20,9 @@ checksum rides the same copy back), on CPU when the optimizer's parameters hold 
 GRADS_CHEAP_BYTES. There every gradient hash is one more pass over memory; for a model the size of
 the reference MLP it would cost as much as the parameters' own hash.
 
-Records are streamed to `trace.jsonl` (flushed every half second and at exit), so a crashed run
-keeps its prefix. Scripts without an optimizer get one record per `backward()` (see below).
+Records are streamed to `trace.jsonl` (child/trace_writer.py: flushed every half second and at
+exit), so a crashed run keeps its prefix. Scripts without an optimizer get one record per
+`backward()` (see below).
 
 When a step starts, for its RNG fingerprints: step 0 at the first of these training events, the
 script's first DataLoader batch fetch (before the sampler draws its order), its first module
@@ -36,7 +37,6 @@ fingerprint read again, so a step's RNG state is the one its training began with
 from __future__ import annotations
 
 import importlib
-import json
 import sys
 import threading
 import time
@@ -45,13 +45,13 @@ from types import ModuleType
 from typing import Any, Callable
 
 from cascade_repro.child import step_values
-from cascade_repro.child.protocol import DUMP_FILE, open_private
+from cascade_repro.child.protocol import DUMP_FILE
 from cascade_repro.child.trace_budget import SamplingBudget
+from cascade_repro.child.trace_writer import TraceWriter
 from cascade_repro.determinism import fingerprint
 
 RNG_EXTRA_EVERY = 16
 GRADS_CHEAP_BYTES = 1 << 20  # CPU: hashing this much costs ~30 µs a step
-FLUSH_EVERY_S = 0.5  # a crash keeps the trace up to here; an exception or Ctrl-C keeps all of it
 
 
 class StepTracer:
@@ -71,9 +71,7 @@ class StepTracer:
         self.grads = grads
         self._on_header = on_header  # told when the header changes (the gradient decision)
         self.stop_after = stop_after  # end the script (exit 0) when this step would begin
-        self._flushed_at = time.monotonic()
-        self._file = open_private(path)  # closed in close()
-        self._unwritten: list[dict[str, Any]] = []
+        self._writer = TraceWriter(torch, path)  # closed in close()
         self._views = fingerprint.ByteViews()
         self._lock = threading.Lock()
         self.step = 0
@@ -245,7 +243,7 @@ class StepTracer:
                 self.sampling.hashed(self._hash_s + took)
             if self._pending["step"] == self._dump_step:
                 self._save_dump("params_after", self._pending_params)
-            self._write(self._pending)
+            self._writer.write(self._pending)
             self._pending = None
 
     def dump_at(self, step: int, directory: Path) -> None:
@@ -283,7 +281,7 @@ class StepTracer:
             self._pending.pop("params_before", None)
         if self.step == self._dump_step:
             self._save_dump("params_after", params)
-        self._write(self._pending)
+        self._writer.write(self._pending)
         self._pending = None
         self.step += 1
         self._rng = self._rng_next
@@ -363,12 +361,11 @@ class StepTracer:
     def close(self) -> None:
         """At exit: the last step's parameters-after are the final weights."""
         with self._lock:
-            if self._file.closed:
+            if self._writer.closed:
                 return
             self._closed = True
             self._finish_pending(final=True)
-            self._flush()
-            self._file.close()
+            self._writer.close()
             if self._on_header is not None and self.sampling.budget > 0:
                 self._on_header(self.header())  # the schedule as it ended
 
@@ -381,8 +378,7 @@ class StepTracer:
         if self.stop_after is None or self.step < self.stop_after:
             return
         self._closed = True
-        self._flush()
-        self._file.close()
+        self._writer.close()
         sys.stderr.write(f"cascade: stopped after {self.step} steps, as asked (--steps)\n")
         raise SystemExit(0)
 
@@ -412,20 +408,6 @@ class StepTracer:
             self._hashing_s += self._hash_s
         return record
 
-    def _write(self, record: dict[str, Any]) -> None:
-        """Records are written in batches: encoding 30 at once costs less than one at a time between
-        training steps (cold caches). What a crash loses is the same: the last half second."""
-        self._unwritten.append(record)
-        if time.monotonic() - self._flushed_at >= FLUSH_EVERY_S:
-            self._flush()
-
-    def _flush(self) -> None:
-        lines = [self._encode(record) for record in self._unwritten]
-        self._unwritten.clear()
-        self._file.write("".join(lines))
-        self._file.flush()
-        self._flushed_at = time.monotonic()
-
     def _name(self, tensor: Any, index: int) -> str:
         return self._names.get(id(tensor)) or f"param{index}"
 
@@ -437,15 +419,6 @@ class StepTracer:
         with_grad = [(i, p) for i, p in enumerate(params) if p.grad is not None]
         hashes = fingerprint.fingerprints(self.torch, [p.grad for _, p in with_grad])
         return {self._name(p, i): h for (i, p), h in zip(with_grad, hashes, strict=True)}
-
-    def _encode(self, record: dict[str, Any]) -> str:
-        """Read from memory when the step happened, turned into fingerprints and bits here, in
-        batches: the loss tensor and the RNG state copies (see `_write`)."""
-        record["loss"] = step_values.loss_record(self.torch, record.get("loss"))
-        rng = record.get("rng")
-        if rng and not all(isinstance(v, str) for v in rng.values()):
-            record["rng"] = {name: step_values.rng_hash(state) for name, state in rng.items()}
-        return json.dumps(record, separators=(",", ":")) + "\n"
 
     def _loss_copy(self) -> Any:
         """The loss as it is now: a script may reuse its memory (a buffer of losses) later."""
