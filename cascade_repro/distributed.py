@@ -71,7 +71,7 @@ class Distributed:
     def node_ranks(self) -> range:
         """The ranks on this process's node (torchrun numbers a node's ranks one after the other)."""
         first = self.rank - self.local_rank
-        return range(first, first + self.nproc_per_node)
+        return range(first, min(first + self.nproc_per_node, self.world_size))
 
     @property
     def local_ranks(self) -> range:
@@ -235,8 +235,23 @@ def gather(layout: Distributed, source: Path, run_dir: Path) -> list[tuple[Path,
             if (kept / name).is_file():
                 stored.append((kept / name, f"cascade/ranks/{rank}"))
     if source != run_dir:
-        shutil.rmtree(source, ignore_errors=True)
+        leave_job_dir(source, layout.local_ranks)
     return stored
+
+
+def leave_job_dir(job_dir: Path, ranks: range) -> None:
+    """This node's ranks' files out of the job directory, and the directory once nothing else is in
+    it: on a shared filesystem the other nodes' ranks write beside them, at the same path."""
+    import shutil
+
+    for rank in ranks:
+        shutil.rmtree(protocol.rank_dir(job_dir, rank), ignore_errors=True)
+    (job_dir / protocol.RUN_ID_FILE).unlink(missing_ok=True)
+    for empty in (job_dir / protocol.RANKS_DIR, job_dir):
+        try:
+            empty.rmdir()
+        except OSError:
+            pass  # another node's ranks are still there; the last to leave removes it
 
 
 def rank_warnings(section: Mapping[str, Any]) -> list[str]:

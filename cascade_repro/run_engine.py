@@ -102,6 +102,7 @@ def follow_rank(plan: RunPlan, layout: Distributed, notify: Notify) -> RunResult
     and say there how it ended; rank 0's `cascade run` puts its trace and outcome into the one run."""
     from cascade_repro.manifest import Manifest
 
+    started_ms = int(time.time() * 1000)
     follower = distributed.RankFollower(layout, plan.settings.root)
     job_dir = follower.prepare()
     env = {**child_environment(plan, job_dir), protocol.ENV_PARENT_PID: str(os.getpid())}
@@ -119,7 +120,7 @@ def follow_rank(plan: RunPlan, layout: Distributed, notify: Notify) -> RunResult
     warnings: tuple[str, ...] = ()
     if layout.leads_another_node:  # rank 0's files are on another machine: meet it in the store
         try:
-            run_id = _deliver_node(plan, layout, job_dir, output.wrap(notify)) or run_id
+            run_id = _deliver_node(plan, layout, job_dir, output.wrap(notify), started_ms) or run_id
         except CascadeError as exc:
             warnings = (f"this node's ranks are not recorded: {exc} (their files stay in {job_dir})",)
     status = "FINISHED" if ended.exit_code == 0 else "FAILED"
@@ -129,11 +130,12 @@ def follow_rank(plan: RunPlan, layout: Distributed, notify: Notify) -> RunResult
                      manifest, warnings, rank=layout.rank)  # fmt: skip
 
 
-def _deliver_node(plan: RunPlan, layout: Distributed, job_dir: Path, notify: Notify) -> str | None:
+def _deliver_node(plan: RunPlan, layout: Distributed, job_dir: Path, notify: Notify,
+                  started_ms: int) -> str | None:  # fmt: skip
     from cascade_repro.node_exchange import deliver_node
     from cascade_repro.store.run_store import RunStore
 
-    return deliver_node(layout, RunStore.open(plan.settings), job_dir, notify)
+    return deliver_node(layout, RunStore.open(plan.settings), job_dir, notify, started_ms)
 
 
 def _start_recording(plan: RunPlan, notify: Notify, child: RunningChild, env: dict[str, str], run_dir: Path,

@@ -58,7 +58,8 @@ def replay_divergence(
         record["not_measured"] = [f"nothing to measure: at step {step} no tensor differs"]
         return [], record, pinned
     if pinned is None or step != verdict.comparison.step:  # the tensors of `step` are not saved yet
-        _, failure = _replay_both(verdict, step, cwd, notify, runs)
+        # (after a pinning replay, these are kept apart in the record as a_measured, b_measured)
+        _, failure = _replay_both(verdict, step, cwd, notify, runs, "" if pinned is None else "_measured")
         if failure is not None:
             record["not_measured"] = [failure]
             return [], record, pinned
@@ -72,8 +73,8 @@ def replay_divergence(
     return found, record, pinned
 
 
-def _replay_both(verdict: Verdict, step: int, cwd: Path | None, notify: Notify,
-                 runs: dict[str, str]) -> tuple[dict[str, str], str | None]:  # fmt: skip
+def _replay_both(verdict: Verdict, step: int, cwd: Path | None, notify: Notify, runs: dict[str, str],
+                 label: str = "") -> tuple[dict[str, str], str | None]:  # fmt: skip
     """Both runs re-run for step+1 steps, every facet traced, step's tensors saved: the replays' run
     ids by side, or why they cannot be measured (a replay that did not reproduce its run)."""
     replays = load_project(cwd).paths.replays
@@ -84,7 +85,7 @@ def _replay_both(verdict: Verdict, step: int, cwd: Path | None, notify: Notify,
         notify(f"replay {side}: re-running {run_id[:12]} for {step + 1} steps to save step {step}")
         result = restore(run_id, cwd=cwd, steps=step + 1, dump=(step, directory), notify=notify)
         assert result.run is not None and result.verdict is not None  # execute=True
-        runs[side] = replayed[side] = result.run.run_id
+        runs[side + label] = replayed[side] = result.run.run_id
         if result.verdict.verdict != BITWISE_IDENTICAL:
             return replayed, (
                 f"the replay of {run_id[:12]} did not reproduce its own trace up to step {step} "

@@ -154,15 +154,18 @@ def _run_as_node(request: RunRequest, nodes: distributed.NodesLaunch, settings: 
     from cascade_repro.api.nodes import one_seed, run_on_nodes
     from cascade_repro.manifest import Manifest
 
-    if request.docker:
+    if request.docker or (request.docker is None and settings.docker.get("enabled")):
         raise UsageError("a torchrun job (--nnodes) is not run in --docker yet",
-                         hint="run it without --docker, or run torchrun inside your own image")  # fmt: skip
+                         hint="run it with --no-docker, or run torchrun inside your own image")  # fmt: skip
+    if nodes.nnodes > 1 and request.seed == "random":  # each node would draw its own
+        raise UsageError("--seed random cannot be shared by the nodes of a job: each would draw its own",
+                         hint="give every node the same number: --seed N")  # fmt: skip
     uri = settings.tracking_uri
     if nodes.nnodes > 1 and (uri.startswith(("file:", "sqlite:")) or "://" not in uri):
         notify(f"the store is a file ({uri}): the other nodes' ranks are recorded only if "
                "they reach the same one (a shared filesystem); a tracking server is the usual way: "
                "MLFLOW_TRACKING_URI=http://HOST:5000")  # fmt: skip
-    options = _rank_options(replace(request, seed=one_seed(request.seed)))
+    options = _rank_options(replace(request, seed=one_seed(request.seed)))  # one node: drawn once here
     code = run_on_nodes(nodes, request.script, script_rel, request.args, commit, options, request.rdzv_id,
                         cwd, notify)  # fmt: skip
     status = "FINISHED" if code == 0 else "FAILED"

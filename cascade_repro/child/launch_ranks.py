@@ -36,10 +36,14 @@ def run_torchrun(arguments: list[str]) -> int:
     the code of the first rank that failed (torchrun itself says 1), or 128 + N for a signal N."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import parse_args, run
 
     try:
         run(parse_args(arguments))
+    except RendezvousError as exc:  # the other nodes never came, or the endpoint cannot be reached
+        sys.stderr.write(f"cascade: the nodes did not meet at the rendezvous: {type(exc).__name__}: {exc}\n")
+        return 1
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         code = failure.exitcode if failure.exitcode >= 0 else 128 - failure.exitcode

@@ -26,7 +26,6 @@ from cascade_repro.determinism.trace_file import TraceRecords, equal_prefix, nex
 
 FACETS = ("rng", "batch", "params_before", "loss", "grads", "params_after")
 SAMPLED_FACETS = ("grads", "params_after")  # at the steps a trace budget allowed (or every step)
-EVERY_STEP_FACETS = ("rng", "batch")  # a difference in these is exact where the records are consecutive
 FACET_WORDS = {
     "rng": "RNG state at the step's start",
     "batch": "the batch",
@@ -113,7 +112,7 @@ def compare_traces(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> 
         )
         first, first_index, differences = None, overlap, []
     return TraceComparison(
-        bracket_start=None if first is None else _bracket_start(a, b, first_index, first, differences),
+        bracket_start=None if first is None else _bracket_start(a, b, first_index, first),
         steps_a=len(a),
         steps_b=len(b),
         compared=overlap,
@@ -126,19 +125,19 @@ def compare_traces(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> 
     )
 
 
-def _bracket_start(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], index: int, step: int,
-                   differences: list[FacetDifference]) -> int | None:  # fmt: skip
-    """The first step the divergence seen at `step` (record `index`) can be at, if earlier than it."""
-    if index == 0:
+def _bracket_start(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], index: int,
+                   step: int) -> int | None:  # fmt: skip
+    """The first step the divergence seen at `step` (record `index`) can be at, if earlier than it:
+    the step after the last one whose weights both traces fingerprinted (a weight that changed at
+    a step in between shows in a later loss, RNG state or batch, or not at all until then). A trace
+    of every Nth step (--trace-interval) finds a divergence within N steps, as it says: no bracket."""
+    if index == 0 or _step_of(a[index - 1], index - 1) != step - 1:
         return None
-    if any(d.facet in EVERY_STEP_FACETS for d in differences):  # the previous record's start agreed
-        start = _step_of(a[index - 1], index - 1) + 1
-    else:  # the weights the step began with: those after the last step both fingerprinted
-        start = 0
-        for back in range(index - 1, -1, -1):
-            if a[back].get("params_after") is not None and b[back].get("params_after") is not None:
-                start = _step_of(a[back], back) + 1
-                break
+    start = 0
+    for back in range(index - 1, -1, -1):
+        if a[back].get("params_after") is not None and b[back].get("params_after") is not None:
+            start = _step_of(a[back], back) + 1
+            break
     return start if start < step else None
 
 

@@ -124,4 +124,7 @@ def test_nnodes_refusals_name_the_fix(project: Project) -> None:
     assert bad.returncode == 2 and "--nnodes must be from 1" in bad.stderr
     endpoint = project.cascade("run", "--nnodes", "2", "--rdzv-endpoint", "h:notaport", "train_ddp.py")
     assert endpoint.returncode == 2 and "HOST:PORT" in endpoint.stderr
+    two_nodes = ("run", "--nnodes", "2", "--rdzv-endpoint", "h:1")
+    seeded = project.cascade(*two_nodes, "--seed", "random", "train_ddp.py")
+    assert seeded.returncode == 2 and "--seed N" in seeded.stderr
     assert project.runs() == []

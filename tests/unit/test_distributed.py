@@ -126,12 +126,34 @@ UNREADABLE = {"rank": 3, "error": None, "exit_code": None, "missing": "its exit.
         ('{"rank": 4}', UNREADABLE),
         ("[1]", UNREADABLE),
         ("{", UNREADABLE),
+        ("[" * 100_000, UNREADABLE),  # deeper than the parser goes
+        ('{"rank": 3, "pad": "' + "x" * (1 << 20) + '"}', UNREADABLE),  # longer than cascade writes
     ],
 )
 def test_another_nodes_exit_is_read_as_untrusted_input(stored: str, expected: dict[str, Any]) -> None:
     from cascade_repro.node_exchange import remote_entry
 
     assert remote_entry(3, stored) == expected
+
+
+def test_a_node_leaves_the_other_nodes_files_in_a_shared_job_directory(tmp_path: Any) -> None:
+    from cascade_repro.child.protocol import RUN_ID_FILE, rank_dir
+    from cascade_repro.distributed import leave_job_dir
+
+    job = tmp_path / "job"
+    for rank in (1, 2, 3):
+        rank_dir(job, rank).mkdir(parents=True)
+        (rank_dir(job, rank) / "trace.jsonl").write_text("{}\n")
+    (job / RUN_ID_FILE).write_text("abc")
+    leave_job_dir(job, range(2, 4))  # the second node is done; rank 1's node is not
+    assert (rank_dir(job, 1) / "trace.jsonl").exists() and not rank_dir(job, 2).exists()
+    leave_job_dir(job, range(1, 2))  # the last to leave removes it
+    assert not job.exists()
+
+
+def test_a_node_range_stops_at_the_world_size() -> None:
+    layout = joined({"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "3", "TORCHELASTIC_RUN_ID": "j"})
+    assert layout is not None and list(layout.node_ranks) == [2]  # no LOCAL_WORLD_SIZE: not 2..4
 
 
 def test_a_rank_writes_apart_only_in_a_job_of_several() -> None:

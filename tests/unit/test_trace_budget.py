@@ -70,10 +70,14 @@ def test_a_divergence_after_unsampled_steps_is_bracketed_from_the_last_weights_c
     assert (exact.step, exact.bracket_start) == (7, None)
 
 
-def test_an_rng_difference_is_exact_where_records_are_consecutive_and_bracketed_by_an_interval() -> None:
-    a = [_record(s, weights=None) for s in range(6)]
-    b = [*a[:3], *[_record(s, loss=2, weights=None, rng="x") for s in range(3, 6)]]
-    assert (compare_traces(a, b).step, compare_traces(a, b).bracket_start) == (3, None)
-    every10 = [_record(s) for s in range(0, 60, 10)]  # --trace-interval 10
-    other = [*every10[:3], *[_record(s, loss=2, rng="x") for s in range(30, 60, 10)]]
-    assert (compare_traces(every10, other).step, compare_traces(every10, other).bracket_start) == (30, 21)
+def test_an_rng_difference_is_bracketed_by_the_weights_and_an_interval_is_not_bracketed() -> None:
+    full = [_record(s) for s in range(6)]
+    other = [*full[:3], *[_record(s, loss=2, rng="x") for s in range(3, 6)]]
+    assert (compare_traces(full, other).step, compare_traces(full, other).bracket_start) == (3, None)
+    sampled = [_record(s, weights="w" if s in (0, 2) else None) for s in range(8)]
+    changed = [*sampled[:5], *[_record(s, loss=2, weights=None, rng="x") for s in range(5, 8)]]
+    # the RNG differs at step 5, but a weight may have changed at step 3 or 4 unseen
+    assert (compare_traces(sampled, changed).step, compare_traces(sampled, changed).bracket_start) == (5, 3)
+    every10 = [_record(s) for s in range(0, 60, 10)]  # --trace-interval 10: within 10 steps, as ever
+    later = [*every10[:3], *[_record(s, loss=2, rng="x") for s in range(30, 60, 10)]]
+    assert (compare_traces(every10, later).step, compare_traces(every10, later).bracket_start) == (30, None)
