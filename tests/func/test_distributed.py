@@ -35,7 +35,9 @@ def _verify(project: Project, a: str, b: str) -> dict:
 
 def test_nproc_per_node_is_one_run_with_every_ranks_trace_and_restores_rank_by_rank(project: Project) -> None:
     _ddp_project(project)
-    first = project.record("--nproc-per-node", "2", "train_ddp.py", "--steps", str(STEPS))
+    # every step's weights and gradients read (not as the budget allows), to compare them rank by rank
+    every_step = ("--trace-budget", "0")
+    first = project.record("--nproc-per-node", "2", *every_step, "train_ddp.py", "--steps", str(STEPS))
     assert len(project.runs()) == 1  # one run for the job, not one per rank
     manifest = project.manifest(first)
     layout = manifest["distributed"]
