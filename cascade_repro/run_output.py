@@ -3,7 +3,9 @@
 The script's stdout and stderr are relayed to ours and appended to the run's output log as whole
 lines, in the order the script wrote them (an unbuffered `print` writes its text and its newline
 separately; relayed byte by byte, stdout and stderr would interleave mid-line). A line without its
-end yet (a prompt, a bar drawn with `\\r`) is passed on after PARTIAL_LINE_WAIT_S.
+end yet (a prompt, a bar drawn with `\\r`) is passed on after PARTIAL_LINE_WAIT_S. cascade's own
+notices go between the script's lines: after a prompt they wait for its answer's newline (at most
+PROMPT_HOLD_S); after a bar, which may stay for an epoch, they start a line of their own.
 
 Progress (the last traced step, the last metric logged, the time) is read from the run directory's
 trace and events files. On a terminal it is one line kept at the bottom and redrawn in place; when
@@ -27,6 +29,7 @@ from typing import IO, Callable, Iterator
 from cascade_repro.child import protocol
 
 PARTIAL_LINE_WAIT_S = 0.1
+PROMPT_HOLD_S = 5.0
 REDRAW_EVERY_S = 0.5
 LINE_EVERY_S = 15.0
 TAIL_BYTES = 8192
@@ -53,7 +56,10 @@ class RunOutput:
         self._progress = Progress(run_dir) if progress and run_dir is not None else None
         self._in_place = _is_terminal(sys.stderr)
         self._shown = ""  # the progress line on the terminal now
-        self._mid_line = False  # the script's last output did not end its line (a bar drawn with \r)
+        self._mid_line = False  # the script's last output did not end its line (a prompt, a bar)
+        self._bar = False  # the script's line now has a \r in it: a bar drawn in place
+        self._held: list[tuple[Callable[[str], None], str]] = []  # notices waiting for a prompt's line
+        self._held_since = 0.0
         self._line_every_s = _line_every_s()
         self._line_due = time.monotonic() + self._line_every_s
         self._stop = threading.Event()
@@ -77,13 +83,26 @@ class RunOutput:
         """`notify` that prints between the script's lines, never inside one or over the progress line."""
 
         def between_lines(message: str) -> None:
-            with self._terminal_free():
-                if self._mid_line:  # after a bar the script drew with \r: a line of our own
-                    self._write_stderr("\n")
-                    self._mid_line = False
-                notify(message)
+            with self._lock:
+                if self._mid_line and not self._bar:  # a prompt: after its line ends
+                    self._held_since = self._held_since if self._held else time.monotonic()
+                    self._held.append((notify, message))
+                    return
+                self._notify_now(notify, message)
 
         return between_lines
+
+    def _notify_now(self, notify: Callable[[str], None], message: str) -> None:
+        with self._terminal_free():
+            if self._mid_line:  # after a bar drawn with \r, or a prompt left unanswered: a line of our own
+                self._write_stderr("\n")
+                self._mid_line = False
+            notify(message)
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, []
+        for notify, message in held:
+            self._notify_now(notify, message)
 
     def close(self) -> str | None:
         """Pass on what is left, take the progress line away, close the log; why the log stopped short."""
@@ -94,6 +113,7 @@ class RunOutput:
                 if rest:
                     self._emit(stream, rest)
                     self._partial[stream] = b""
+            self._release_held()
             self._clear()
             with contextlib.suppress(OSError):
                 self._log.close()
@@ -110,15 +130,18 @@ class RunOutput:
                 with contextlib.suppress(OSError):
                     self._log.close()
         self._mid_line = not data.endswith(b"\n")
+        line_start = data.rfind(b"\n") + 1
+        self._bar = b"\r" in data[line_start:] or (self._bar and not line_start)
         sink = self._sinks[stream]
-        if sink is None:
-            return
-        with self._terminal_free():
-            try:
-                sink.write(data)
-                sink.flush()
-            except (OSError, ValueError):
-                self._sinks[stream] = None  # the terminal went away; the log still gets everything
+        if sink is not None:
+            with self._terminal_free():
+                try:
+                    sink.write(data)
+                    sink.flush()
+                except (OSError, ValueError):
+                    self._sinks[stream] = None  # the terminal went away; the log still gets everything
+        if self._held and not self._mid_line:
+            self._release_held()
 
     @contextlib.contextmanager
     def _terminal_free(self) -> Iterator[None]:
@@ -140,6 +163,8 @@ class RunOutput:
                         self._emit(stream, self._partial[stream])
                         self._partial[stream] = b""
                         del self._partial_since[stream]
+                if self._held and now - self._held_since >= PROMPT_HOLD_S:
+                    self._release_held()
             if self._progress is None or not self._progress_due(now):
                 continue
             line = self._progress.line(now)  # reads the ends of two files: only when it is shown

@@ -40,7 +40,8 @@ def test_run_in_docker_records_the_image_and_matches_the_run_outside(docker_proj
                                                                      docker_client: Any) -> None:  # fmt: skip
     project = docker_project
     commit = git(project.root, "rev-parse", "HEAD").strip()
-    run_id = project.record("--docker", "train.py")
+    # every facet every step (not as a timed budget allows), so the two traces below compare whole
+    run_id = project.record("--docker", "--trace-budget", "0", "train.py")
     manifest = project.manifest(run_id)
     container = manifest["container"]
     image = docker_client.images.get(container["image_id"])
@@ -72,7 +73,7 @@ def test_run_in_docker_records_the_image_and_matches_the_run_outside(docker_proj
     assert docker_client.containers.list(all=True, filters={"ancestor": inspected}) == []
     assert (project.root / "out" / "losses.json").stat().st_uid == os.getuid()
 
-    outside = project.record("train.py")
+    outside = project.record("--trace-budget", "0", "train.py")
     # Same torch build, CPU and thread count inside and outside: the traces are equal bit for bit.
     other = project.manifest(outside)
     assert (other["torch"]["version"], other["torch"]["cpu_capability"], other["torch"]["num_threads"]) == (

@@ -73,3 +73,30 @@ def test_a_progress_line_after_a_bar_drawn_with_carriage_returns_starts_its_own_
     output.close()
     assert " 4/10\r\ncascade: step 5 · " in seen  # not glued to the bar's line
     assert (tmp_path / "output.log").read_bytes() == b" 40%|####      | 4/10\r"
+
+
+def test_a_notice_during_a_prompt_waits_for_its_line_and_after_a_bar_starts_its_own(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    output = RunOutput(tmp_path / "output.log", tmp_path, progress=False)
+    notify = output.wrap(lambda message: print(f"cascade: {message}", file=sys.stderr, flush=True))
+    output.feed(STDERR, b"continue? ")
+    deadline = time.monotonic() + 5
+    seen = ""
+    while time.monotonic() < deadline and "continue? " not in seen:  # passed on as a partial line
+        time.sleep(0.02)
+        seen += capfd.readouterr().err
+    notify("run abc opened")
+    time.sleep(0.3)
+    seen += capfd.readouterr().err
+    assert seen == "continue? "  # held: the prompt's line is not cut
+    output.feed(STDERR, b"yes\n")
+    seen += capfd.readouterr().err
+    assert seen == "continue? yes\ncascade: run abc opened\n"
+    output.feed(STDERR, b"\r 10%|#   |")
+    output.feed(STDERR, b"\r 20%|##  |\r")
+    notify("a checkpoint kept")  # a bar may stay for an epoch: a line of its own now
+    output.close()
+    assert capfd.readouterr().err == "\r 10%|#   |\r 20%|##  |\r\ncascade: a checkpoint kept\n"
