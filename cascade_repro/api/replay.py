@@ -7,8 +7,10 @@ be that run's, and nothing is measured. Both replays are recorded as runs, like 
 
 Where the traces only bracket the divergence (a trace budget fingerprinted the weights at some
 steps only: they agreed at step j and something differs at step k > j + 1), the replays run with
-every facet at every step, and their two traces pin the exact step and tensors; the tensors are
-then measured there (a second replay when the pinned step comes before k).
+every facet at every step and save the tensors of every step from j+1 to k (child/trace_dump.py);
+their two traces pin the exact step and tensors, measured there from what was saved. A second pair
+of replays only when the pinned step's tensors are not among them (a step before the bracket, or a
+bracket too large to save whole).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 from cascade_repro.api.judging import trace_records
 from cascade_repro.api.loading import load_project
 from cascade_repro.api.restoring import restore
-from cascade_repro.child.protocol import DUMP_FILE
+from cascade_repro.child.trace_dump import step_file
 from cascade_repro.determinism.compare import TraceComparison, compare_traces
 from cascade_repro.determinism.magnitude import TENSOR_FACETS, Magnitude, magnitudes
 from cascade_repro.determinism.verdict import BITWISE_IDENTICAL, Verdict
@@ -38,14 +40,16 @@ def replay_divergence(
     if comparison.step is None:
         return [], {"runs": {}, "not_measured": ["nothing to replay: no step differs"]}, None
     runs: dict[str, str] = {}
+    bracketed = comparison.bracket_start is not None
+    # a bracket: every step of it saved, where the traces of these replays may pin the divergence
+    first = comparison.bracket_start + 1 if comparison.bracket_start is not None else comparison.step
+    replayed, failure = _replay_both(verdict, first, comparison.step, cwd, notify, runs)
     pinned: TraceComparison | None = None
-    if comparison.bracket_start is not None:
-        replayed, failure = _replay_both(verdict, comparison.step, cwd, notify, runs)
-        if failure is None:
-            pinned, failure = _pin(comparison, replayed, cwd)
-        if failure is not None:
-            return [], {"runs": runs, "not_measured": [failure]}, None
-        assert pinned is not None and pinned.step is not None
+    if failure is None and bracketed:
+        pinned, failure = _pin(comparison, replayed, cwd)
+    if failure is not None:
+        return [], {"runs": runs, "not_measured": [failure]}, None
+    if pinned is not None:
         comparison = pinned
     step = comparison.step
     assert step is not None
@@ -57,38 +61,42 @@ def replay_divergence(
     if not tensor_facets:
         record["not_measured"] = [f"nothing to measure: at step {step} no tensor differs"]
         return [], record, pinned
-    if pinned is None or step != verdict.comparison.step:  # the tensors of `step` are not saved yet
-        # (after a pinning replay, these are kept apart in the record as a_measured, b_measured)
-        _, failure = _replay_both(verdict, step, cwd, notify, runs, "" if pinned is None else "_measured")
+    replays = load_project(cwd).paths.replays
+    dumps = [step_file(_directory(replays, run_id), step) for run_id in (verdict.run_a, verdict.run_b)]
+    if not all(path.is_file() for path in dumps):  # pinned before the bracket, or past what was saved
+        # (kept apart in the record as a_measured, b_measured)
+        _, failure = _replay_both(verdict, step, step, cwd, notify, runs, "_measured")
         if failure is not None:
             record["not_measured"] = [failure]
             return [], record, pinned
     import torch
 
-    replays = load_project(cwd).paths.replays
-    dumps = [_directory(replays, run_id, step) / DUMP_FILE for run_id in (verdict.run_a, verdict.run_b)]
     saved = [torch.load(path, map_location="cpu", weights_only=True) for path in dumps]
     found, missing = magnitudes(torch, saved[0], saved[1], tensor_facets)
     record["not_measured"] = missing
+    for run_id in (verdict.run_a, verdict.run_b):  # the bracket's other steps: not needed any more
+        _keep_only(_directory(replays, run_id), step)
     return found, record, pinned
 
 
-def _replay_both(verdict: Verdict, step: int, cwd: Path | None, notify: Notify, runs: dict[str, str],
-                 label: str = "") -> tuple[dict[str, str], str | None]:  # fmt: skip
-    """Both runs re-run for step+1 steps, every facet traced, step's tensors saved: the replays' run
-    ids by side, or why they cannot be measured (a replay that did not reproduce its run)."""
+def _replay_both(verdict: Verdict, first: int, last: int, cwd: Path | None, notify: Notify,
+                 runs: dict[str, str], label: str = "") -> tuple[dict[str, str], str | None]:  # fmt: skip
+    """Both runs re-run for last+1 steps, every facet traced, the tensors of steps first..last saved:
+    the replays' run ids by side, or why they cannot be measured (a replay that did not reproduce
+    its run)."""
     replays = load_project(cwd).paths.replays
     replayed: dict[str, str] = {}
+    saving = f"step {last}" if first == last else f"steps {first}-{last}"
     for side, run_id in (("a", verdict.run_a), ("b", verdict.run_b)):
-        directory = _directory(replays, run_id, step)
+        directory = _directory(replays, run_id)
         shutil.rmtree(directory, ignore_errors=True)
-        notify(f"replay {side}: re-running {run_id[:12]} for {step + 1} steps to save step {step}")
-        result = restore(run_id, cwd=cwd, steps=step + 1, dump=(step, directory), notify=notify)
+        notify(f"replay {side}: re-running {run_id[:12]} for {last + 1} steps to save {saving}")
+        result = restore(run_id, cwd=cwd, steps=last + 1, dump=(first, last, directory), notify=notify)
         assert result.run is not None and result.verdict is not None  # execute=True
         runs[side + label] = replayed[side] = result.run.run_id
         if result.verdict.verdict != BITWISE_IDENTICAL:
             return replayed, (
-                f"the replay of {run_id[:12]} did not reproduce its own trace up to step {step} "
+                f"the replay of {run_id[:12]} did not reproduce its own trace up to step {last} "
                 f"({result.verdict.verdict}: {result.verdict.summary}), so its tensors there are not "
                 "that run's: the two runs differ by where they ran, which the fingerprints and causes show"
             )
@@ -112,5 +120,12 @@ def _pin(bracketed: TraceComparison, replayed: dict[str, str],
     return replace(bracketed, step=found.step, differences=found.differences, bracket_start=None), None
 
 
-def _directory(replays: Path, run_id: str, step: int) -> Path:
-    return replays / f"{run_id[:12]}-step{step}"
+def _directory(replays: Path, run_id: str) -> Path:
+    return replays / run_id[:12]
+
+
+def _keep_only(directory: Path, step: int) -> None:
+    kept = step_file(directory, step).parent
+    for saved in directory.glob("step*"):
+        if saved != kept:
+            shutil.rmtree(saved, ignore_errors=True)

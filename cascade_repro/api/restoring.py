@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from cascade_repro.restore import RestorePlan, Worktree
 
 
+StepsToSave = tuple[int, int, Path]  # `verify --replay`: the first and last step, and the directory
+
+
 @dataclass(frozen=True)
 class RestoreResult:
     """`cascade restore`: the plan, the worktree it made or reused, the re-run and its verdict
@@ -64,11 +67,12 @@ def restore(
     show_plan: Callable[[RestorePlan], None] = lambda plan: None,
     docker: bool = False,
     gpus: str | None = None,
-    dump: tuple[int, Path] | None = None,
+    dump: StepsToSave | None = None,
 ) -> RestoreResult:
     """Rebuild a recorded run in an isolated worktree, re-run it, and judge the new trace against it.
 
-    `dump` (step, directory): the re-run saves that step's tensors there (`cascade verify --replay`).
+    `dump` (first, last, directory): the re-run saves those steps' tensors there (`cascade verify
+    --replay`; child/trace_dump.py).
     """
     from cascade_repro import restore as restoring
 
@@ -183,7 +187,7 @@ def _image_tags(image: PreparedImage | None, drift: Sequence[PackageChange]) -> 
 
 
 def _rerun_request(plan: RestorePlan, manifest: Manifest, tree: Path, settings: Settings, label: str,
-                   dump: tuple[int, Path] | None) -> RunRequest:  # fmt: skip
+                   dump: StepsToSave | None) -> RunRequest:  # fmt: skip
     """The recorded command, run in the worktree with the recorded params, environment and world size."""
     return RunRequest(
         script=str(tree / plan.script),
@@ -356,7 +360,7 @@ def _recorded_params(manifest: Manifest) -> ResolvedParams:
     )
 
 
-def _restore_environ(plan: RestorePlan, settings: Settings, dump: tuple[int, Path] | None) -> dict[str, str]:
+def _restore_environ(plan: RestorePlan, settings: Settings, dump: StepsToSave | None) -> dict[str, str]:
     """This machine's environment with the record's allow-listed variables, writing to this store."""
     from cascade_repro.child import protocol
 
@@ -374,7 +378,7 @@ def _restore_environ(plan: RestorePlan, settings: Settings, dump: tuple[int, Pat
     if plan.steps is not None:
         environ[protocol.ENV_STOP_AFTER] = str(plan.steps)
     if dump is not None:
-        environ[protocol.ENV_TRACE_DUMP] = f"{dump[0]}:{dump[1]}"
+        environ[protocol.ENV_TRACE_DUMP] = f"{dump[0]}:{dump[1]}:{dump[2]}"
     if plan.num_threads:
         environ[protocol.ENV_NUM_THREADS] = str(plan.num_threads)
     return environ

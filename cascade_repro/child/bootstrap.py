@@ -68,6 +68,7 @@ def _observe_torch(torch: ModuleType, run_dir: Path, facts: Facts, determinism: 
     if interval <= 0:
         return
     from cascade_repro.child.trace import StepTracer
+    from cascade_repro.child.trace_dump import TensorDump
 
     grads = {"1": True, "0": False}.get(os.environ.get(protocol.ENV_TRACE_GRADS, "auto"))
     stop = int(os.environ.get(protocol.ENV_STOP_AFTER) or 0) or None
@@ -81,8 +82,7 @@ def _observe_torch(torch: ModuleType, run_dir: Path, facts: Facts, determinism: 
                         schedule=schedule)  # fmt: skip
     dump = os.environ.get(protocol.ENV_TRACE_DUMP)
     if dump:
-        step, _, directory = dump.partition(":")
-        tracer.dump_at(int(step), Path(directory))
+        tracer.dump = TensorDump.parse(torch, dump)
     tracer.install()
     script_seeds.step = tracer.reseeded
     atexit.register(tracer.close)

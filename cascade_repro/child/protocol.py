@@ -20,11 +20,11 @@ ENV_CHECKPOINTS_DIR = "CASCADE_CHECKPOINTS_DIR"  # absolute: where cascade_repro
 ENV_CHECKPOINT_POLICY = "CASCADE_CHECKPOINT_POLICY"  # JSON: monitor, mode, save_top_k, save_last
 ENV_NUM_THREADS = "CASCADE_NUM_THREADS"  # `cascade restore`: torch.set_num_threads(N) as recorded
 ENV_STOP_AFTER = "CASCADE_STOP_AFTER_STEPS"  # `cascade restore --steps N`: exit 0 once N steps are traced
-ENV_TRACE_DUMP = "CASCADE_TRACE_DUMP"  # `cascade verify --replay`: "STEP:DIR", save step STEP's tensors there
+ENV_TRACE_DUMP = "CASCADE_TRACE_DUMP"  # `verify --replay`: "FIRST:LAST:DIR", those steps' tensors saved there
 ENV_PARENT_PID = "CASCADE_PARENT_PID"  # the child stops (SIGTERM) when this process dies
 ENV_MLFLOW_RUN_ID = "CASCADE_MLFLOW_RUN_ID"  # the child's own note of the run id its MLflow hook logs to
 ENV_ROOT = "CASCADE_ROOT"  # the repository root: files opened under it are noted in FILES_FILE
-DUMP_FILE = "tensors.pt"  # in that DIR: {"params_before"|"grads"|"params_after": {name: tensor}}
+DUMP_FILE = "tensors.pt"  # DIR/stepN/: {"params_before"|"grads"|"params_after": {name: tensor}}
 
 # Files inside the run directory.
 PARAMS_FILE = "params.json"  # parent → child: resolved hyperparameters

@@ -45,8 +45,8 @@ from types import ModuleType
 from typing import Any, Callable
 
 from cascade_repro.child import step_values
-from cascade_repro.child.protocol import DUMP_FILE
 from cascade_repro.child.trace_budget import SamplingBudget
+from cascade_repro.child.trace_dump import TensorDump
 from cascade_repro.child.trace_writer import TraceWriter
 from cascade_repro.determinism import fingerprint
 
@@ -89,9 +89,7 @@ class StepTracer:
         self._rng_next: dict[str, Any] | None = self._rng
         self._in_step = False  # between an optimizer step's pre- and post-hook
         self._backward_in_step = False  # the step ran a closure: its loss and gradients come after
-        self._dump_step: int | None = None  # `cascade verify --replay`: save this step's tensors
-        self._dump_dir: Path | None = None
-        self._dumped: dict[str, dict[str, Any]] = {}
+        self.dump: TensorDump | None = None  # `cascade verify --replay`: steps whose tensors are saved
 
     # -- hooks ------------------------------------------------------------------------------
     def install(self) -> None:
@@ -241,26 +239,24 @@ class StepTracer:
                 took = time.perf_counter() - started
                 self._hashing_s += took
                 self.sampling.hashed(self._hash_s + took)
-            if self._pending["step"] == self._dump_step:
-                self._save_dump("params_after", self._pending_params)
+            if self._dumps(self._pending["step"]):
+                self._save_dump(self._pending["step"], "params_after", self._pending_params)
             self._writer.write(self._pending)
             self._pending = None
 
-    def dump_at(self, step: int, directory: Path) -> None:
-        """Save the tensors of `step` (parameters before and after it, gradients) to `directory`, for
-        `cascade verify --replay` to measure how far two runs are apart there."""
-        self._dump_step, self._dump_dir = step, directory
+    def _dumps(self, step: int) -> bool:
+        return self.dump is not None and self.dump.wants(step)
 
-    def _save_dump(self, facet: str, params: list[Any], grads: bool = False) -> None:
+    def _save_dump(self, step: int, facet: str, params: list[Any], grads: bool = False) -> None:
+        """The tensors of this step (parameters before and after it, gradients) for `cascade verify
+        --replay` to measure how far two runs are apart there (child/trace_dump.py)."""
+        assert self.dump is not None
         tensors = {}
         for index, param in enumerate(params):
             tensor = param.grad if grads else param
             if tensor is not None:
                 tensors[self._name(param, index)] = tensor.detach().to("cpu", copy=True)
-        self._dumped[facet] = tensors
-        if facet == "params_after" and self._dump_dir is not None:
-            self._dump_dir.mkdir(parents=True, exist_ok=True)
-            self.torch.save(self._dumped, self._dump_dir / DUMP_FILE)
+        self.dump.add(step, facet, tensors)
 
     # Scripts that update weights by hand (no torch.optim) get one record per backward(). The mode
     # is decided at the second backward: an optimizer step before it means "optimizer"; weights
@@ -279,8 +275,8 @@ class StepTracer:
         self._pending["params_after"] = after
         if self.step != 0:
             self._pending.pop("params_before", None)
-        if self.step == self._dump_step:
-            self._save_dump("params_after", params)
+        if self._dumps(self.step):
+            self._save_dump(self.step, "params_after", params)
         self._writer.write(self._pending)
         self._pending = None
         self.step += 1
@@ -295,9 +291,9 @@ class StepTracer:
         record = self._new_record(params)
         if self._mode == "undecided":
             record["params_before"] = self._hash_params(params)
-        if self.step == self._dump_step:
-            self._save_dump("params_before", params)
-            self._save_dump("grads", params, grads=True)
+        if self._dumps(self.step):
+            self._save_dump(self.step, "params_before", params)
+            self._save_dump(self.step, "grads", params, grads=True)
         self._pending = record
         self._pending_params = params
         self._pending_sampled = True
@@ -333,13 +329,13 @@ class StepTracer:
                 return
             params = [p for group in optimizer.param_groups for p in group["params"]]
             self._decide_grads(params)
-            sampled = self.sampling.samples(self.step) or self.step == self._dump_step
+            sampled = self.sampling.samples(self.step) or self._dumps(self.step)
             record = self._new_record(params, sampled)
             if self.step == 0:
                 record["params_before"] = self._hash_params(params)
-            if self.step == self._dump_step:
-                self._save_dump("params_before", params)
-                self._save_dump("grads", params, grads=True)
+            if self._dumps(self.step):
+                self._save_dump(self.step, "params_before", params)
+                self._save_dump(self.step, "grads", params, grads=True)
             self._pending = record
             self._pending_params = params
             self._pending_sampled = sampled
@@ -351,8 +347,8 @@ class StepTracer:
                 self._pending["loss"] = self._loss_copy()  # the closure's last loss and gradients
                 if self._pending_sampled:
                     self._pending["grads"] = self._hash_grads(self._pending_params) if self.grads else None
-                if self._pending["step"] == self._dump_step:
-                    self._save_dump("grads", self._pending_params, grads=True)
+                if self._dumps(self._pending["step"]):
+                    self._save_dump(self._pending["step"], "grads", self._pending_params, grads=True)
             self._backward_in_step = False
             self.step += 1
             self._rng = self._rng_fingerprint()

@@ -32,7 +32,7 @@ def test_replay_measures_a_one_ulp_write_exactly(project: Project) -> None:
     # the saved tensors are the runs' own: their fingerprints are the recorded ones, and the
     # difference is the one ulp the script wrote
     saved = {
-        run: torch.load(project.root / ".cascade" / "replays" / f"{run[:12]}-step5" / "tensors.pt")
+        run: torch.load(project.root / ".cascade" / "replays" / run[:12] / "step5" / "tensors.pt")
         for run in (a, b)
     }
     left, right = saved[a]["params_after"]["0.weight"], saved[b]["params_after"]["0.weight"]
@@ -78,6 +78,12 @@ def test_a_divergence_at_a_step_the_budget_skipped_is_pinned_by_replay(project: 
     (magnitude,) = pinned["magnitudes"]
     assert (magnitude["facet"], magnitude["name"], magnitude["differing"]) == ("params_after", "0.weight", 1)
     assert replayed["summary"].startswith("DIVERGED at step 5")
+    # one pair of replays: they saved every step of the bracket, so step 5 was measured from those;
+    # the bracket's other steps are removed once measured
+    assert set(replayed["replay"]["runs"]) == {"a", "b"}
+    for run in (a, b):
+        saved = project.root / ".cascade" / "replays" / run[:12]
+        assert sorted(p.relative_to(saved).as_posix() for p in saved.rglob("*.pt")) == ["step5/tensors.pt"]
 
 
 def test_a_restore_samples_the_recorded_steps_so_its_trace_is_the_same_bytes(project: Project) -> None:
