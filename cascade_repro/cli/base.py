@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 import sys
-from typing import Callable, Iterator
+from typing import Callable, ContextManager, Iterator
 
 import click
 
@@ -74,16 +74,28 @@ def _guard(fn: Callable[[], int | None], ctx: click.Context, fast_exit: bool = F
 
 
 @contextlib.contextmanager
-def _stdout_to_stderr(active: bool) -> Iterator[None]:
-    """Send everything written to fd 1 (this process and its children) to stderr for a while."""
+def _stdout_to_stderr(active: bool) -> Iterator[Callable[[], ContextManager[None]]]:
+    """Send everything written to fd 1 (this process and its children) to stderr for a while; what it
+    yields gives stdout back for a moment (`with own_stdout(): print JSON`)."""
     if not active:
-        yield
+        yield contextlib.nullcontext
         return
     sys.stdout.flush()
     saved = os.dup(1)
     os.dup2(2, 1)
+
+    @contextlib.contextmanager
+    def own_stdout() -> Iterator[None]:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            os.dup2(2, 1)
+
     try:
-        yield
+        yield own_stdout
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)

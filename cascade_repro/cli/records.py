@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from cascade_repro.cli.base import _guard, main
+from cascade_repro.cli.base import _guard, _stdout_to_stderr, main
 from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 
 if TYPE_CHECKING:
@@ -101,15 +101,19 @@ def verify(ctx: click.Context, run_a: str, run_b: str, rtol: float, atol: float,
     def body() -> int:
         from cascade_repro import api, render
 
-        def show(verdict: Verdict) -> None:  # on the screen before it is recorded
-            if as_json:
-                render.emit_json("verify", verdict.to_dict())
-            else:
-                render.verdict(verdict)
-            sys.stdout.flush()
+        # the replays' output must not corrupt the JSON on stdout
+        with _stdout_to_stderr(as_json and replay) as own_stdout:
 
-        verdict = api.verify(run_a, run_b, rtol=rtol, atol=atol, record=not no_record, replay=replay,
-                             notify=render.notice, shown=show)  # fmt: skip
+            def show(verdict: Verdict) -> None:  # on the screen before it is recorded
+                with own_stdout():
+                    if as_json:
+                        render.emit_json("verify", verdict.to_dict())
+                    else:
+                        render.verdict(verdict)
+                    sys.stdout.flush()
+
+            verdict = api.verify(run_a, run_b, rtol=rtol, atol=atol, record=not no_record, replay=replay,
+                                 notify=render.notice, shown=show)  # fmt: skip
         return verdict.exit_status
 
     _guard(body, ctx)

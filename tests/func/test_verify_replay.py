@@ -59,6 +59,10 @@ def test_replay_measures_a_one_ulp_write_exactly(project: Project) -> None:
 def test_a_divergence_at_a_step_the_budget_skipped_is_pinned_by_replay(project: Project) -> None:
     """The one-ulp write of step 5 with a budget so small that only steps 0, 1 and the last have their
     weights read: verify brackets it, --replay re-runs both with every facet and pins step 5."""
+    script = (project.root / "train.py").read_text()
+    project.write("train.py", script.replace("    losses.append(loss.item())\n",
+                                             "    losses.append(loss.item())\n    print(f'step {step}')\n"))
+    project.commit("a line a step")  # the replays' output must not get into verify's JSON
     a = project.record("--trace-budget", "1e-9", "train.py")
     b = project.record("--trace-budget", "1e-9", "train.py", env={"PERTURB_AT_STEP": "5"})
     trace = _trace(project, b)
