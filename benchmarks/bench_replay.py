@@ -57,12 +57,13 @@ def main() -> None:
     for _ in range(REPEATS):
 
         def replay() -> None:
-            result.update(json.loads(run([*CASCADE, "verify", "--no-record", "--replay", "--json", a, b], root,
-                                         expect=3))["data"])  # fmt: skip
+            argv = [*CASCADE, "verify", "--no-record", "--replay", "--json", a, b]
+            result.update(json.loads(run(argv, root, expect=3))["data"])
 
         def restore_both() -> None:
             for run_id in (a, b):
-                restored = json.loads(run([*CASCADE, "restore", run_id, "--steps", str(STEPS), "--json"], root))
+                argv = [*CASCADE, "restore", run_id, "--steps", str(STEPS), "--json"]
+                restored = json.loads(run(argv, root))
                 if restored["data"]["verdict"]["verdict"] != "BITWISE_IDENTICAL":
                     sys.exit(f"restore of {run_id[:12]}: {restored['data']['verdict']['summary']}")
 
@@ -74,7 +75,8 @@ def main() -> None:
         by_hand.append(timed(restore_both))
         bare.append(timed(bare_twice))
         first = result["first_divergence"]
-        if first["step"] != PERTURBED or result["replay"]["pinned"] != {"step": PERTURBED, "bracket": BRACKET}:
+        pinned = result["replay"]["pinned"]
+        if first["step"] != PERTURBED or pinned != {"step": PERTURBED, "bracket": BRACKET}:
             sys.exit(f"replay pinned {first['step']} ({result['replay']}), expected step {PERTURBED}")
         magnitude = first["magnitudes"][0]
         if (magnitude["facet"], magnitude["name"], magnitude["differing"]) != ("params_after", "0.weight", 1):

@@ -41,8 +41,9 @@ def replay_divergence(
         return [], {"runs": {}, "not_measured": ["nothing to replay: no step differs"]}, None
     runs: dict[str, str] = {}
     bracketed = comparison.bracket_start is not None
-    # a bracket: every step of it saved, where the traces of these replays may pin the divergence
-    first = comparison.bracket_start + 1 if comparison.bracket_start is not None else comparison.step
+    # a bracket (its first step the one after the last whose weights agreed): every step of it saved,
+    # where the traces of these replays may pin the divergence
+    first = comparison.bracket_start if comparison.bracket_start is not None else comparison.step
     replayed, failure = _replay_both(verdict, first, comparison.step, cwd, notify, runs)
     pinned: TraceComparison | None = None
     if failure is None and bracketed:

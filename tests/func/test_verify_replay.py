@@ -56,15 +56,17 @@ def test_replay_measures_a_one_ulp_write_exactly(project: Project) -> None:
     assert json.loads(Path(report).read_text())["first_divergence"]["magnitudes"] == [magnitude]
 
 
-def test_a_divergence_at_a_step_the_budget_skipped_is_pinned_by_replay(project: Project) -> None:
-    """The one-ulp write of step 5 with a budget so small that only steps 0, 1 and the last have their
-    weights read: verify brackets it, --replay re-runs both with every facet and pins step 5."""
+@pytest.mark.parametrize("perturbed", [5, 2])  # inside the bracket, and at its first step
+def test_a_divergence_at_a_step_the_budget_skipped_is_pinned_by_replay(project: Project,
+                                                                       perturbed: int) -> None:  # fmt: skip
+    """A one-ulp write at a step with a budget so small that only steps 0, 1 and the last have their
+    weights read: verify brackets it, --replay re-runs both with every facet and pins that step."""
     script = (project.root / "train.py").read_text()
     project.write("train.py", script.replace("    losses.append(loss.item())\n",
                                              "    losses.append(loss.item())\n    print(f'step {step}')\n"))
     project.commit("a line a step")  # the replays' output must not get into verify's JSON
     a = project.record("--trace-budget", "1e-9", "train.py")
-    b = project.record("--trace-budget", "1e-9", "train.py", env={"PERTURB_AT_STEP": "5"})
+    b = project.record("--trace-budget", "1e-9", "train.py", env={"PERTURB_AT_STEP": str(perturbed)})
     trace = _trace(project, b)
     assert [r["step"] for r in trace if "params_after" in r] == [0, 1, len(trace) - 1]  # what the record says
     assert project.manifest(b)["trace"]["budget"] == 1e-9
@@ -72,22 +74,23 @@ def test_a_divergence_at_a_step_the_budget_skipped_is_pinned_by_replay(project: 
     assert seen.returncode == 3, seen.stderr
     bracketed = json.loads(seen.stdout)["data"]
     first = bracketed["first_divergence"]
-    assert first["step"] > 5 and first["bracket"] == [2, first["step"]], first
+    assert first["step"] > perturbed and first["bracket"] == [2, first["step"]], first
     assert "verify --replay" in bracketed["summary"] and "from 2 to" in bracketed["summary"]
     replayed = _verify_replay(project, a, b)
     pinned = replayed["first_divergence"]
-    assert (pinned["step"], pinned["bracket"]) == (5, None)
+    assert (pinned["step"], pinned["bracket"]) == (perturbed, None)
     assert [f["facet"] for f in pinned["facets"]][:1] == ["params_after"]
-    assert replayed["replay"]["pinned"] == {"step": 5, "bracket": [2, first["step"]]}
+    assert replayed["replay"]["pinned"] == {"step": perturbed, "bracket": [2, first["step"]]}
     (magnitude,) = pinned["magnitudes"]
     assert (magnitude["facet"], magnitude["name"], magnitude["differing"]) == ("params_after", "0.weight", 1)
-    assert replayed["summary"].startswith("DIVERGED at step 5")
-    # one pair of replays: they saved every step of the bracket, so step 5 was measured from those;
+    assert replayed["summary"].startswith(f"DIVERGED at step {perturbed}")
+    # one pair of replays: they saved every step of the bracket, so the step was measured from those;
     # the bracket's other steps are removed once measured
     assert set(replayed["replay"]["runs"]) == {"a", "b"}
     for run in (a, b):
         saved = project.root / ".cascade" / "replays" / run[:12]
-        assert sorted(p.relative_to(saved).as_posix() for p in saved.rglob("*.pt")) == ["step5/tensors.pt"]
+        kept = sorted(p.relative_to(saved).as_posix() for p in saved.rglob("*.pt"))
+        assert kept == [f"step{perturbed}/tensors.pt"]
 
 
 def test_a_restore_samples_the_recorded_steps_so_its_trace_is_the_same_bytes(project: Project) -> None:
