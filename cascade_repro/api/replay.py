@@ -40,13 +40,12 @@ def replay_divergence(
     if comparison.step is None:
         return [], {"runs": {}, "not_measured": ["nothing to replay: no step differs"]}, None
     runs: dict[str, str] = {}
-    bracketed = comparison.bracket_start is not None
     # a bracket (its first step the one after the last whose weights agreed): every step of it saved,
     # where the traces of these replays may pin the divergence
-    first = comparison.bracket_start if comparison.bracket_start is not None else comparison.step
+    first = comparison.step if comparison.bracket_start is None else comparison.bracket_start
     replayed, failure = _replay_both(verdict, first, comparison.step, cwd, notify, runs)
     pinned: TraceComparison | None = None
-    if failure is None and bracketed:
+    if failure is None and first != comparison.step:
         pinned, failure = _pin(comparison, replayed, cwd)
     if failure is not None:
         return [], {"runs": runs, "not_measured": [failure]}, None

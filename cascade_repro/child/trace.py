@@ -329,11 +329,12 @@ class StepTracer:
                 return
             params = [p for group in optimizer.param_groups for p in group["params"]]
             self._decide_grads(params)
-            sampled = self.sampling.samples(self.step) or self._dumps(self.step)
+            dumping = self._dumps(self.step)
+            sampled = self.sampling.samples(self.step) or dumping
             record = self._new_record(params, sampled)
             if self.step == 0:
                 record["params_before"] = self._hash_params(params)
-            if self._dumps(self.step):
+            if dumping:
                 self._save_dump(self.step, "params_before", params)
                 self._save_dump(self.step, "grads", params, grads=True)
             self._pending = record
