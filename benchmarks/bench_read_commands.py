@@ -1,15 +1,19 @@
 """Read commands at interactive speed (target ≤ 0.5 s each on the embedded store): `cascade ls`,
-`show`, `verify --no-record` and `diff` end to end as a user runs them, beside MLflow's own CLI
-listing the same runs (`mlflow runs list`) and a bare `python -c pass`, measured in the same run.
+`show`, `verify` (recording its verdict, and with `--no-record`) and `diff` end to end as a user runs
+them, beside MLflow's own CLI listing the same runs (`mlflow runs list`) and a bare
+`python -c pass`, measured in the same run.
 
-Two real runs of a small script are recorded first; each command is checked to have answered (exit
-code and output) before any time is reported.
+Two real runs of a small script (1,000 steps each) are recorded first; each command is checked to
+have answered (exit code and output) before any time is reported, and the recorded verdict to be on
+the later run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -17,6 +21,7 @@ import time
 from common import CASCADE, HERE, clean_env, median, scratch_repo, verdict
 
 REPEATS = 5
+STEPS = 1000
 TARGET_S = 0.5
 
 
@@ -32,7 +37,7 @@ def timed(argv: list[str], cwd: object, expect_code: int = 0) -> tuple[float, st
 def main() -> None:
     root = scratch_repo({"train.py": HERE / "scripts" / "tiny_train.py"})
     try:
-        for args in (["--tag", "v1", "train.py", "10", "0.1"], ["train.py", "10", "0.05"]):
+        for args in (["--tag", "v1", "train.py", str(STEPS), "0.1"], ["train.py", str(STEPS), "0.05"]):
             timed([*CASCADE, "run", *args], root)
         listed = json.loads(timed([*CASCADE, "ls", "--json"], root)[1])["data"]
         if len(listed) != 2:
@@ -44,11 +49,17 @@ def main() -> None:
         commands = {
             "cascade ls": ([*CASCADE, "ls"], 0),
             "cascade show v1": ([*CASCADE, "show", "v1"], 0),
-            "cascade verify --no-record": ([*CASCADE, "verify", "--no-record", "v1", other], 3),  # lr differs
+            "cascade verify": ([*CASCADE, "verify", "v1", other], 3),  # lr differs; the verdict recorded
+            "cascade verify --no-record": ([*CASCADE, "verify", "--no-record", "v1", other], 3),
             "cascade diff": ([*CASCADE, "diff", "v1", other], 0),
         }
         results = {name: median([timed(argv, root, code)[0] for _ in range(REPEATS)])
                     for name, (argv, code) in commands.items()}  # fmt: skip
+        with contextlib.closing(sqlite3.connect(root / "mlflow.db")) as db:  # where MLflow reads it
+            recorded = db.execute("SELECT value FROM tags WHERE run_uuid = ? AND key = 'cascade.verdict'",
+                                  (other,)).fetchall()  # fmt: skip
+        if recorded != [("DIVERGED",)]:
+            sys.exit(f"cascade verify did not record its verdict on {other}: {recorded}")
         started = time.perf_counter()
         for _ in range(REPEATS):
             done = subprocess.run(mlflow_ls, cwd=root, capture_output=True, text=True,

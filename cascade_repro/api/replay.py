@@ -23,7 +23,7 @@ from typing import Any
 from cascade_repro.api.judging import trace_records
 from cascade_repro.api.loading import load_project
 from cascade_repro.api.restoring import restore
-from cascade_repro.child.trace_dump import step_file
+from cascade_repro.child.trace_dump import free_space, not_saved, step_file
 from cascade_repro.determinism.compare import TraceComparison, compare_traces
 from cascade_repro.determinism.magnitude import TENSOR_FACETS, Magnitude, magnitudes
 from cascade_repro.determinism.verdict import BITWISE_IDENTICAL, Verdict
@@ -62,13 +62,16 @@ def replay_divergence(
         record["not_measured"] = [f"nothing to measure: at step {step} no tensor differs"]
         return [], record, pinned
     replays = load_project(cwd).paths.replays
-    dumps = [step_file(_directory(replays, run_id), step) for run_id in (verdict.run_a, verdict.run_b)]
-    if not all(path.is_file() for path in dumps):  # pinned before the bracket, or past what was saved
-        # (kept apart in the record as a_measured, b_measured)
+    directories = [_directory(replays, run_id) for run_id in (verdict.run_a, verdict.run_b)]
+    dumps = [step_file(directory, step) for directory in directories]
+    failure = _not_saved(directories, dumps, step, verdict)
+    if failure is None and not all(path.is_file() for path in dumps):
+        # pinned before the bracket, or past what was saved (kept apart in the record as a_measured)
         _, failure = _replay_both(verdict, step, step, cwd, notify, runs, "_measured")
-        if failure is not None:
-            record["not_measured"] = [failure]
-            return [], record, pinned
+        failure = failure or _not_saved(directories, dumps, step, verdict, missing_is_failure=True)
+    if failure is not None:
+        record["not_measured"] = [failure]
+        return [], record, pinned
     import torch
 
     saved = [torch.load(path, map_location="cpu", weights_only=True) for path in dumps]
@@ -118,6 +121,24 @@ def _pin(bracketed: TraceComparison, replayed: dict[str, str],
             "traces differ: the divergence did not happen again, so it is not pinned"
         )
     return replace(bracketed, step=found.step, differences=found.differences, bracket_start=None), None
+
+
+def _not_saved(directories: list[Path], dumps: list[Path], step: int, verdict: Verdict,
+               missing_is_failure: bool = False) -> str | None:  # fmt: skip
+    """Why the tensors of `step` are not there, where a replay said it could not save them (or, with
+    `missing_is_failure`, where a replay that was asked for that step left no file)."""
+    for directory, dump in zip(directories, dumps, strict=True):
+        if dump.is_file():
+            continue
+        reason = not_saved(directory)
+        if reason is None and not missing_is_failure:
+            continue
+        reason = reason or f"no file was written to {dump} ({free_space(dump)})"
+        return (
+            f"{reason}. Free space on that disk (or remove {directory.parent}) and run "
+            f"`cascade verify {verdict.run_a[:12]} {verdict.run_b[:12]} --replay` again"
+        )
+    return None
 
 
 def _directory(replays: Path, run_id: str) -> Path:

@@ -11,17 +11,39 @@ import random
 import struct
 import sys
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 from cascade_repro.determinism import fingerprint
 
 _LOSS_INT = {2: "int16", 4: "int32", 8: "int64"}
 
 
+class LossBits(NamedTuple):
+    """A float32/float64 loss on CPU, read as it was when its step ended."""
+
+    bits: int
+    width: int  # bytes
+
+
+def loss_now(torch: Any, loss: Any) -> Any:
+    """The loss as it is now, for `loss_record` later (a script may reuse its memory, a buffer of
+    losses): a CPU float32/float64 scalar's bits are read at once (no allocation), any other loss
+    is copied (on an accelerator: no synchronisation now)."""
+    if loss.device.type == "cpu":
+        dtype = loss.dtype
+        if dtype is torch.float32:
+            return LossBits(ctypes.c_int32.from_address(loss.data_ptr()).value, 4)
+        if dtype is torch.float64:
+            return LossBits(ctypes.c_int64.from_address(loss.data_ptr()).value, 8)
+    return loss.detach().clone()
+
+
 def loss_record(torch: Any, loss: Any) -> dict[str, Any] | None:
-    """The loss as exact bits, its value and dtype."""
+    """The loss as exact bits, its value and dtype (from `loss_now`: bits already read, or a tensor)."""
     if loss is None:
         return None
+    if isinstance(loss, LossBits):
+        return _from_bits(loss.bits, loss.width)
     flat = loss.reshape(1)
     dtype = str(loss.dtype).replace("torch.", "")
     if flat.dtype in (torch.float32, torch.float64):  # one read: value from the bits
@@ -30,12 +52,16 @@ def loss_record(torch: Any, loss: Any) -> dict[str, Any] | None:
             bits = (ctypes.c_int32 if width == 4 else ctypes.c_int64).from_address(flat.data_ptr()).value
         else:
             bits = int(flat.view(torch.int32 if width == 4 else torch.int64).item())
-        unsigned = bits & ((1 << (8 * width)) - 1)
-        value = struct.unpack("<f" if width == 4 else "<d", unsigned.to_bytes(width, "little"))[0]
-        return {"bits": bits, "value": value, "dtype": dtype}
+        return _from_bits(bits, width)
     view = _LOSS_INT.get(flat.element_size())
     other = int(flat.view(getattr(torch, view)).item()) if view and flat.is_floating_point() else None
     return {"bits": other, "value": float(flat.item()), "dtype": dtype}
+
+
+def _from_bits(bits: int, width: int) -> dict[str, Any]:
+    unsigned = bits & ((1 << (8 * width)) - 1)
+    value = struct.unpack("<f" if width == 4 else "<d", unsigned.to_bytes(width, "little"))[0]
+    return {"bits": bits, "value": value, "dtype": "float32" if width == 4 else "float64"}
 
 
 def rng_states(torch: Any, others: bool) -> dict[str, Any]:

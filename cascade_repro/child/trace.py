@@ -15,10 +15,7 @@ The weights and gradients are fingerprinted as often as the trace's cost budget 
 without "params_after" (or "grads") is a step that was not sampled. The last step's weights are
 always read (at exit). Scripts without an optimizer (below) get every facet every step.
 
-Gradients are hashed "where cheap" by default (`grads=None`): always on an accelerator (the
-checksum rides the same copy back), on CPU when the optimizer's parameters hold at most
-GRADS_CHEAP_BYTES. There every gradient hash is one more pass over memory; for a model the size of
-the reference MLP it would cost as much as the parameters' own hash.
+Gradients are hashed "where cheap" by default (child/step_tensors.py).
 
 Records are streamed to `trace.jsonl` (child/trace_writer.py: flushed every half second and at
 exit), so a crashed run keeps its prefix. Scripts without an optimizer get one record per
@@ -45,13 +42,13 @@ from types import ModuleType
 from typing import Any, Callable
 
 from cascade_repro.child import step_values
+from cascade_repro.child.step_tensors import StepTensors
 from cascade_repro.child.trace_budget import SamplingBudget
 from cascade_repro.child.trace_dump import TensorDump
 from cascade_repro.child.trace_writer import TraceWriter
 from cascade_repro.determinism import fingerprint
 
 RNG_EXTRA_EVERY = 16
-GRADS_CHEAP_BYTES = 1 << 20  # CPU: hashing this much costs ~30 µs a step
 
 
 class StepTracer:
@@ -67,18 +64,15 @@ class StepTracer:
         self._hash_s = 0.0  # what fingerprinting the pending step's tensors took so far
         self._spent_s = 0.0  # time inside the hooks since the last step began ...
         self._hashing_s = 0.0  # ... and the part of it that fingerprinted weights and gradients
-        self.grads_setting = grads  # None: "where cheap", decided from the first step's parameters
-        self.grads = grads
+        self.tensors = StepTensors(torch, grads)  # names, fingerprints, the gradients' rule
         self._on_header = on_header  # told when the header changes (the gradient decision)
         self.stop_after = stop_after  # end the script (exit 0) when this step would begin
         self._writer = TraceWriter(torch, path)  # closed in close()
-        self._views = fingerprint.ByteViews()
         self._lock = threading.Lock()
         self.step = 0
         self._pending: dict[str, Any] | None = None  # step k, waiting for its params-after
-        self._pending_params: list[Any] = []
-        self._names: dict[int, str] = {}
-        self._named = False  # module paths looked up (once, from the live modules)
+        self._pending_params: list[Any] | None = []  # None: read from `_pending_optimizer` if needed
+        self._pending_optimizer: Any = None
         self._loss: Any = None
         self._batch: str | None = None
         self._started = False  # step 0 has started: its RNG state is read (see the docstring)
@@ -106,7 +100,7 @@ class StepTracer:
             tracer._guarded_start()
             loss = tensors if isinstance(tensors, torch.Tensor) else None
             if loss is not None and loss.numel() == 1:
-                tracer._loss = loss.detach()
+                tracer._loss = loss  # copied when the step ends (`_after_step`)
             if tracer._mode == "optimizer":
                 tracer._guarded_next_step_begins()
             else:
@@ -217,10 +211,15 @@ class StepTracer:
         if self._in_step:  # a closure's backward(), inside the optimizer step
             self._backward_in_step = True
             return
-        if self._closed or self._pending is None:
+        pending = self._pending
+        if self._closed or pending is None:
             return
-        started = time.perf_counter()
         try:
+            if not self._pending_sampled and self.dump is None:  # nothing to read: most steps
+                self._pending = None
+                self._spent_s += self._writer.write(pending)  # what a flush took
+                return
+            started = time.perf_counter()
             with self._lock:
                 self._finish_pending()
             self._spent_s += time.perf_counter() - started
@@ -235,14 +234,20 @@ class StepTracer:
         if self._pending is not None:
             if self._pending_sampled or final:
                 started = time.perf_counter()
-                self._pending["params_after"] = self._hash_params(self._pending_params)
+                self._pending["params_after"] = self.tensors.params(self._params_pending())
                 took = time.perf_counter() - started
                 self._hashing_s += took
                 self.sampling.hashed(self._hash_s + took)
             if self._dumps(self._pending["step"]):
-                self._save_dump(self._pending["step"], "params_after", self._pending_params)
+                self._save_dump(self._pending["step"], "params_after", self._params_pending())
             self._writer.write(self._pending)
             self._pending = None
+
+    def _params_pending(self) -> list[Any]:
+        """The pending step's parameters (its optimizer's, read only when needed)."""
+        if self._pending_params is None:
+            self._pending_params = _params_of(self._pending_optimizer)
+        return self._pending_params
 
     def _dumps(self, step: int) -> bool:
         return self.dump is not None and self.dump.wants(step)
@@ -251,12 +256,7 @@ class StepTracer:
         """The tensors of this step (parameters before and after it, gradients) for `cascade verify
         --replay` to measure how far two runs are apart there (child/trace_dump.py)."""
         assert self.dump is not None
-        tensors = {}
-        for index, param in enumerate(params):
-            tensor = param.grad if grads else param
-            if tensor is not None:
-                tensors[self._name(param, index)] = tensor.detach().to("cpu", copy=True)
-        self.dump.add(step, facet, tensors)
+        self.dump.add(step, facet, self.tensors.copies(params, grads))
 
     # Scripts that update weights by hand (no torch.optim) get one record per backward(). The mode
     # is decided at the second backward: an optimizer step before it means "optimizer"; weights
@@ -266,7 +266,7 @@ class StepTracer:
         if self._pending is None:
             return
         params = self._manual_params()
-        after = self._hash_params(params)
+        after = self.tensors.params(params)
         if self._mode == "undecided":
             if after == self._pending.get("params_before"):
                 self._pending = None
@@ -290,7 +290,7 @@ class StepTracer:
         self._decide_grads(params)
         record = self._new_record(params)
         if self._mode == "undecided":
-            record["params_before"] = self._hash_params(params)
+            record["params_before"] = self.tensors.params(params)
         if self._dumps(self.step):
             self._save_dump(self.step, "params_before", params)
             self._save_dump(self.step, "grads", params, grads=True)
@@ -300,59 +300,74 @@ class StepTracer:
         self._rng_next = self._rng_fingerprint()  # the next step starts after this update
 
     def _manual_params(self) -> list[Any]:
-        if not self._named:
-            found = step_values.named_parameters(self.torch)
-            self._names = {id(p): name for name, p in found}
-            self._manual = [p for _, p in found]
-            self._named = True
+        if not self.tensors.named:
+            self._manual = self.tensors.look_up_names()
         return self._manual
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         with self._lock:
             if self._closed:
                 return
-            if self._mode != "optimizer":
-                if self._mode == "undecided":
-                    self._pending = None  # a manual-mode guess from the first backward(s)
-                self._mode = "optimizer"
-            self._start()
-            if not self._named:  # once: a script with no nn.Module must not rescan every step
-                self._names = {id(p): name for name, p in step_values.named_parameters(self.torch)}
-                self._named = True
-            self._in_step = True
-            self._finish_pending()  # no backward() since the last step (an optimizer with a closure)
-            self._stop_if_done()
+            self._step_begins()
             # what the hooks took since the last step began, the weights' fingerprints apart
             self.sampling.step_began(time.perf_counter(), self._spent_s - self._hashing_s)
             self._spent_s = self._hashing_s = 0.0
             if self.step % self.interval != 0:
                 return
-            params = [p for group in optimizer.param_groups for p in group["params"]]
-            self._decide_grads(params)
-            dumping = self._dumps(self.step)
+            dumping = self.dump is not None and self.dump.wants(self.step)
             sampled = self.sampling.samples(self.step) or dumping
-            record = self._new_record(params, sampled)
+            # the parameter list only where it is read now: most steps read nothing of it
+            undecided = self.tensors.grads is None
+            params = _params_of(optimizer) if sampled or undecided or self.step == 0 else None
+            if undecided:
+                self._decide_grads(params or [])
+            record = self._new_record(params or [], sampled)
             if self.step == 0:
-                record["params_before"] = self._hash_params(params)
+                record["params_before"] = self.tensors.params(params or [])
             if dumping:
-                self._save_dump(self.step, "params_before", params)
-                self._save_dump(self.step, "grads", params, grads=True)
+                self._save_dump(self.step, "params_before", params or [])
+                self._save_dump(self.step, "grads", params or [], grads=True)
             self._pending = record
+            self._pending_optimizer = optimizer
             self._pending_params = params
             self._pending_sampled = sampled
+
+    def _step_begins(self) -> None:
+        """An optimizer step begins: the mode is "optimizer"; a step still pending (an optimizer with
+        a closure: no backward() since the last step) is complete; `--steps` may end the script."""
+        if self._mode != "optimizer":
+            if self._mode == "undecided":
+                self._pending = None  # a manual-mode guess from the first backward(s)
+            self._mode = "optimizer"
+        if not self._started:
+            self._start()
+        if not self.tensors.named:  # once: a script with no nn.Module must not rescan every step
+            self.tensors.look_up_names()
+        self._in_step = True
+        if self._pending is not None:
+            self._finish_pending()
+        if self.stop_after is not None:
+            self._stop_if_done()
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         with self._lock:
             self._in_step = False
-            if self._backward_in_step and self._pending is not None:
-                self._pending["loss"] = self._loss_copy()  # the closure's last loss and gradients
-                if self._pending_sampled:
-                    self._pending["grads"] = self._hash_grads(self._pending_params) if self.grads else None
-                if self._dumps(self._pending["step"]):
-                    self._save_dump(self._pending["step"], "grads", self._pending_params, grads=True)
-            self._backward_in_step = False
+            pending = self._pending
+            ended = self.step
             self.step += 1
-            self._rng = self._rng_fingerprint()
+            self._rng = self._rng_fingerprint()  # the next step starts now
+            if pending is not None and pending["step"] == ended:
+                # the step's loss is read here, beside the RNG state, rather than in the pre-step hook:
+                # a second read in one hook costs a fraction of the first (the step has evicted the
+                # code from cache)
+                pending["loss"] = self._loss_copy()  # a closure's: its last
+                if self._backward_in_step:  # the closure's gradients
+                    if self._pending_sampled:
+                        params = self._params_pending()
+                        pending["grads"] = self.tensors.gradients(params) if self.tensors.grads else None
+                    if self._dumps(ended):
+                        self._save_dump(ended, "grads", self._params_pending(), grads=True)
+            self._backward_in_step = False
             self._loss = None
 
     def close(self) -> None:
@@ -381,12 +396,7 @@ class StepTracer:
 
     # -- pieces -----------------------------------------------------------------------------
     def _decide_grads(self, params: list[Any]) -> None:
-        if self.grads is not None:
-            return
-        on_cpu = [p for p in params if p.device.type == "cpu"]
-        cpu_bytes = sum(p.numel() * p.element_size() for p in on_cpu)
-        self.grads = len(on_cpu) < len(params) or cpu_bytes <= GRADS_CHEAP_BYTES
-        if self._on_header is not None:
+        if self.tensors.decide_grads(params) and self._on_header is not None:
             self._on_header(self.header())
 
     def _new_record(self, params: list[Any], sampled: bool = True) -> dict[str, Any]:
@@ -395,31 +405,19 @@ class StepTracer:
             "step": self.step,
             "rng": self._rng,
             "batch": self._batch,
-            "loss": self._loss_copy(),  # a tensor until encoded (`_encode`)
+            "loss": self._loss_copy() if self._mode != "optimizer" else None,  # optimizer: `_after_step`
         }
         self._hash_s = 0.0
         if sampled:
             started = time.perf_counter()
-            record["grads"] = self._hash_grads(params) if self.grads else None
+            record["grads"] = self.tensors.gradients(params) if self.tensors.grads else None
             self._hash_s = time.perf_counter() - started
             self._hashing_s += self._hash_s
         return record
 
-    def _name(self, tensor: Any, index: int) -> str:
-        return self._names.get(id(tensor)) or f"param{index}"
-
-    def _hash_params(self, params: list[Any]) -> dict[str, str]:
-        hashes = fingerprint.fingerprints(self.torch, params, self._views)  # the same tensors every step
-        return {self._name(p, i): h for i, (p, h) in enumerate(zip(params, hashes, strict=True))}
-
-    def _hash_grads(self, params: list[Any]) -> dict[str, str]:
-        with_grad = [(i, p) for i, p in enumerate(params) if p.grad is not None]
-        hashes = fingerprint.fingerprints(self.torch, [p.grad for _, p in with_grad])
-        return {self._name(p, i): h for (i, p), h in zip(with_grad, hashes, strict=True)}
-
     def _loss_copy(self) -> Any:
         """The loss as it is now: a script may reuse its memory (a buffer of losses) later."""
-        return None if self._loss is None else self._loss.clone()
+        return None if self._loss is None else step_values.loss_now(self.torch, self._loss)
 
     def _rng_fingerprint(self) -> dict[str, Any]:
         """torch's generators every step; Python's and numpy's (slower to read: ~30 and ~60 µs) at
@@ -432,9 +430,14 @@ class StepTracer:
             header["budget"] = self.sampling.budget
             header["sampled"] = ["grads", "params_after"]
             header["schedule"] = [list(entry) for entry in self.sampling.schedule]  # [step, every] from it on
-        header["grads"] = self.grads  # None until the first step decides (setting "where cheap")
-        if self.grads_setting is None:
-            header["grads_rule"] = f"where cheap: on an accelerator, or on CPU up to {GRADS_CHEAP_BYTES} B"
+        header["grads"] = self.tensors.grads  # None until the first step decides (setting "where cheap")
+        rule = self.tensors.rule()
+        if rule is not None:
+            header["grads_rule"] = rule
         if self.stop_after is not None:
             header["stopped_after_steps"] = self.stop_after
         return header
+
+
+def _params_of(optimizer: Any) -> list[Any]:
+    return [p for group in optimizer.param_groups for p in group["params"]]

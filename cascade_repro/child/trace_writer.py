@@ -27,23 +27,27 @@ class TraceWriter:
         self.torch = torch
         self._file = open_private(path)  # closed in close()
         self._unwritten: list[dict[str, Any]] = []
-        self._flushed_at = time.monotonic()
+        self._flushed_at = time.perf_counter()
 
     @property
     def closed(self) -> bool:
         return self._file.closed
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: dict[str, Any]) -> float:
+        """Queue a record; the seconds a flush took if this one flushed (0.0 mostly)."""
         self._unwritten.append(record)
-        if time.monotonic() - self._flushed_at >= FLUSH_EVERY_S:
-            self.flush()
+        now = time.perf_counter()
+        if now - self._flushed_at < FLUSH_EVERY_S:
+            return 0.0
+        self.flush()
+        return self._flushed_at - now
 
     def flush(self) -> None:
         lines = [self._encode(record) for record in self._unwritten]
         self._unwritten.clear()
         self._file.write("".join(lines))
         self._file.flush()
-        self._flushed_at = time.monotonic()
+        self._flushed_at = time.perf_counter()
 
     def close(self) -> None:
         self.flush()

@@ -13,6 +13,7 @@ caller, never imported here) and, when installed, xxhash.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 from typing import Any, Sequence
 
@@ -34,53 +35,72 @@ def _header(tensor: Any) -> bytes:
     return f"{tensor.dtype}|{tuple(tensor.shape)}|".encode()
 
 
+@functools.lru_cache(maxsize=256)
+def _bytes_type(size: int) -> Any:
+    return ctypes.c_ubyte * size  # building an array type costs more than hashing a small tensor
+
+
 def _raw(tensor: Any) -> Any:
     """A zero-copy view of a CPU tensor's bytes."""
     size = tensor.numel() * tensor.element_size()
     if size == 0:
         return b""
-    return (ctypes.c_ubyte * size).from_address(tensor.data_ptr())
+    return _bytes_type(size).from_address(tensor.data_ptr())
 
 
-class ByteViews:
-    """Header and byte view per (address, dtype, shape, strides), for tensors hashed again and again
-    in place (the step trace's parameters): building them once saves most of the Python cost per
-    tensor. A view is only used for a live tensor at exactly that address and layout, so it reads
-    that tensor's memory as it is now."""
-
-    def __init__(self, limit: int = 4096) -> None:
-        self._views: dict[tuple[Any, ...], tuple[bytes, Any]] = {}
-        self._limit = limit
-
-    def of(self, tensor: Any) -> tuple[bytes, Any]:
-        key = (tensor.data_ptr(), tensor.dtype, tensor.shape, tensor.stride())
-        found = self._views.get(key)
-        if found is None:
-            if not tensor.is_contiguous():  # a temporary copy: nothing to keep
-                copy = tensor.detach().contiguous()
-                return _header(copy), bytes(_raw(copy))
-            if len(self._views) >= self._limit:
-                self._views.clear()
-            found = self._views[key] = (_header(tensor), _raw(tensor.detach()))
-        return found
+def _header_state(header: bytes) -> Any:
+    return xxhash.xxh3_64(header) if xxhash is not None else hashlib.blake2b(header, digest_size=8)
 
 
-def cpu_hash(tensor: Any, views: ByteViews | None = None) -> str:
+class InPlaceHashes:
+    """Fingerprints of the same list of tensors taken again and again (the step trace's parameters,
+    gradients), in one call: for each position the header's hash state and a view of the tensor's
+    bytes are kept while the tensor there keeps its address and layout, so a step costs one layout
+    check and one pass over the bytes per tensor. A kept view reads that tensor's memory as it is
+    now; another layout over the same memory (a square transpose) or a non-contiguous tensor is
+    never read through a kept view. Tensors on an accelerator go to `device_checksums`, one copy
+    back per device."""
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+        self._kept: list[tuple[tuple[Any, ...], Any, Any] | None] = []
+
+    def __call__(self, tensors: Sequence[Any]) -> list[str]:
+        kept = self._kept
+        if len(kept) != len(tensors):
+            kept[:] = [None] * len(tensors)
+        out: list[str] = []
+        elsewhere: dict[Any, list[int]] = {}
+        for index, tensor in enumerate(tensors):
+            if tensor.device.type != "cpu":
+                elsewhere.setdefault(tensor.device, []).append(index)
+                out.append("")
+                continue
+            layout = (tensor.data_ptr(), tensor.dtype, tensor.shape, tensor.stride())
+            entry = kept[index]
+            if entry is None or entry[0] != layout:
+                if not tensor.is_contiguous():  # a temporary copy: nothing to keep
+                    out.append(cpu_hash(tensor))
+                    continue
+                entry = kept[index] = (layout, _header_state(_header(tensor)), _raw(tensor.detach()))
+            state = entry[1].copy()
+            state.update(entry[2])
+            out.append(state.hexdigest())
+        for indices in elsewhere.values():
+            checksums = device_checksums(self.torch, [tensors[i] for i in indices])
+            for index, value in zip(indices, checksums, strict=True):
+                out[index] = value
+        return out
+
+
+def cpu_hash(tensor: Any) -> str:
     """16 hex digits over dtype, shape and the bytes of a CPU tensor."""
-    if views is not None:
-        header, raw = views.of(tensor)
-    else:
-        t = tensor.detach()
-        if not t.is_contiguous():
-            t = t.contiguous()
-        header, raw = _header(t), _raw(t)
-    if xxhash is not None:
-        h = xxhash.xxh3_64(header)
-        h.update(raw)
-        return h.hexdigest()
-    b = hashlib.blake2b(header, digest_size=8)
-    b.update(raw)
-    return b.hexdigest()
+    t = tensor.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    state = _header_state(_header(t))
+    state.update(_raw(t))
+    return str(state.hexdigest())
 
 
 def device_checksums(torch: Any, tensors: Sequence[Any]) -> list[str]:
@@ -111,15 +131,14 @@ def _meta_code(t: Any) -> int:
     return int.from_bytes(digest, "little")
 
 
-def fingerprints(torch: Any, tensors: Sequence[Any], views: ByteViews | None = None) -> list[str]:
+def fingerprints(torch: Any, tensors: Sequence[Any]) -> list[str]:
     """Fingerprint each tensor where it lives: CPU tensors hashed in place, the rest on device.
-
-    `views`: kept by a caller that hashes the same tensors again later (see `ByteViews`)."""
+    (A caller that hashes the same tensors again and again keeps an `InPlaceHashes`.)"""
     out: list[str | None] = [None] * len(tensors)
     by_device: dict[Any, list[int]] = {}
     for index, tensor in enumerate(tensors):
         if tensor.device.type == "cpu":
-            out[index] = cpu_hash(tensor, views)
+            out[index] = cpu_hash(tensor)
         else:
             by_device.setdefault(tensor.device, []).append(index)
     for indices in by_device.values():

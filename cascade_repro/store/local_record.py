@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import shutil
 import sqlite3
 import urllib.parse
@@ -24,6 +25,7 @@ from cascade_repro.settings import sqlite_path
 VERSION_TAG = "cascade.version"
 USER_TAG = "mlflow.user"
 HEARTBEAT_TAG = "cascade.heartbeat"  # when the run's cascade process last said it was alive (epoch s)
+MAX_DIRECT_TAG = 5000  # tag values written without MLflow: well under any of its versions' limits
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,18 @@ class LocalRun:
         else:
             shutil.copyfile(source, target)
         return str(target)
+
+    def write_text(self, path: str, text: str) -> bool:
+        """A text artifact written as MLflow's `log_text` would on a `file://` store (whole or not at
+        all); False where `path` would leave the run's artifacts (MLflow then says what is wrong)."""
+        target = (self.artifact_dir / path).resolve()
+        if not target.is_relative_to(self.artifact_dir.resolve()) or target == self.artifact_dir.resolve():
+            return False
+        target.parent.mkdir(parents=True, exist_ok=True)
+        aside = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        aside.write_text(text, encoding="utf-8")
+        os.replace(aside, target)
+        return True
 
 
 def find(tracking_uri: str, ref: str) -> LocalRun | None:
@@ -175,6 +189,26 @@ class LocalStore:
         rows = self._query(f"SELECT {_RUN_COLUMNS} {_ACTIVE} AND r.run_uuid = ?", (run_id,))
         found = self._with_tags_and_metrics(rows) if rows else None
         return found[0] if found else None
+
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> bool:
+        """Tags written straight into MLflow's `tags` table, in one transaction, as MLflow's own
+        `set_tag` writes any key but its `mlflow.*` ones; False (nothing written: ask MLflow) for
+        those keys, values over MAX_DIRECT_TAG, a run that is not active, or any sqlite error."""
+        if any(key.startswith("mlflow.") or len(key) > 250 or len(value) > MAX_DIRECT_TAG
+               for key, value in tags.items()):  # fmt: skip
+            return False
+        try:
+            with contextlib.closing(sqlite3.connect(str(self.db), timeout=30)) as db, db:
+                if not db.execute(f"SELECT 1 {_ACTIVE} AND r.run_uuid = ?", (run_id,)).fetchone():
+                    return False
+                db.executemany(
+                    "INSERT INTO tags (key, value, run_uuid) VALUES (?, ?, ?) "
+                    "ON CONFLICT (key, run_uuid) DO UPDATE SET value = excluded.value",
+                    [(key, value, run_id) for key, value in tags.items()],
+                )
+            return True
+        except sqlite3.Error:
+            return False
 
     def experiment_name(self, experiment_id: str) -> str | None:
         rows = self._query("SELECT name FROM experiments WHERE experiment_id = ?", (experiment_id,))

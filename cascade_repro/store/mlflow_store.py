@@ -275,7 +275,12 @@ def log_metric_points(
 
 def log_json(mlflow: MlflowClient, run_id: str, data: Any, artifact_file: str) -> None:
     """`data` as a JSON artifact of the run."""
-    mlflow.log_text(run_id, json.dumps(data, indent=2, sort_keys=True, default=str), artifact_file)
+    mlflow.log_text(run_id, json_text(data), artifact_file)
+
+
+def json_text(data: Any) -> str:
+    """How a JSON artifact's text is written."""
+    return json.dumps(data, indent=2, sort_keys=True, default=str)
 
 
 def log_file(mlflow: MlflowClient, run_id: str, path: Path, artifact_dir: str) -> None:

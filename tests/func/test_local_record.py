@@ -95,3 +95,27 @@ def test_read_commands_list_and_show_from_the_tables_as_mlflow_does(project: Pro
         assert done.stderr.strip().splitlines()[-1] == f"NO-MLFLOW {expected}", (args, done.stderr)
     shown = json.loads(project.invoke("show", "v1", "--json", check=True).stdout)["data"]
     assert shown["manifest"]["run_id"] == first and shown["status"] == "FINISHED"
+
+
+def test_verify_records_its_verdict_without_mlflow_and_mlflow_reads_it(project: Project) -> None:
+    """On the embedded store `cascade verify` writes its tags and report as MLflow would (the tags
+    table, the artifact file), so it takes a fraction of a second; MLflow's client reads them back."""
+    import subprocess
+    import sys
+
+    first = project.record("train.py")
+    changed = project.record("--set", "optimizer.lr=0.05", "train.py")
+    later = project.record("train.py")
+    client = project.client()
+    for against, expected, code in ((first, "BITWISE_IDENTICAL", 0), (changed, "DIVERGED", 3)):
+        # the same run verified twice: the second verdict replaces the first one's tags
+        done = subprocess.run([sys.executable, "-c", READ_WITHOUT_MLFLOW, "verify", against, later, "--json"],
+                              cwd=project.root, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.stderr.strip().splitlines()[-1] == f"NO-MLFLOW {code}", done.stderr
+        shown = json.loads(done.stdout)["data"]
+        tags = client.get_run(later).data.tags
+        assert (tags["cascade.verdict"], tags["cascade.verified_against"]) == (expected, against)
+        report = client.download_artifacts(later, f"cascade/verify/{against}.json", str(project.root / ".dl"))
+        assert json.loads(Path(report).read_text()) == shown
+    artifacts = {a.path for a in client.list_artifacts(later, "cascade/verify")}
+    assert artifacts == {f"cascade/verify/{first}.json", f"cascade/verify/{changed}.json"}

@@ -7,7 +7,7 @@ import struct
 import pytest
 import torch
 
-from cascade_repro.determinism.fingerprint import ByteViews, cpu_hash, device_checksums, fingerprints
+from cascade_repro.determinism.fingerprint import InPlaceHashes, cpu_hash, device_checksums, fingerprints
 
 
 def _nan(payload: int) -> torch.Tensor:
@@ -78,18 +78,33 @@ def test_fingerprints_route_by_device_and_keep_order() -> None:
 
 
 def test_a_tensor_changed_in_place_gets_a_new_fingerprint() -> None:
-    # The trace keeps a view of each parameter's memory between steps (ByteViews): the view must
+    # The trace keeps a view of each parameter's memory between steps (InPlaceHashes): the view must
     # read what is there now, and another layout over the same memory (a square transpose) or a
     # non-contiguous tensor must not reuse it.
-    views = ByteViews()
+    hashes = InPlaceHashes(torch)
     w = torch.arange(9, dtype=torch.float32).reshape(3, 3)
-    before = cpu_hash(w, views)
+    before = hashes([w])[0]
     assert before == cpu_hash(w)
     w[1, 2] = torch.nextafter(w[1, 2], torch.tensor(100.0))
-    after = cpu_hash(w, views)
+    after = hashes([w])[0]
     assert before != after and after == cpu_hash(w)
     transposed = w.t()
     assert transposed.data_ptr() == w.data_ptr() and transposed.shape == w.shape
-    assert cpu_hash(transposed, views) == cpu_hash(transposed.contiguous()) != after
+    assert hashes([transposed])[0] == cpu_hash(transposed.contiguous()) != after
     column = w[:, 1]
-    assert cpu_hash(column, views) == cpu_hash(column.contiguous()) == cpu_hash(column)
+    assert hashes([column])[0] == cpu_hash(column.contiguous()) == cpu_hash(column)
+
+
+def test_in_place_hashes_equal_fingerprints_as_the_list_changes() -> None:
+    # The same object serves the gradients, which are new tensors at new addresses after a
+    # zero_grad(set_to_none=True), and lists that grow or shrink (a parameter without a gradient).
+    hashes = InPlaceHashes(torch)
+    tensors = [torch.randn(5), torch.randn(2, 3, dtype=torch.float64), torch.zeros(0), torch.randn(4)]
+    assert hashes(tensors) == fingerprints(torch, tensors)
+    replaced = [torch.randn(5), *tensors[1:]]  # position 0: another tensor, same layout
+    assert hashes(replaced) == fingerprints(torch, replaced) != fingerprints(torch, tensors)
+    view_as_int = tensors[3].view(torch.int32)  # same address and shape, another dtype
+    assert hashes([*tensors[:3], view_as_int])[3] == cpu_hash(view_as_int) != cpu_hash(tensors[3])
+    assert hashes(tensors[:2]) == fingerprints(torch, tensors[:2])
+    del tensors[1]
+    assert hashes(tensors) == fingerprints(torch, tensors)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from cascade_repro.child.trace_dump import step_file
+from cascade_repro.child.trace_dump import not_saved, step_file
 from cascade_repro.determinism.fingerprint import cpu_hash
 
 SCRIPT = """
@@ -58,3 +58,22 @@ def test_every_step_of_the_range_is_saved_and_is_the_traced_step(tmp_path: Path)
 def test_past_the_cap_only_the_last_step_is_saved(tmp_path: Path) -> None:
     _, saved = _traced(tmp_path, 1)  # the first step's file is over it already
     assert sorted(p.parent.name for p in saved.rglob("*.pt")) == ["step3", "step7"]
+
+
+def test_a_step_that_cannot_be_saved_stops_the_saving_not_the_trace(tmp_path: Path) -> None:
+    # a real OSError: the folder step 5 saves into is taken by a file
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "step5").write_text("in the way")
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT), str(tmp_path), str(1 << 30)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "cascade: the tensors of step 5 could not be saved to" in done.stderr
+    assert "bytes free on its disk" in done.stderr and "the replay goes on without saving" in done.stderr
+    # the steps before it are saved, none after it, and the trace has every step
+    assert sorted(p.parent.name for p in saved.rglob("*.pt")) == ["step3", "step4"]
+    records = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "step" in r] == list(range(10))
+    assert all("params_after" in r for r in records if "step" in r)
+    assert not_saved(saved) is not None and not_saved(saved).startswith("the tensors of step 5 could not")
