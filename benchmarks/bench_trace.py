@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from cascade_repro.child.trace import StepTracer
+from cascade_repro.determinism.fingerprint import InPlaceHashes
 from cascade_repro.determinism.verdict import judge
 from cascade_repro.manifest import Manifest
 from cascade_repro.settings import DEFAULT_TRACE_BUDGET
@@ -60,6 +61,20 @@ def timed_tracer(path: Path, grads: bool | None, budget: float) -> tuple[StepTra
         setattr(tracer, name, timed)
     tracer.install()
     return tracer, spent
+
+
+def fingerprint_alone(model: Any, opt: Any, x: Any, y: Any, params: list[Any]) -> float:
+    """What the trace's one call over the parameters takes by itself, where the trace makes it."""
+    hashes, took = InPlaceHashes(torch), []
+    for _ in range(41):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        started = time.perf_counter()
+        hashes(params)
+        took.append(time.perf_counter() - started)
+        loss.backward()
+        opt.step()
+    return statistics.median(took[1:])
 
 
 def measure(batch: int) -> None:
@@ -128,17 +143,22 @@ def measure(batch: int) -> None:
                      f"{len(with_grads)} with gradients); at least {BLOCKS * STEPS} were traced")  # fmt: skip
         print(f"{name + ' records written':32}: {len(steps)} steps ({len(weights)} with weights, "
               f"{len(with_grads)} with gradients)")  # fmt: skip
-    started = time.perf_counter()
-    for _ in range(20):
+    reads = []
+    for _ in range(21):
+        started = time.perf_counter()
         for p in params:
             p.detach().sum()  # every byte read once
-    read_once = (time.perf_counter() - started) / 20
+        reads.append(time.perf_counter() - started)
+    read_once = statistics.median(reads[1:])  # the first warms torch's threads up
 
     step = statistics.median(times["off"])
     print(f"parameters                      : {sum(p.numel() for p in params):,}")
     print(f"step time, no trace             : {step * 1e3:.2f} ms")
     share_once = read_once / step * 100
     print(f"reading the weights once        : {read_once * 1e3:.3f} ms ({share_once:.1f}% of a step)")
+    hashed = fingerprint_alone(model, opt, x, y, params)
+    print(f"their fingerprints alone        : {hashed * 1e3:.3f} ms ({hashed / step * 100:.1f}% of a step; "
+          "one call, between a forward and a backward as the trace takes them)")
     labels = {
         "trace": "cascade trace (default: 2% budget)",
         "full": "cascade trace, trace: full",

@@ -14,6 +14,8 @@ step "a fresh project in $demo"
 rm -rf "$demo" && mkdir -p "$demo"
 cp "$here/examples/digits/train.py" "$here/examples/digits/hyperparameters.yaml" "$demo/"
 cd "$demo"
+sed -i 's/^epochs: 20$/epochs: 10  # the demo: shorter runs (450 steps), the same story/' hyperparameters.yaml
+grep -q '^epochs: 10 ' hyperparameters.yaml
 git init -q -b main && git add -A && git commit -qm "digits example"
 
 step "cascade init"

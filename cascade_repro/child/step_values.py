@@ -29,7 +29,7 @@ def loss_now(torch: Any, loss: Any) -> Any:
     """The loss as it is now, for `loss_record` later (a script may reuse its memory, a buffer of
     losses): a CPU float32/float64 scalar's bits are read at once (no allocation), any other loss
     is copied (on an accelerator: no synchronisation now)."""
-    if loss.device.type == "cpu":
+    if type(loss) is torch.Tensor and loss.device.type == "cpu":  # (a subclass may hold no memory)
         dtype = loss.dtype
         if dtype is torch.float32:
             return LossBits(ctypes.c_int32.from_address(loss.data_ptr()).value, 4)

@@ -60,7 +60,8 @@ def create_if_missing(uri: str) -> bool:
 def check(uri: str) -> None:
     """Make sure MLflow can open the sqlite store `uri`: repair it under the lock if half-migrated.
 
-    Costs one read-only query and reading MLflow's head revision (~20 ms), after importing MLflow.
+    Costs one read-only query and reading MLflow's head revision from its migration files (~20 ms);
+    alembic is imported only where the store is not at that head.
     """
     db = sqlite_path(uri)
     if db is None or not _exists(db):
@@ -68,6 +69,9 @@ def check(uri: str) -> None:
     state = _read(db)
     if state is None:
         return  # not readable as sqlite here (locked, not a database): MLflow says what is wrong
+    quick = _head_from_files()  # the common case, sound, without importing alembic (~1 s of CPU)
+    if quick is not None and state.sound(quick):
+        return
     head, known = _revisions()
     if state.sound(head):
         return

@@ -33,6 +33,7 @@ for step in range(4):
         with torch.no_grad():
             model[2].bias.add_(1.0)
     opt.step()
+    loss.detach().fill_(-7.0)  # the script reuses the loss's memory once the step is over
     if step == 1:  # after the optimizer step, before the next backward: part of step 1
         model[2].weight.data[0, 0] += 1.0
     seen[step] = cpu_hash(model[2].weight)
