@@ -15,19 +15,28 @@
 Imports inside api/ go one way, with no cycle (tests/unit/test_layers.py reads them): records →
 replay → restoring → (runs, compare) → (judging, loading) → spooled.
 
-Only what `cascade run` needs is imported with the package (its start is a measured target); the
-rest loads on first use.
+Each use case loads on first use: a read command (`ls`, `show`) does not load what a run needs, nor
+a run what verify needs (their start is a measured target).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cascade_repro.api.records import RunRecord, TraceSummary, show_run, verify
-from cascade_repro.api.runs import RunRequest, init, run
+if TYPE_CHECKING:  # the names as the type checker sees them; at run time `__getattr__` loads them
+    from cascade_repro.api.browsing import RunSummary, list_runs, tag, ui
+    from cascade_repro.api.compare import check, diff
+    from cascade_repro.api.data import CheckoutResult, PushSummary, checkout, checkpoint_path, push
+    from cascade_repro.api.images import build_image
+    from cascade_repro.api.records import RunRecord, TraceSummary, show_run, verify
+    from cascade_repro.api.restoring import RestoreResult, restore
+    from cascade_repro.api.runs import RunRequest, init, run
+    from cascade_repro.api.spooled import SyncResult, sync
 
 _LAZY = {
+    "RunRecord": "records", "TraceSummary": "records", "show_run": "records", "verify": "records",
+    "RunRequest": "runs", "init": "runs", "run": "runs",
     "check": "compare", "diff": "compare",
     "CheckoutResult": "data", "PushSummary": "data", "checkout": "data", "checkpoint_path": "data",
     "push": "data",
