@@ -232,6 +232,8 @@ class StepTracer:
         """Step k's parameters-after, read when step k+1 begins (or at exit: the final weights, always),
         if step k is sampled; the record is complete then."""
         if self._pending is not None:
+            if final and self._in_step and self._pending["loss"] is None:
+                self._pending["loss"] = self._loss_copy()  # an optimizer step that never returned
             if self._pending_sampled or final:
                 started = time.perf_counter()
                 self._pending["params_after"] = self.tensors.params(self._params_pending())

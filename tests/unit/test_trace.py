@@ -151,3 +151,48 @@ def test_budget_zero_reads_every_facet_every_step(tmp_path: Path) -> None:
     records, header = _budgeted(tmp_path, 0.0)
     assert all("params_after" in r and r["grads"] for r in records) and len(records) == 40
     assert "budget" not in header and "sampled" not in header
+
+
+CRASHING = """
+import json, sys, torch
+from pathlib import Path
+from cascade_repro.child.trace import StepTracer
+
+tracer = StepTracer(torch, Path(sys.argv[1]) / "trace.jsonl", grads=False)
+tracer.install()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+
+class Failing(torch.optim.SGD):
+    def step(self, closure=None):
+        if self.state.get("calls", 0) == 2:
+            raise RuntimeError("the optimizer failed")
+        self.state["calls"] = self.state.get("calls", 0) + 1
+        return super().step(closure)
+
+opt = Failing(model.parameters(), lr=0.1)
+losses = []
+try:
+    for step in range(4):
+        opt.zero_grad()
+        loss = model(torch.ones(2, 4)).square().mean()
+        losses.append(loss.item())
+        loss.backward()
+        opt.step()
+finally:
+    tracer.close()
+    (Path(sys.argv[1]) / "losses.json").write_text(json.dumps(losses))
+"""
+
+
+def test_a_step_whose_optimizer_failed_keeps_its_loss(tmp_path: Path) -> None:
+    # the loss is read when the optimizer step returns; one that never returns has it read at exit
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(CRASHING), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1 and "the optimizer failed" in done.stderr
+    records = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "step" in r]
+    losses = json.loads((tmp_path / "losses.json").read_text())
+    assert [r["step"] for r in steps] == [0, 1, 2]
+    assert [r["loss"]["value"] for r in steps] == losses[:3]
+    assert "params_after" in steps[2]  # the final weights, read at exit
