@@ -1,7 +1,9 @@
-"""What the fault tests share: a `cascade run` in the background, waiting for markers, counting points."""
+"""What the fault tests share: a `cascade run` in the background, waiting for markers, counting points,
+a small filesystem of their own."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,9 +11,26 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+import pytest
 
 from tests.plugin import CASCADE, SCRIPTS, Project
+
+
+@contextlib.contextmanager
+def small_tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """`mount` (created) on a tmpfs of `size` ("96k", "64m") for the block: a real ENOSPC, not a mock.
+    Root only; where mounting is not allowed the test is skipped and says why."""
+    mount.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"a small filesystem cannot be mounted here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def add_faults_script(project: Project) -> None:

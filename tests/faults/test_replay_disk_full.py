@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
+from tests.faults.helpers import small_tmpfs
 from tests.plugin import Project
 
 pytestmark = [pytest.mark.slow, pytest.mark.requires_root]
@@ -20,13 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.requires_root]
 @pytest.fixture
 def full_replays_dir(project: Project) -> Iterator[Path]:
     """`.cascade/replays` on a 1 MiB tmpfs filled to the last byte (root only)."""
-    replays = project.root / ".cascade" / "replays"
-    replays.mkdir(parents=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(replays)],
-                             capture_output=True, text=True)  # fmt: skip
-    if mounted.returncode != 0:
-        pytest.skip(f"a small filesystem cannot be mounted here: {mounted.stderr.strip()}")
-    try:
+    with small_tmpfs(project.root / ".cascade" / "replays", "1m") as replays:
         filler = os.open(replays / "filler", os.O_WRONLY | os.O_CREAT)
         try:
             while os.write(filler, b"\0" * 4096):
@@ -37,8 +31,6 @@ def full_replays_dir(project: Project) -> Iterator[Path]:
             os.close(filler)
         assert os.statvfs(replays).f_bavail == 0
         yield replays
-    finally:
-        subprocess.run(["umount", "-l", str(replays)], check=False)
 
 
 def test_a_full_disk_while_the_replay_saves_tensors_is_said_and_loses_nothing(

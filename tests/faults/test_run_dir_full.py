@@ -3,12 +3,12 @@ closed, and the record says what is missing instead of a silent success."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
+from tests.faults.helpers import small_tmpfs
 from tests.plugin import Project
 
 pytestmark = [pytest.mark.slow, pytest.mark.requires_root]
@@ -26,16 +26,8 @@ print("the end", flush=True)
 @pytest.fixture
 def full_runs_dir(project: Project) -> Iterator[Path]:
     """`.cascade/runs` on a 96 KiB tmpfs (root only; where mounting is not allowed the test says so)."""
-    runs = project.root / ".cascade" / "runs"
-    runs.mkdir(parents=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(runs)],
-                             capture_output=True, text=True)  # fmt: skip
-    if mounted.returncode != 0:
-        pytest.skip(f"a small filesystem cannot be mounted here: {mounted.stderr.strip()}")
-    try:
+    with small_tmpfs(project.root / ".cascade" / "runs", "96k") as runs:
         yield runs
-    finally:
-        subprocess.run(["umount", "-l", str(runs)], check=False)
 
 
 def test_a_full_run_directory_never_blocks_the_script_and_the_run_says_it_is_incomplete(

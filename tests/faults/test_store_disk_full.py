@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
-from tests.faults.helpers import add_faults_script, points_in, stored_points
+from tests.faults.helpers import add_faults_script, points_in, small_tmpfs, stored_points
 from tests.plugin import Project
 
 pytestmark = [pytest.mark.slow, pytest.mark.requires_root]
@@ -23,17 +23,10 @@ BULK = 100_000
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path) -> Path:
+def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 64 MiB tmpfs of its own (root only): a real ENOSPC, not a mock."""
-    mount = tmp_path / "store-disk"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with small_tmpfs(tmp_path / "store-disk", "64m") as mount:
+        yield mount
 
 
 def _fill(disk: Path, leave: int) -> Path:
