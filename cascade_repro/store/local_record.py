@@ -52,14 +52,20 @@ class LocalRun:
 
     def write_text(self, path: str, text: str) -> bool:
         """A text artifact written as MLflow's `log_text` would on a `file://` store (whole or not at
-        all); False where `path` would leave the run's artifacts (MLflow then says what is wrong)."""
+        all); False where `path` would leave the run's artifacts or the file cannot be written (a full
+        disk, another user's folder): MLflow then tries, and says what is wrong."""
         target = (self.artifact_dir / path).resolve()
         if not target.is_relative_to(self.artifact_dir.resolve()) or target == self.artifact_dir.resolve():
             return False
-        target.parent.mkdir(parents=True, exist_ok=True)
         aside = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        aside.write_text(text, encoding="utf-8")
-        os.replace(aside, target)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            aside.write_text(text, encoding="utf-8")
+            os.replace(aside, target)
+        except OSError:
+            with contextlib.suppress(OSError):
+                aside.unlink(missing_ok=True)
+            return False
         return True
 
 

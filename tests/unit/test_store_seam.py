@@ -62,3 +62,19 @@ def test_mlflow_s_head_revision_is_read_from_its_scripts_as_alembic_reads_it() -
 
     head = sqlite_store._head_from_files()
     assert head is not None and head == sqlite_store._revisions()[0]
+
+
+def test_an_artifact_written_without_mlflow_is_whole_or_left_to_mlflow(tmp_path: Path) -> None:
+    """`verify`'s report on the embedded store is written as a file: whole, inside the run's
+    artifacts, or not at all (then MLflow tries and says what is wrong)."""
+    from cascade_repro.store.local_record import LocalRun
+
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir()
+    run = LocalRun("a" * 32, None, artifacts)
+    assert run.write_text("cascade/verify/b.json", '{"verdict": "DIVERGED"}\n')
+    assert (artifacts / "cascade" / "verify" / "b.json").read_text() == '{"verdict": "DIVERGED"}\n'
+    assert not run.write_text("../outside.json", "{}") and not (tmp_path / "outside.json").exists()
+    (artifacts / "blocked").write_text("a file where a folder would go")  # a real OSError
+    assert not run.write_text("blocked/report.json", "{}")
+    assert sorted(p.name for p in artifacts.rglob("*")) == ["b.json", "blocked", "cascade", "verify"]
