@@ -316,7 +316,7 @@ class StepTracer:
             self._spent_s = self._hashing_s = 0.0
             if self.step % self.interval != 0:
                 return
-            dumping = self.dump is not None and self.dump.wants(self.step)
+            dumping = self._dumps(self.step)
             sampled = self.sampling.samples(self.step) or dumping
             # the parameter list only where it is read now: most steps read nothing of it
             undecided = self.tensors.grads is None
