@@ -95,10 +95,10 @@ class Recording:
         plan = self.plan
         try:
             self.store = store = RunStore(plan.settings.tracking_uri, plan.settings.experiment)
-            self.mlflow = store.client
             existing = plan.environ.get("MLFLOW_RUN_ID") or None
+            self.mlflow = store.recording_client(existing)
             self.opened = store.open_run(plan.settings.artifact_root, plan.run_name, self.tags, self.start_ms,
-                                         existing_run_id=existing)  # fmt: skip
+                                         existing_run_id=existing, client=self.mlflow)  # fmt: skip
         except BaseException:
             self.child.terminate()
             raise

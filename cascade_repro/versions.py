@@ -63,8 +63,7 @@ def check_free(store: RunStore, root: Path, version: str, experiment_id: str | N
 
 def holder_of(store: RunStore, version: str, experiment_id: str) -> str | None:
     """The run of the experiment that carries `version`, or None."""
-    escaped = version.replace("'", "\\'")
-    runs = store.search_ids([experiment_id], f"tags.`{VERSION_TAG}` = '{escaped}'", limit=5)
+    runs = store.tagged(experiment_id, VERSION_TAG, version)
     return runs[0] if runs else None
 
 

@@ -257,8 +257,8 @@ def _tagged(result: RunResult, request: RunRequest, settings: Settings) -> RunRe
         later = f"`cascade sync`, then `cascade tag {result.run_id[:8]} {request.version}`"
         message = f"not tagged {request.version}: the record is incomplete; {later}"
         return replace(result, warnings=(*result.warnings, message))
-    store = RunStore(settings.tracking_uri, settings.experiment)
-    tagged = versions.tag_run(store, settings.root, store.get(result.run_id), request.version,
+    store = RunStore.open(settings, fast_reads=True)  # the embedded store: tagged without MLflow
+    tagged = versions.tag_run(store, settings.root, store.resolve(result.run_id), request.version,
                               force=request.force_version, git_tag=request.git_tag)  # fmt: skip
     return replace(result, version=tagged.version)
 
@@ -345,10 +345,11 @@ def _container_plan(request: RunRequest, settings: Settings, commit: str, exclud
 
 
 def _check_version_free(settings: Settings, root: Path, request: RunRequest) -> None:
-    """`--tag`: refuse a taken version before the script runs (costs the MLflow import, ~1.5 s)."""
+    """`--tag`: refuse a taken version before the script runs (read from the embedded store's tables
+    where it can be, otherwise through MLflow)."""
     assert request.version is not None
     versions.validate_version(request.version, root)
-    store = RunStore(settings.tracking_uri, settings.experiment)
+    store = RunStore.open(settings, fast_reads=True)
     versions.check_free(store, root, request.version, store.experiment_id(),
                         None, request.force_version, request.git_tag)  # fmt: skip
 

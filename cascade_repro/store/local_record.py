@@ -216,6 +216,24 @@ class LocalStore:
         except sqlite3.Error:
             return False
 
+    def experiment_id(self, name: str) -> str | None:
+        """The id of the experiment `name` in MLflow's default workspace, deleted or not (as MLflow's
+        `get_experiment_by_name`), or None when it does not exist (or the query failed)."""
+        rows = self._query("SELECT experiment_id FROM experiments WHERE name = ? AND workspace = 'default'",
+                           (name,))  # fmt: skip
+        return str(rows[0][0]) if rows else None
+
+    def tagged(self, experiment_id: str, key: str, value: str, limit: int) -> list[str] | None:
+        """Ids of the experiment's active runs whose tag `key` is `value`, newest first, as MLflow's
+        `search_runs` orders them; None when the query failed."""
+        rows = self._query(
+            f"SELECT r.run_uuid {_ACTIVE} AND r.experiment_id = ? AND EXISTS (SELECT 1 FROM tags t WHERE "
+            "t.run_uuid = r.run_uuid AND t.key = ? AND t.value = ?) "
+            "ORDER BY r.start_time IS NULL, r.start_time DESC, r.run_uuid LIMIT ?",
+            (int(experiment_id), key, value, limit),
+        )
+        return None if rows is None else [str(row[0]) for row in rows]
+
     def experiment_name(self, experiment_id: str) -> str | None:
         rows = self._query("SELECT name FROM experiments WHERE experiment_id = ?", (experiment_id,))
         return str(rows[0][0]) if rows else None

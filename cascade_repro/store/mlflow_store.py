@@ -159,11 +159,11 @@ def open_run(
 def _experiment_id(mlflow: MlflowClient, name: str, artifact_root: str | None) -> str:
     """The experiment's id, created if missing (`artifact_root` None: the server's own root); two
     first runs may create it at once."""
-    from mlflow.exceptions import MlflowException
-
     found = mlflow.get_experiment_by_name(name)
     if found is not None:
         return str(found.experiment_id)
+    from mlflow.exceptions import MlflowException
+
     try:
         return mlflow.create_experiment(name, artifact_location=artifact_root)
     except MlflowException as exc:
@@ -173,6 +173,17 @@ def _experiment_id(mlflow: MlflowClient, name: str, artifact_root: str | None) -
         if found is None:
             raise
         return str(found.experiment_id)
+
+
+def _entities(mlflow: Any) -> Any:
+    """The entity classes `mlflow`'s `log_batch` takes: MLflow's own, or those of a client that brings
+    its own (`sqlite_writer.SqliteWriter`, which writes without importing MLflow)."""
+    own = getattr(mlflow, "entities", None)
+    if own is not None:
+        return own
+    from mlflow import entities
+
+    return entities
 
 
 def log_params(
@@ -188,7 +199,7 @@ def log_params(
     A batch the store refuses is sent again one param at a time, so one bad param costs only itself;
     a store that does not answer raises (the caller keeps the params for later).
     """
-    from mlflow.entities import Param
+    Param = _entities(mlflow).Param
 
     if existing is None:
         existing = dict(mlflow.get_run(run_id).data.params)
@@ -224,8 +235,7 @@ def log_params(
 def set_tags(mlflow: MlflowClient, run_id: str, tags: Mapping[str, Any]) -> list[str]:
     """Set tags in batches of 100 (keys and values cut to MLflow's limits); returns warnings for tags
     the store refused (a batch refused is sent again one tag at a time)."""
-    from mlflow.entities import RunTag
-
+    RunTag = _entities(mlflow).RunTag
     items = [RunTag(_limited(k), str(v)[:MAX_TAG_VALUE]) for k, v in tags.items() if v is not None]
     warnings = []
     for batch in _chunks(items, MAX_PER_BATCH):
@@ -263,8 +273,7 @@ def log_metric_points(
     mlflow: MlflowClient, run_id: str, points: Iterable[tuple[str, float, int, int]]
 ) -> int:
     """(key, value, timestamp_ms, step) points in batches of ≤ 1000; returns the request count."""
-    from mlflow.entities import Metric
-
+    Metric = _entities(mlflow).Metric
     requests = 0
     metrics = [Metric(_valid_key(k), v, ts, step) for k, v, ts, step in points]
     for batch in _chunks(metrics, MAX_METRICS_PER_BATCH):

@@ -46,8 +46,9 @@ def test_local_store_resolves_as_mlflow_does_or_defers(project: Project) -> None
 READ_WITHOUT_MLFLOW = """
 import sys
 from cascade_repro.cli import main
+from cascade_repro.cli.base import IN_PROCESS
 try:
-    main(sys.argv[1:])
+    main(sys.argv[1:], obj=IN_PROCESS)  # a finished `run` returns here instead of leaving by os._exit
 except SystemExit as ended:
     code = ended.code
 print("MLFLOW-IMPORTED" if "mlflow" in sys.modules else "NO-MLFLOW", code, file=sys.stderr)
@@ -119,3 +120,40 @@ def test_verify_records_its_verdict_without_mlflow_and_mlflow_reads_it(project: 
         assert json.loads(Path(report).read_text()) == shown
     artifacts = {a.path for a in client.list_artifacts(later, "cascade/verify")}
     assert artifacts == {f"cascade/verify/{first}.json", f"cascade/verify/{changed}.json"}
+
+
+def test_a_run_is_recorded_without_mlflow_as_mlflow_records_it(project: Project) -> None:
+    """On the embedded store, once its experiment exists, `cascade run` writes the run into MLflow's
+    tables and artifact folder itself (MLflow's import would take ~2 s of CPU from the training); what
+    MLflow's client then reads is what it reads of a run MLflow wrote."""
+    import subprocess
+    import sys
+
+    first = project.record("--tag", "v1", "train.py")  # a new experiment: MLflow creates it
+    before = {r.info.run_id for r in project.runs()}
+    done = subprocess.run([sys.executable, "-c", READ_WITHOUT_MLFLOW, "run", "--tag", "v2", "train.py"],
+                          cwd=project.root, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.stderr.strip().splitlines()[-1] == "NO-MLFLOW 0", done.stderr
+    (second,) = {r.info.run_id for r in project.runs()} - before
+    client = project.client()
+    a, b = client.get_run(first), client.get_run(second)
+    assert (b.info.status, b.info.experiment_id, b.info.user_id) == (a.info.status, a.info.experiment_id,
+                                                                      a.info.user_id)  # fmt: skip
+    assert b.info.start_time <= b.info.end_time and b.info.run_name
+    assert b.data.params == a.data.params and len(a.data.params) > 3
+    assert set(b.data.tags) == set(a.data.tags)
+    for key in ("mlflow.source.git.commit", "mlflow.source.name", "mlflow.user", "cascade.dirty"):
+        assert b.data.tags[key] == a.data.tags[key], key
+    assert b.data.tags["cascade.version"] == "v2" and b.data.tags["mlflow.runName"] == b.info.run_name
+    assert set(b.data.metrics) == set(a.data.metrics)
+    assert {"loss", "lr"} <= set(a.data.metrics)
+    for key in (k for k in a.data.metrics if not k.startswith("cascade.")):  # the script's: the same values
+        history = [[(m.step, m.value) for m in client.get_metric_history(run, key)]
+                   for run in (first, second)]  # fmt: skip
+        assert history[0] == history[1], key
+    listed = [sorted(x.path.replace(run, "RUN") for x in client.list_artifacts(run, "cascade"))
+              for run in (first, second)]  # fmt: skip
+    assert listed[0] == listed[1]
+    assert project.manifest(second)["run_id"] == second
+    verdict = json.loads(project.invoke("verify", "v1", "v2", "--json", check=True).stdout)["data"]
+    assert verdict["verdict"] == "BITWISE_IDENTICAL"
