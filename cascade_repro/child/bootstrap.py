@@ -120,7 +120,7 @@ def main(argv: list[str]) -> None:
     facts.update(determinism=determinism)
 
     def after_torch(torch: ModuleType) -> None:
-        applied.update(seeding.on_torch_import(torch, seed, mode))
+        applied.update(seeding.on_torch_import(torch, seed, mode, on_import=hooks.after))
         facts.update()
         _guarded_hook("torch.manual_seed", lambda: script_seeds.hook_torch(torch))
         try:
@@ -138,7 +138,7 @@ def main(argv: list[str]) -> None:
         _guarded_hook("numpy.random.seed", lambda: script_seeds.hook_numpy(numpy))
 
     runtime.on_params_read(_note_params_read(facts))
-    ImportHooks(
+    hooks = ImportHooks(
         before={"mlflow": lambda: _wait_for_run_id(job_dir)},
         after={
             **framework_logging.import_hooks(),
@@ -148,7 +148,8 @@ def main(argv: list[str]) -> None:
             "argparse": lambda module: _watch_argparse(module, facts),
             **script_seeds.import_hooks(),
         },
-    ).install()
+    )
+    hooks.install()
 
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)

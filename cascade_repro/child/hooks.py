@@ -57,6 +57,10 @@ class ImportHooks(importlib.abc.MetaPathFinder):
         if after is not None:
             after(module)
 
+    def after(self, fullname: str, callback: Callable[[ModuleType], None]) -> None:
+        """Call `callback` once `fullname` is imported (a hook added while the script runs)."""
+        self._after[fullname] = callback
+
     def install(self) -> None:
         # Modules already imported (e.g. numpy pulled in by a sitecustomize) get their callback now.
         for name in list(self._after):
