@@ -240,16 +240,16 @@ class SqliteWriter:
         shutil.copystat(source, target)
 
     def log_artifacts(self, run_id: str, local_dir: str, artifact_path: str | None = None) -> None:
-        """A folder's files under `artifact_path` (their contents, not their permissions: as MLflow)."""
+        """A folder's files under `artifact_path`, walked as MLflow walks it (a linked folder made but
+        not entered, a linked file copied)."""
         into = self._artifact_path(run_id, artifact_path)
-        source = Path(local_dir)
-        for path in sorted(source.rglob("*")):
-            target = into / path.relative_to(source)
-            if path.is_dir():
-                target.mkdir(parents=True, exist_ok=True)
-            else:
-                _write_aside(target, lambda aside, path=path: shutil.copyfile(path, aside))
-        into.mkdir(parents=True, exist_ok=True)
+        for folder, folders, files in os.walk(local_dir):
+            relative = Path(os.path.relpath(folder, local_dir))
+            for name in folders:
+                (into / relative / name).mkdir(exist_ok=True)
+            for name in files:
+                source = os.path.join(folder, name)
+                _write_aside(into / relative / name, lambda aside, source=source: shutil.copy2(source, aside))
 
     def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
         directory, name = posixpath.split(artifact_file)

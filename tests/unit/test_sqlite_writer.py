@@ -55,6 +55,8 @@ def _play(client: Any, files: Path, run_name: str | None) -> str:
     (files / "dir" / "a.txt").write_text("a")
     (files / "dir" / "sub" / "b.txt").write_text("b")
     (files / "Dockerfile").write_text("FROM x\n")
+    (files / "dir" / "link.txt").symlink_to(files / "dir" / "a.txt")  # copied as the file it names
+    (files / "dir" / "linked").symlink_to(files / "dir" / "sub")  # made, not entered
     mlflow_store.log_json(client, run_id, {"run_id": "r", "n": [1, 2]}, "cascade/run.json")
     mlflow_store.log_json(client, run_id, {"run_id": "r", "n": [3]}, "cascade/run.json")  # replaced
     client.log_text(run_id, "text\n", "cascade/output.log")
@@ -83,6 +85,7 @@ def _seen_by_mlflow(client: Any, run_id: str) -> dict[str, Any]:
         "metrics": {k: str(v) for k, v in run.data.metrics.items()},
         "history": history,
         "files": files,
+        "folders": sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_dir()),
         "listed": sorted(a.path for a in client.list_artifacts(run_id, "cascade")),
     }  # fmt: skip
 
@@ -98,6 +101,8 @@ def test_the_direct_writer_writes_what_mlflow_writes(store: tuple[str, Any], tmp
     direct = _play(writer, tmp_path / "b", run_name)
     by_writer = _seen_by_mlflow(client, direct)
     assert by_writer == by_mlflow
+    assert "cascade/untracked/linked" in by_writer["folders"]
+    assert by_writer["files"]["cascade/untracked/link.txt"] == "a"
     assert by_writer["info"][0] == "renamed" and by_writer["tags"]["cascade.long"] == "v" * 8000
     assert client.get_run(direct).data.metrics["loss"] < -1e308  # -inf (step 2, the later timestamp)
     assert by_writer["metrics"]["acc"] == "0.75"
