@@ -283,7 +283,9 @@ class SqliteWriter:
             try:
                 yield db
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:  # sqlite has rolled back by itself after some errors (a full disk)
+                    with contextlib.suppress(sqlite3.Error):
+                        db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
 

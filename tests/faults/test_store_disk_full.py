@@ -50,6 +50,7 @@ def test_a_full_store_disk_is_said_and_synced_later(project: Project, small_disk
     result = project.cascade("run", "faults.py", "--steps", "3", "--bulk", str(BULK))
     assert result.returncode == 4, result.stderr
     assert "the record is incomplete" in result.stderr and "metric point(s) pending" in result.stderr
+    assert "database or disk is full" in result.stderr  # the reason, as sqlite gave it
     spools = [p for p in (project.root / ".cascade" / "runs").iterdir() if not p.name.startswith(".")]
     (spool,) = spools
     logged = points_in(spool / "events.jsonl")
