@@ -18,7 +18,7 @@ import sqlite3
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from cascade_repro.settings import sqlite_path
 
@@ -57,14 +57,9 @@ class LocalRun:
         target = (self.artifact_dir / path).resolve()
         if not target.is_relative_to(self.artifact_dir.resolve()) or target == self.artifact_dir.resolve():
             return False
-        aside = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            aside.write_text(text, encoding="utf-8")
-            os.replace(aside, target)
+            write_aside(target, lambda aside: aside.write_text(text, encoding="utf-8"))
         except OSError:
-            with contextlib.suppress(OSError):
-                aside.unlink(missing_ok=True)
             return False
         return True
 
@@ -86,13 +81,30 @@ def find(tracking_uri: str, ref: str) -> LocalRun | None:
     if found is None:
         return None
     run_id, artifact_uri, version = found
-    parts = urllib.parse.urlsplit(artifact_uri)
-    if parts.scheme not in ("", "file") or parts.netloc:
-        return None
-    artifact_dir = Path(urllib.parse.unquote(parts.path))
-    if not (artifact_dir / "cascade" / "run.json").is_file():
+    artifact_dir = local_folder(artifact_uri)
+    if artifact_dir is None or not (artifact_dir / "cascade" / "run.json").is_file():
         return None
     return LocalRun(run_id, version, artifact_dir)
+
+
+def local_folder(uri: str) -> Path | None:
+    """The folder an artifact URI names on this machine (a `file:` URI or a plain path), else None."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme not in ("", "file") or parts.netloc:
+        return None
+    return Path(urllib.parse.unquote(parts.path))
+
+
+def write_aside(target: Path, write: Callable[[Path], Any]) -> None:
+    """A file written beside `target` and renamed onto it: whole or not at all (OSError passes)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    aside = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        write(aside)
+        os.replace(aside, target)
+    finally:
+        with contextlib.suppress(OSError):
+            aside.unlink(missing_ok=True)
 
 
 def _resolve(connection: sqlite3.Connection, ref: str) -> tuple[str, str, str | None] | None:
@@ -222,6 +234,17 @@ class LocalStore:
         rows = self._query("SELECT experiment_id FROM experiments WHERE name = ? AND workspace = 'default'",
                            (name,))  # fmt: skip
         return str(rows[0][0]) if rows else None
+
+    def active_experiment(self, name: str) -> tuple[str, str] | None:
+        """(id, artifact location) of the active experiment `name` in MLflow's default workspace."""
+        rows = self._query("SELECT experiment_id, artifact_location FROM experiments WHERE name = ? AND "
+                           "workspace = 'default' AND lifecycle_stage = 'active'", (name,))  # fmt: skip
+        return (str(rows[0][0]), str(rows[0][1] or "")) if rows else None
+
+    def columns(self, table: str) -> set[str] | None:
+        """The columns of one of MLflow's tables (None when it cannot be read)."""
+        rows = self._query(f'PRAGMA table_info("{table}")', ())
+        return None if rows is None else {str(row[1]) for row in rows}
 
     def tagged(self, experiment_id: str, key: str, value: str, limit: int) -> list[str] | None:
         """Ids of the experiment's active runs whose tag `key` is `value`, newest first, as MLflow's

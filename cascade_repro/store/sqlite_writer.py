@@ -15,6 +15,7 @@ another schema) gets None from `open`, and MLflow does the writing.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import numbers
 import os
@@ -31,15 +32,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 
-from cascade_repro.settings import sqlite_path
+from cascade_repro.store.local_record import USER_TAG, LocalStore, local_folder, write_aside
+from cascade_repro.store.mlflow_store import MAX_KEY, MAX_PARAM_VALUE, MAX_TAG_VALUE
 
 INVALID = "INVALID_PARAMETER_VALUE"
 MISSING = "RESOURCE_DOES_NOT_EXIST"
-MAX_KEY = 250
-MAX_PARAM_VALUE = 6000
-MAX_TAG_VALUE = 8000
 RUN_NAME_TAG = "mlflow.runName"
-USER_TAG = "mlflow.user"
 STATUSES = frozenset({"SCHEDULED", "FAILED", "FINISHED", "RUNNING", "KILLED"})
 _FLOAT_MAX = 1.7976931348623157e308
 _NAME = re.compile(r"^[/\w.\- :]*$")  # MLflow's characters for param, metric and tag names (not Windows)
@@ -128,30 +126,13 @@ class SqliteWriter:
     @classmethod
     def open(cls, tracking_uri: str, experiment: str, environ: Mapping[str, str]) -> SqliteWriter | None:
         """The writer for a new run of `experiment`, or None: MLflow writes it (see the module's doc)."""
-        db = sqlite_path(tracking_uri)
-        if db is None or not db.is_file() or environ.get("MLFLOW_WORKSPACE"):
+        tables = LocalStore.open(tracking_uri, environ)  # the embedded store, sound, at MLflow's head
+        if tables is None or any(tables.columns(table) != columns for table, columns in COLUMNS.items()):
             return None
-        from cascade_repro.store.sqlite_store import sound_without_mlflow
-
-        if not sound_without_mlflow(db):
-            return None
-        try:
-            with contextlib.closing(sqlite3.connect(f"{db.absolute().as_uri()}?mode=ro", uri=True,
-                                                    timeout=5)) as connection:  # fmt: skip
-                for table, columns in COLUMNS.items():
-                    found = {row[1] for row in connection.execute(f'PRAGMA table_info("{table}")')}
-                    if found != columns:
-                        return None
-                row = connection.execute(
-                    "SELECT experiment_id, name, artifact_location FROM experiments WHERE name = ? AND "
-                    "workspace = 'default' AND lifecycle_stage = 'active'",
-                    (experiment,),
-                ).fetchone()
-        except sqlite3.Error:
-            return None
-        if row is None or _local_dir(str(row[2] or "")) is None:
+        found = tables.active_experiment(experiment)
+        if found is None or local_folder(found[1]) is None:
             return None  # a new experiment, or artifacts elsewhere: MLflow creates or writes them
-        return cls(db, Experiment(str(row[0]), str(row[1]), str(row[2])))
+        return cls(tables.db, Experiment(found[0], experiment, found[1]))
 
     # -- the runs ---------------------------------------------------------------------------------
     def get_experiment_by_name(self, name: str) -> Experiment | None:
@@ -236,7 +217,7 @@ class SqliteWriter:
     def log_artifact(self, run_id: str, local_path: str, artifact_path: str | None = None) -> None:
         source = Path(local_path)
         target = self._artifact_path(run_id, artifact_path) / source.name
-        _write_aside(target, lambda aside: shutil.copyfile(source, aside))
+        write_aside(target, lambda aside: shutil.copyfile(source, aside))
         shutil.copystat(source, target)
 
     def log_artifacts(self, run_id: str, local_dir: str, artifact_path: str | None = None) -> None:
@@ -249,18 +230,18 @@ class SqliteWriter:
                 (into / relative / name).mkdir(exist_ok=True)
             for name in files:
                 source = os.path.join(folder, name)
-                _write_aside(into / relative / name, lambda aside, source=source: shutil.copy2(source, aside))
+                write_aside(into / relative / name, functools.partial(shutil.copy2, source))
 
     def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
         directory, name = posixpath.split(artifact_file)
         target = self._artifact_path(run_id, directory or None) / name
-        _write_aside(target, lambda aside: aside.write_text(text, encoding="utf-8"))
+        write_aside(target, lambda aside: aside.write_text(text, encoding="utf-8"))
 
     def _artifact_path(self, run_id: str, artifact_path: str | None) -> Path:
         if run_id not in self._artifact_dirs:
             with contextlib.closing(self._connect()) as db:
                 uri = self._active_run(db, run_id)[3] or ""
-            found = _local_dir(uri)
+            found = local_folder(uri)
             if found is None:
                 raise Refused(f"run {run_id} keeps its artifacts at {uri}, not in a local folder")
             self._artifact_dirs[run_id] = found
@@ -410,33 +391,11 @@ def _check_params(params: list[Param]) -> None:
         raise Refused(f"Duplicate parameter keys have been submitted: {duplicated}.")
 
 
-def _local_dir(uri: str) -> Path | None:
-    """The folder a `file:` URI or a plain absolute path names; None for anything else."""
-    parts = urllib.parse.urlsplit(uri)
-    if parts.scheme == "file" and not parts.netloc:
-        return Path(urllib.parse.unquote(parts.path))
-    if not parts.scheme and uri.startswith("/"):
-        return Path(uri)
-    return None
-
-
 def _append_path(location: str, *parts: str) -> str:
     """`location` (a plain path or a `file:` URI) with `parts` appended to its path, as MLflow does."""
     split = urllib.parse.urlsplit(location)
     path = posixpath.join(split.path.rstrip("/") or "/", *parts)
     return urllib.parse.urlunsplit(split._replace(path=path)) if split.scheme else path
-
-
-def _write_aside(target: Path, write: Any) -> None:
-    """A file written beside `target` and renamed onto it: whole or not at all."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    aside = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        write(aside)
-        os.replace(aside, target)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            aside.unlink()
 
 
 _ADJECTIVES = (
