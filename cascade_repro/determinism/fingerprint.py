@@ -7,7 +7,7 @@ caller, never imported here) and, when installed, xxhash.
 - CPU tensors: xxh3-64 over the tensor's memory (read in place through its data pointer), seeded
   with its dtype and shape. Without xxhash: blake2b-64 (slower; recorded as the algorithm).
 - Tensors on an accelerator: an order-sensitive integer checksum computed on the device; all
-  tensors of one step come back in a single small copy (`device_checksums`).
+  tensors of one step come back in a single small copy (determinism/device_checksum.py).
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ import ctypes
 import functools
 import hashlib
 from typing import Any, Sequence
+
+from cascade_repro.determinism.device_checksum import DeviceChecksums
+from cascade_repro.determinism.device_checksum import header as _header
 
 xxhash: Any
 try:
@@ -26,13 +29,7 @@ except ImportError:  # the child may run where only torch is installed
     xxhash = None
     ALGORITHM = "blake2b_64"
 
-DEVICE_ALGORITHM = "poswsum_2x64"
-_MULTIPLIER = 0x9E3779B97F4A7C15 - 2**64  # golden-ratio constant as a signed int64
-_INT_VIEW = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
-
-
-def _header(tensor: Any) -> bytes:
-    return f"{tensor.dtype}|{tuple(tensor.shape)}|".encode()
+DEVICE_ALGORITHM = "poswsum_2x64"  # determinism/device_checksum.py
 
 
 @functools.lru_cache(maxsize=256)
@@ -58,12 +55,13 @@ class InPlaceHashes:
     bytes are kept while the tensor there keeps its address and layout, so a step costs one layout
     check and one pass over the bytes per tensor. A kept view reads that tensor's memory as it is
     now; another layout over the same memory (a square transpose) or a non-contiguous tensor is
-    never read through a kept view. Tensors on an accelerator go to `device_checksums`, one copy
-    back per device."""
+    never read through a kept view. Tensors on an accelerator get their checksums on the device, one
+    copy back per device (a `DeviceChecksums` kept per device)."""
 
     def __init__(self, torch: Any) -> None:
         self.torch = torch
         self._kept: list[tuple[tuple[Any, ...], Any, Any] | None] = []
+        self._devices: dict[Any, DeviceChecksums] = {}  # their plans and buffers, kept
 
     def __call__(self, tensors: Sequence[Any]) -> list[str]:
         kept = self._kept
@@ -86,8 +84,11 @@ class InPlaceHashes:
             state = entry[1].copy()
             state.update(entry[2])
             out.append(state.hexdigest())
-        for indices in elsewhere.values():
-            checksums = device_checksums(self.torch, [tensors[i] for i in indices])
+        for device, indices in elsewhere.items():
+            on_device = self._devices.get(device)
+            if on_device is None:
+                on_device = self._devices[device] = DeviceChecksums(self.torch)
+            checksums = on_device([tensors[i] for i in indices])
             for index, value in zip(indices, checksums, strict=True):
                 out[index] = value
         return out
@@ -104,31 +105,10 @@ def cpu_hash(tensor: Any) -> str:
 
 
 def device_checksums(torch: Any, tensors: Sequence[Any]) -> list[str]:
-    """Order-sensitive checksums of tensors on one device, copied back to the host once.
-
-    Each tensor's bits are read as integers x_i; two sums (Σ x_i·w_i, Σ (x_i xor i)·(2i+1)) with
-    position weights w_i wrap around in int64, so a permutation, a flipped sign bit or a NaN
-    payload changes them. Works on CPU tensors too (that is how it is tested without a GPU).
-    """
-    if not tensors:
-        return []
-    sums = []
-    for tensor in tensors:
-        t = tensor.detach().reshape(-1)
-        bits = t.view(getattr(torch, _INT_VIEW[t.element_size()])).to(torch.int64)
-        pos = torch.arange(bits.numel(), device=bits.device, dtype=torch.int64)
-        weights = pos * _MULTIPLIER + 1
-        first = (bits * weights).sum()
-        second = ((bits ^ pos) * (2 * pos + 1)).sum()
-        meta = _meta_code(tensor)  # dtype and the original shape
-        sums.append(torch.stack([first + meta, second - meta]))
-    host = torch.stack(sums).cpu().tolist()  # the one copy back
-    return [f"{a & 0xFFFFFFFFFFFFFFFF:016x}{b & 0xFFFFFFFFFFFFFFFF:016x}" for a, b in host]
-
-
-def _meta_code(t: Any) -> int:
-    digest = hashlib.blake2b(_header(t), digest_size=7).digest()
-    return int.from_bytes(digest, "little")
+    """Order-sensitive checksums of tensors on one device, copied back to the host once
+    (determinism/device_checksum.py; a caller that takes them again and again keeps a
+    `DeviceChecksums`). Works on CPU tensors too (that is how it is tested without a GPU)."""
+    return DeviceChecksums(torch)(tensors)
 
 
 def fingerprints(torch: Any, tensors: Sequence[Any]) -> list[str]:
