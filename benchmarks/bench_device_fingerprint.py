@@ -96,27 +96,38 @@ def counted(call: Callable[[], Any], device: str) -> tuple[int, int]:
     return kernels, max(made, default=0)
 
 
+def compare(device: str, params: list[Any]) -> bool:
+    """Prints one model's figures; False if a repeated call of the kept checksums allocated memory
+    the size of a tensor."""
+    kept = DeviceChecksums(torch)
+    if kept(params) != per_tensor(params):
+        sys.exit("the kept checksums differ from the same sums taken one tensor at a time")
+    floor = timed(lambda: read_once(params), device)
+    unit = "kernels" if device == "cuda" else "operators"
+    ok = True
+    for name, call in (
+        ("kept, all at once", lambda: kept(params)),
+        ("one tensor at a time", lambda: per_tensor(params)),
+        ("sha256 on the host", lambda: sha256_on_host(params)),
+    ):
+        took = timed(call, device)
+        kernels, largest = counted(call, device)
+        print(f"{name:22}: {took * 1e3:8.2f} ms ({took / floor:6.1f} x reading once), {kernels:5} {unit}, "
+              f"largest allocation {largest / 2**20:7.2f} MiB")  # fmt: skip
+        ok = ok and not (name.startswith("kept") and largest > 64)
+    print(f"{'reading every tensor once':22}: {floor * 1e3:8.2f} ms")
+    return ok
+
+
 def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    failed = False
+    ok = True
     for width, layers in ((256, 4), (1024, 4)):
         params = model(device, width, layers)
-        kept = DeviceChecksums(torch)
-        if kept(params) != per_tensor(params):
-            sys.exit("the kept checksums differ from the same sums taken one tensor at a time")
         size = sum(p.numel() * p.element_size() for p in params)
         print(f"-- {device}: {len(params)} tensors, {size / 2**20:.0f} MiB (width {width}, {layers} layers)")
-        floor = timed(lambda: read_once(params), device)
-        for name, call in (("kept, all at once", lambda: kept(params)), ("one tensor at a time", lambda: per_tensor(params)),
-                           ("sha256 on the host", lambda: sha256_on_host(params))):  # fmt: skip
-            took = timed(call, device)
-            kernels, largest = counted(call, device)
-            print(f"{name:22}: {took * 1e3:8.2f} ms ({took / floor:6.1f} x reading once), {kernels:5} "
-                  f"{'kernels' if device == 'cuda' else 'operators'}, largest allocation {largest / 2**20:7.2f} MiB")  # fmt: skip
-            if name.startswith("kept") and largest > 64:
-                failed = True
-        print(f"{'reading every tensor once':22}: {floor * 1e3:8.2f} ms")
-    if failed:
+        ok = compare(device, params) and ok
+    if not ok:
         sys.exit("a repeated call of the kept checksums allocated memory the size of a tensor")
 
 

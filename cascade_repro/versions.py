@@ -1,7 +1,8 @@
 """Version labels: an MLflow tag (`cascade.version`) plus an annotated git tag at the run's commit.
 
-A version is unique within an experiment. Moving it (`--force`) is recorded on both runs. Every
-check happens before the first write, so a refused tag leaves MLflow and git as they were.
+A version is unique within an experiment, and a run carries one. Moving a version to another run
+(`--force`) is recorded on both runs; relabelling a run (`--force`) on it. Every check happens before
+the first write, so a refused tag leaves MLflow and git as they were.
 """
 
 from __future__ import annotations
@@ -75,6 +76,13 @@ def tag_run(store: RunStore, root: Path, run: StoredRun, version: str, force: bo
     commit = run.tags.get("mlflow.source.git.commit")
     if not commit:
         raise CascadeError(f"run {run_id} has no recorded git commit; it cannot carry a version")
+    current = run.tags.get(VERSION_TAG)  # a run carries one version: relabelling it drops the old one
+    if current and current != version and not force:
+        raise VersionTaken(
+            f"run {run_id[:12]} is already version {current}",
+            hint=f"a run carries one version: pass --force to relabel it {version} ({current} then names "
+            "no run; the change is recorded on it), or tag another run",
+        )
     moved_from = check_free(store, root, version, experiment_id, run_id, force, git_tag)
     if git_tag and not has_commit(root, commit):
         raise CascadeError(
@@ -88,6 +96,8 @@ def tag_run(store: RunStore, root: Path, run: StoredRun, version: str, force: bo
     tags = {VERSION_TAG: version, "cascade.versioned_at": now}
     if moved_from:
         tags["cascade.version_moved_from"] = moved_from
+    if current and current != version:
+        tags["cascade.version_replaced"] = f"{current} → {version} at {now}"
     store.set_tags(run_id, tags)
     existing = _git_tag_message(root, version) if git_tag else None
     already_ours = existing is not None and f"{GIT_TRAILER} {run_id}" in existing  # tagging again: no-op

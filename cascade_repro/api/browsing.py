@@ -129,7 +129,7 @@ def tag(ref: str, version: str, force: bool = False, git_tag: bool = True,
         cwd: Path | None = None) -> versions.TagResult:  # fmt: skip
     """Label a recorded run with a version (MLflow tag and annotated git tag)."""
     settings = load_project(cwd)
-    store = RunStore.open(settings)
+    store = RunStore.open(settings, fast_reads=True)  # the embedded store: its tables, no MLflow import
     return versions.tag_run(store, settings.root, store.resolve(ref), version, force=force, git_tag=git_tag)
 
 

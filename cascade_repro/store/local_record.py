@@ -228,6 +228,21 @@ class LocalStore:
         except sqlite3.Error:
             return False
 
+    def delete_tag(self, run_id: str, key: str) -> bool:
+        """A tag removed from MLflow's `tags` table, as MLflow's `delete_tag` does; False (nothing
+        written: ask MLflow, which says why) for an `mlflow.*` key, a run that is not active, a tag
+        the run does not have, or any sqlite error."""
+        if key.startswith("mlflow."):
+            return False
+        try:
+            with contextlib.closing(sqlite3.connect(str(self.db), timeout=30)) as db, db:
+                if not db.execute(f"SELECT 1 {_ACTIVE} AND r.run_uuid = ?", (run_id,)).fetchone():
+                    return False
+                removed = db.execute("DELETE FROM tags WHERE run_uuid = ? AND key = ?", (run_id, key))
+                return removed.rowcount == 1
+        except sqlite3.Error:
+            return False
+
     def experiment_id(self, name: str) -> str | None:
         """The id of the experiment `name` in MLflow's default workspace, deleted or not (as MLflow's
         `get_experiment_by_name`), or None when it does not exist (or the query failed)."""

@@ -259,15 +259,17 @@ class RunStore:
     def set_tags(self, run_id: str, tags: Mapping[str, Any]) -> list[str]:
         """Tags in batches; the ones the store refused (a value too long, a bad key), one line each.
 
-        A run found by the fast path (`fast_reads`) gets short tags without MLflow (its import is
-        most of what `cascade verify` would take)."""
-        if self._tables is not None and run_id in self._local:
+        On the embedded store opened for `fast_reads`, short tags are written without MLflow (its
+        import is most of what `cascade verify` or `cascade tag` would take)."""
+        if self._tables is not None:
             text = {key: str(value) for key, value in tags.items() if value is not None}
             if self._tables.set_tags(run_id, text):
                 return []
         return mlflow_store.set_tags(self.client, run_id, tags)
 
     def delete_tag(self, run_id: str, key: str) -> None:
+        if self._tables is not None and self._tables.delete_tag(run_id, key):
+            return  # the embedded store, as `set_tags`; MLflow says why where it was not removed
         with translated(f"removing tag {key} from run {run_id}"):
             self.client.delete_tag(run_id, key)
 

@@ -122,6 +122,26 @@ def test_verify_records_its_verdict_without_mlflow_and_mlflow_reads_it(project: 
     assert artifacts == {f"cascade/verify/{first}.json", f"cascade/verify/{changed}.json"}
 
 
+def test_a_version_is_given_and_moved_without_mlflow_as_mlflow_reads_it(project: Project) -> None:
+    """`cascade tag` and `tag --force` on the embedded store write MLflow's tags table directly (in
+    0.2 s rather than MLflow's import); MLflow's client and search read the labels and the move."""
+    import subprocess
+    import sys
+
+    first, second = project.record("train.py"), project.record("train.py")
+    tagging = ((["tag", first, "v1"], 0), (["tag", second, "v1"], 1), (["tag", second, "v1", "--force"], 0))
+    for args, code in tagging:
+        done = subprocess.run([sys.executable, "-c", READ_WITHOUT_MLFLOW, *args], cwd=project.root,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.stderr.strip().splitlines()[-1] == f"NO-MLFLOW {code}", (args, done.stderr)
+    client = project.client()
+    old, new = client.get_run(first).data.tags, client.get_run(second).data.tags
+    assert "cascade.version" not in old and old["cascade.version_moved"].startswith(f"v1 → {second} at ")
+    assert new["cascade.version"] == "v1" and new["cascade.version_moved_from"] == first
+    found = client.search_runs([client.get_run(first).info.experiment_id], "tags.`cascade.version` = 'v1'")
+    assert [run.info.run_id for run in found] == [second]
+
+
 def test_a_run_is_recorded_without_mlflow_as_mlflow_records_it(project: Project) -> None:
     """On the embedded store, once its experiment exists, `cascade run` writes the run into MLflow's
     tables and artifact folder itself (MLflow's import would take ~2 s of CPU from the training); what

@@ -177,6 +177,14 @@ def test_versions_are_unique_unless_forced_and_the_move_is_recorded(tagged: tupl
     assert git(project.root, "rev-list", "-n1", "v1").strip() == head
     project.cascade("tag", second, "v1", check=True)  # again, the same run: nothing changes
     assert git(project.root, "rev-list", "-n1", "v1").strip() == head
+    # a run carries one version: another label replaces it only when forced, and says so
+    relabel = project.cascade("tag", second, "v2")
+    assert relabel.returncode == 1 and f"run {second[:12]} is already version v1" in relabel.stderr
+    assert project.client().get_run(second).data.tags["cascade.version"] == "v1"
+    project.cascade("tag", second, "v2", "--force", check=True)
+    tags = project.client().get_run(second).data.tags
+    assert tags["cascade.version"] == "v2" and tags["cascade.version_replaced"].startswith("v1 → v2 at ")
+    assert "no run 'v1'" in project.cascade("show", "v1").stderr
     bad = project.cascade("tag", second, "not a version")
     assert bad.returncode == 2 and "invalid version" in bad.stderr
 
