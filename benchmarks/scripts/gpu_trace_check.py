@@ -1,0 +1,164 @@
+"""The trace's half of a run on a GPU, checked in one short run where only torch is installed (the
+lent GPU machine has no MLflow or DVC; the recorder's half is tested in CI): benchmarks/gpu_check.sh.
+
+1. the stack as the child reads it (GPU, CUDA, cuDNN, NCCL, TF32 and determinism flags);
+2. device checksums equal the same sums over the CPU copy, see one ulp, and run under
+   `torch.use_deterministic_algorithms(True)` (`--deterministic strict`) without an error;
+3. a seeded CUDA training traced twice (every facet, every step) writes the same trace, line for
+   line, and another seed differs from step 0;
+4. step time with the trace (the default budget, and `trace: full`) / without, on the reference
+   MLP at batch 64 and 256, with the time inside the hooks.
+Exit 1 when a check fails. `--cpu` runs it on CPU tensors (to try the script without a GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts: deterministic cuBLAS
+import torch  # noqa: E402
+
+from cascade_repro.child.torch_probe import torch_stack  # noqa: E402
+from cascade_repro.child.trace import StepTracer  # noqa: E402
+from cascade_repro.determinism import device_checksum  # noqa: E402
+from cascade_repro.determinism.device_checksum import DeviceChecksums  # noqa: E402
+
+DEVICE = "cpu" if "--cpu" in sys.argv else "cuda"
+
+
+def mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Linear(784, 1024), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+        torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10),
+    )  # fmt: skip
+
+
+def train(path: str, seed: int, steps: int = 30) -> None:
+    """One seeded training, traced with every facet every step (run in its own process)."""
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(seed)  # and Python's and numpy's generators, which the trace reads too (as cascade run)
+    random.seed(seed)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(seed)
+    tracer = StepTracer(torch, Path(path), grads=True, budget=0.0)
+    tracer.install()
+    model = mlp().to(DEVICE)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 784, device=DEVICE), torch.randint(0, 10, (64,), device=DEVICE)
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    tracer.close()
+
+
+def check_checksums() -> list[str]:
+    failures = []
+    generator = torch.Generator().manual_seed(1)
+    host = [torch.randn(1000, 300, generator=generator), torch.randn(7, generator=generator),
+            torch.randn(5, generator=generator).to(torch.bfloat16), torch.randn(3, dtype=torch.float64),
+            torch.randn(device_checksum.SLICE + 5, generator=generator)]  # fmt: skip
+    on_device = [t.to(DEVICE) for t in host]
+    torch.use_deterministic_algorithms(True)
+    try:
+        kept = DeviceChecksums(torch)
+        first = kept(on_device)
+        if first != DeviceChecksums(torch)(host):
+            failures.append("device checksums differ from the same sums over the CPU copy")
+        on_device[1][3] = torch.nextafter(on_device[1][3], torch.tensor(10.0, device=DEVICE))
+        changed = kept(on_device)
+        if [i for i, (a, b) in enumerate(zip(first, changed, strict=True)) if a != b] != [1]:
+            failures.append("one ulp in tensor 1 did not change its checksum alone")
+    except RuntimeError as exc:
+        failures.append(f"device checksums under use_deterministic_algorithms(True): {exc}")
+    finally:
+        torch.use_deterministic_algorithms(False)
+    return failures
+
+
+def check_trace_reproduces() -> list[str]:
+    folder = Path(tempfile.mkdtemp(prefix="cascade-gpu-"))
+    traces = []
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        path = folder / f"{name}.jsonl"
+        subprocess.run([sys.executable, __file__, "train", str(path), str(seed), *sys.argv[1:]], check=True)
+        traces.append(path.read_text().splitlines())
+    a, b, c = traces
+    failures = []
+    if len(a) < 30 or a != b:
+        first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        failures.append(f"two seeded runs wrote different traces ({len(a)} vs {len(b)} lines; "
+                        f"the first difference at line {first})")  # fmt: skip
+    if a[:1] == c[:1]:
+        failures.append("another seed wrote the same first step")
+    steps = [json.loads(line) for line in a if '"step"' in line]
+    print(f"trace: {len(steps)} steps, weights fingerprint {next(iter(steps[1]['params_after'].values()))}")
+    return failures
+
+
+def step_times() -> None:
+    for batch in (64, 256):
+        torch.manual_seed(0)
+        model = mlp().to(DEVICE)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        x, y = torch.randn(batch, 784, device=DEVICE), torch.randint(0, 10, (batch,), device=DEVICE)
+        folder = Path(tempfile.mkdtemp(prefix="cascade-gpu-"))
+        tracers = {"default": StepTracer(torch, folder / "d.jsonl", budget=0.02),
+                   "full": StepTracer(torch, folder / "f.jsonl", budget=0.0)}  # fmt: skip
+        for tracer in tracers.values():
+            tracer.install()
+        times: dict[str, list[float]] = {"off": [], "default": [], "full": []}
+        for block in range(21):
+            for name in times:
+                for other, tracer in tracers.items():
+                    tracer._closed = other != name
+                    tracer.sampling._last_start = None
+                if DEVICE == "cuda":
+                    torch.cuda.synchronize()
+                started = time.perf_counter()
+                for _ in range(50):
+                    opt.zero_grad()
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                    loss.backward()
+                    opt.step()
+                    loss.item()  # a script that logs its loss each step syncs here
+                if DEVICE == "cuda":
+                    torch.cuda.synchronize()
+                if block:
+                    times[name].append((time.perf_counter() - started) / 50)
+        for tracer in tracers.values():
+            tracer._closed = False
+            tracer.close()
+        off = statistics.median(times["off"])
+        ratios = {name: round(statistics.median(times[name]) / off, 3) for name in ("default", "full")}
+        print(f"step time, batch {batch}: {off * 1e3:.3f} ms untraced; traced / untraced: {ratios}")
+
+
+def main() -> int:
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("no GPU here (pass --cpu to try this script on CPU tensors)")
+        return 1
+    torch.ones(1, device=DEVICE)  # the stack is read where the script has started CUDA
+    stack = torch_stack(torch)
+    print(json.dumps({k: v for k, v in stack.items() if v not in (None, "")}, indent=1, default=str))
+    failures = check_checksums() + check_trace_reproduces()
+    step_times()
+    for failure in failures:
+        print(f"FAILED: {failure}")
+    print("all checks passed" if not failures else f"{len(failures)} checks failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["train"]:
+        train(sys.argv[2], int(sys.argv[3]))
+    else:
+        sys.exit(main())
