@@ -92,11 +92,19 @@ def rng_hash(state: Any) -> str:
 
 
 def batch_fingerprint(torch: Any, batch: Any) -> str | None:
-    """Position-sensitive fingerprint of the tensors in a batch (nested lists, tuples, dicts)."""
-    tensors = tensors_in(torch, batch)
-    if not tensors:
-        return None
-    hashes = fingerprint.fingerprints(torch, tensors)
+    """Position-sensitive fingerprint of the tensors in a batch (nested lists, tuples, dicts).
+
+    Taken as each batch is yielded, between training steps, where every Python operation costs
+    microseconds (the step has flushed the caches): the usual batch, a flat list or tuple of CPU
+    tensors (inputs, targets), is hashed directly, the same fingerprint at half the cost."""
+    if type(batch) in (list, tuple) and 0 < len(batch) <= 16 and all(
+            type(t) is torch.Tensor and t.is_cpu for t in batch):  # fmt: skip
+        hashes = [fingerprint.cpu_hash(t) for t in batch]
+    else:
+        tensors = tensors_in(torch, batch)
+        if not tensors:
+            return None
+        hashes = fingerprint.fingerprints(torch, tensors)
     return hashes[0] if len(hashes) == 1 else combine([h.encode() for h in hashes])
 
 

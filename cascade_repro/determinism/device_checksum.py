@@ -12,8 +12,8 @@ model's size:
 - small tensors (biases, norms: most of a model's tensors, little of its memory) are packed into one
   buffer, and each sum is one cumulative sum read at the tensors' ends: eight kernels for all of them
   (two more per integer width among them);
-- the others in slices of at most SLICE elements, each copied to int64: eight kernels a slice, their
-  sums put together on the host.
+- the others in slices of at most SLICE elements, each copied to int64: eight kernels a slice (nine
+  past a tensor's first), their sums put together on the host.
 Every sum lands in one int64 buffer, copied back once. Nothing is allocated on the device per call
 (a non-contiguous tensor apart, copied to be read). Works on CPU tensors too: that is how it is
 tested without an accelerator, and how a checksum is compared across devices.

@@ -94,12 +94,26 @@ class InPlaceHashes:
         return out
 
 
+_HEADERS: dict[tuple[Any, Any], bytes] = {}  # (dtype, shape): header; a batch keeps its shape step to step
+_HEADERS_KEPT = 256
+
+
+def _header_of(tensor: Any) -> bytes:
+    key = (tensor.dtype, tensor.shape)
+    header = _HEADERS.get(key)
+    if header is None:
+        if len(_HEADERS) >= _HEADERS_KEPT:  # shapes that keep changing (sequences of any length)
+            _HEADERS.clear()
+        header = _HEADERS[key] = _header(tensor)
+    return header
+
+
 def cpu_hash(tensor: Any) -> str:
     """16 hex digits over dtype, shape and the bytes of a CPU tensor."""
     t = tensor.detach()
     if not t.is_contiguous():
         t = t.contiguous()
-    state = _header_state(_header(t))
+    state = _header_state(_header_of(t))
     state.update(_raw(t))
     return str(state.hexdigest())
 

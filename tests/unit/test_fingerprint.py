@@ -108,3 +108,29 @@ def test_in_place_hashes_equal_fingerprints_as_the_list_changes() -> None:
     assert hashes(tensors[:2]) == fingerprints(torch, tensors[:2])
     del tensors[1]
     assert hashes(tensors) == fingerprints(torch, tensors)
+
+
+def test_a_batch_is_fingerprinted_the_same_on_the_fast_path() -> None:
+    """A flat list or tuple of CPU tensors (the usual batch) takes a shorter path between steps; its
+    fingerprint is the one the general path (nested batches, any device) gives, position-sensitive."""
+    from cascade_repro.child import step_values
+
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    general = step_values.combine([h.encode() for h in fingerprints(torch, [x, y])])
+    assert step_values.batch_fingerprint(torch, [x, y]) == general
+    assert step_values.batch_fingerprint(torch, (x, y)) == general
+    assert step_values.batch_fingerprint(torch, {"x": x, "y": y}) == general  # a dict: the general path
+    assert step_values.batch_fingerprint(torch, [y, x]) != general
+    assert step_values.batch_fingerprint(torch, [x.t()]) == fingerprints(torch, [x.t().contiguous()])[0]
+    assert step_values.batch_fingerprint(torch, []) is None
+
+
+def test_kept_headers_follow_each_tensors_dtype_and_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cascade_repro.determinism import fingerprint
+
+    monkeypatch.setattr(fingerprint, "_HEADERS_KEPT", 3)
+    monkeypatch.setattr(fingerprint, "_HEADERS", {})
+    zeros = [torch.zeros(n) for n in range(1, 8)] + [torch.zeros(2, dtype=torch.float64), torch.zeros(1, 2)]
+    hashed = [cpu_hash(t) for t in zeros]
+    assert len(set(hashed)) == len(zeros) and len(fingerprint._HEADERS) <= 3
+    assert [cpu_hash(t) for t in zeros] == hashed
