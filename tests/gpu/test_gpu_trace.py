@@ -49,6 +49,30 @@ def test_device_checksums_see_every_bit_and_match_the_cpu_path() -> None:
     assert mixed[0] == device_checksums(torch, [base])[0] and len(mixed[1]) == 16
 
 
+def test_a_models_checksums_in_one_call_under_deterministic_mode_allocate_nothing_again() -> None:
+    """`--deterministic strict` turns on torch's deterministic algorithms: the checksums' kernels
+    (cumulative sums, index_select) must run under it; a repeated call reuses its buffers."""
+    from cascade_repro.determinism import device_checksum
+    from cascade_repro.determinism.device_checksum import DeviceChecksums
+
+    model = torch.nn.Sequential(torch.nn.Linear(300, 400), torch.nn.LayerNorm(400), torch.nn.Linear(400, 10))
+    params = [*model.to("cuda").parameters(), torch.randn(device_checksum.SLICE + 7, device="cuda")]
+    torch.use_deterministic_algorithms(True)
+    try:
+        checksums = DeviceChecksums(torch)
+        first = checksums(params)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        again = checksums(params)
+        torch.cuda.synchronize()
+        grew = torch.cuda.max_memory_allocated() - before
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert again == first == DeviceChecksums(torch)([p.detach().cpu() for p in params])
+    assert grew <= 1 << 16, f"a repeated call took {grew} more bytes of device memory"
+
+
 def test_a_seeded_cuda_run_twice_is_bitwise_identical(project: Project) -> None:
     project.write("gpu_train.py", SCRIPT)
     project.commit("gpu script")
