@@ -215,18 +215,16 @@ class LocalStore:
         if any(key.startswith("mlflow.") or len(key) > 250 or len(value) > MAX_DIRECT_TAG
                for key, value in tags.items()):  # fmt: skip
             return False
-        try:
-            with contextlib.closing(sqlite3.connect(str(self.db), timeout=30)) as db, db:
-                if not db.execute(f"SELECT 1 {_ACTIVE} AND r.run_uuid = ?", (run_id,)).fetchone():
-                    return False
-                db.executemany(
-                    "INSERT INTO tags (key, value, run_uuid) VALUES (?, ?, ?) "
-                    "ON CONFLICT (key, run_uuid) DO UPDATE SET value = excluded.value",
-                    [(key, value, run_id) for key, value in tags.items()],
-                )
+
+        def write(db: sqlite3.Connection) -> bool:
+            db.executemany(
+                "INSERT INTO tags (key, value, run_uuid) VALUES (?, ?, ?) "
+                "ON CONFLICT (key, run_uuid) DO UPDATE SET value = excluded.value",
+                [(key, value, run_id) for key, value in tags.items()],
+            )
             return True
-        except sqlite3.Error:
-            return False
+
+        return self._on_active_run(run_id, write)
 
     def delete_tag(self, run_id: str, key: str) -> bool:
         """A tag removed from MLflow's `tags` table, as MLflow's `delete_tag` does; False (nothing
@@ -234,12 +232,20 @@ class LocalStore:
         the run does not have, or any sqlite error."""
         if key.startswith("mlflow."):
             return False
+        return self._on_active_run(run_id, lambda db: db.execute(
+            "DELETE FROM tags WHERE run_uuid = ? AND key = ?", (run_id, key)).rowcount == 1)  # fmt: skip
+
+    def _on_active_run(self, run_id: str, write: Callable[[sqlite3.Connection], bool]) -> bool:
+        """`write` in one transaction, if the run is active; False when it is not, when `write`
+        says so (nothing is then committed), or on any sqlite error."""
         try:
             with contextlib.closing(sqlite3.connect(str(self.db), timeout=30)) as db, db:
                 if not db.execute(f"SELECT 1 {_ACTIVE} AND r.run_uuid = ?", (run_id,)).fetchone():
                     return False
-                removed = db.execute("DELETE FROM tags WHERE run_uuid = ? AND key = ?", (run_id, key))
-                return removed.rowcount == 1
+                if not write(db):
+                    db.rollback()
+                    return False
+            return True
         except sqlite3.Error:
             return False
 
