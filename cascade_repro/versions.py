@@ -78,9 +78,10 @@ def tag_run(store: RunStore, root: Path, run: StoredRun, version: str, force: bo
         raise CascadeError(f"run {run_id} has no recorded git commit; it cannot carry a version")
     current = run.tags.get(VERSION_TAG)  # a run carries one version: relabelling it drops the old one
     if current and current != version and not force:
+        shown = current if current.isprintable() else repr(current)  # the record's: no forged lines
         raise VersionTaken(
-            f"run {run_id[:12]} is already version {current}",
-            hint=f"a run carries one version: pass --force to relabel it {version} ({current} then names "
+            f"run {run_id[:12]} is already version {shown}",
+            hint=f"a run carries one version: pass --force to relabel it {version} ({shown} then names "
             "no run; the change is recorded on it), or tag another run",
         )
     moved_from = check_free(store, root, version, experiment_id, run_id, force, git_tag)

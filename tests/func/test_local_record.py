@@ -140,6 +140,11 @@ def test_a_version_is_given_and_moved_without_mlflow_as_mlflow_reads_it(project:
     assert new["cascade.version"] == "v1" and new["cascade.version_moved_from"] == first
     found = client.search_runs([client.get_run(first).info.experiment_id], "tags.`cascade.version` = 'v1'")
     assert [run.info.run_id for run in found] == [second]
+    # a label from someone else's record is shown, not obeyed: no forged line, no escape sequence
+    client.set_tag(second, "cascade.version", "v1\x1b]0;owned\x07\nforged")
+    refused = project.cascade("tag", second, "v2")
+    assert refused.returncode == 1 and "is already version 'v1\\x1b]0;owned\\x07\\nforged'" in refused.stderr
+    assert not any(line.startswith("forged") for line in refused.stderr.splitlines())
 
 
 def test_a_run_is_recorded_without_mlflow_as_mlflow_records_it(project: Project) -> None:
