@@ -11,7 +11,8 @@ same machine state. Three tracers: the default (budget 0.02, gradients "where ch
 7.5 MB of gradients on CPU are not), `trace: full` (budget 0: the weights every step) and
 `trace_grads: true` with it (parameters and gradients every step).
 Besides the wall-time ratio (noisy on a shared 2-core machine) it prints the time spent inside
-the tracer's hooks per step, the direct cost, which is steadier.
+the tracer's hooks per step, the direct cost, which is steadier. `--device cuda` runs the same on a
+GPU (benchmarks/gpu_check.sh; the device's queue is drained before each clock read).
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ from cascade_repro.manifest import Manifest
 from cascade_repro.settings import DEFAULT_TRACE_BUDGET
 
 BLOCKS, STEPS = 16, 25
+DEVICE = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cpu"
+
+
+def now() -> float:
+    """The clock, once the device has done what was asked of it."""
+    if DEVICE != "cpu":
+        torch.cuda.synchronize()
+    return time.perf_counter()
 HOOKS = ("_before_step", "_after_step", "_guarded_next_step_begins")
 
 
@@ -69,9 +78,9 @@ def fingerprint_alone(model: Any, opt: Any, x: Any, y: Any, params: list[Any]) -
     for _ in range(41):
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y)
-        started = time.perf_counter()
+        started = now()
         hashes(params)
-        took.append(time.perf_counter() - started)
+        took.append(now() - started)
         loss.backward()
         opt.step()
     return statistics.median(took[1:])
@@ -85,10 +94,10 @@ def measure(batch: int) -> None:
         torch.nn.Linear(1024, 1024),
         torch.nn.ReLU(),
         torch.nn.Linear(1024, 10),
-    )
+    ).to(DEVICE)
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
-    x, y = torch.randn(batch, 784), torch.randint(0, 10, (batch,))
+    x, y = torch.randn(batch, 784, device=DEVICE), torch.randint(0, 10, (batch,), device=DEVICE)
     trace_path = Path(tempfile.mkdtemp(prefix="cascade-bench-")) / "trace.jsonl"
     tracers = {
         "trace": timed_tracer(trace_path, grads=None, budget=DEFAULT_TRACE_BUDGET),  # the default
@@ -98,7 +107,7 @@ def measure(batch: int) -> None:
 
     def hashlib_all(name: str, with_grads: bool) -> None:
         for tensor in [*params, *((p.grad for p in params) if with_grads else ())]:
-            hashlib.new(name, tensor.detach().numpy().tobytes()).digest()
+            hashlib.new(name, tensor.detach().cpu().numpy().tobytes()).digest()
 
     variants: dict[str, tuple[str, bool] | None] = {
         "off": None, "trace": None, "full": None, "grads": None,
@@ -114,7 +123,7 @@ def measure(batch: int) -> None:
                 spent[0] = 0.0
                 # the other variants' blocks are not this tracer's steps (a pause it skips too)
                 tracer.sampling._last_start = None
-            started = time.perf_counter()
+            started = now()
             for _ in range(STEPS):
                 opt.zero_grad()
                 loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -123,7 +132,7 @@ def measure(batch: int) -> None:
                 if competitor:
                     hashlib_all(*competitor)
             if block:  # block 0 warms up
-                times[name].append((time.perf_counter() - started) / STEPS)
+                times[name].append((now() - started) / STEPS)
                 if name in tracers:
                     inside[name].append(tracers[name][1][0] / STEPS)
     for tracer, _ in tracers.values():
@@ -145,10 +154,10 @@ def measure(batch: int) -> None:
               f"{len(with_grads)} with gradients)")  # fmt: skip
     reads = []
     for _ in range(21):
-        started = time.perf_counter()
+        started = now()
         for p in params:
             p.detach().sum()  # every byte read once
-        reads.append(time.perf_counter() - started)
+        reads.append(now() - started)
     read_once = statistics.median(reads[1:])  # the first warms torch's threads up
 
     step = statistics.median(times["off"])

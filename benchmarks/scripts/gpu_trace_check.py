@@ -5,10 +5,9 @@ lent GPU machine has no MLflow or DVC; the recorder's half is tested in CI): ben
 2. device checksums equal the same sums over the CPU copy, see one ulp, and run under
    `torch.use_deterministic_algorithms(True)` (`--deterministic strict`) without an error;
 3. a seeded CUDA training traced twice (every facet, every step) writes the same trace, line for
-   line, and another seed differs from step 0;
-4. step time with the trace (the default budget, and `trace: full`) / without, on the reference
-   MLP at batch 64 and 256, with the time inside the hooks.
-Exit 1 when a check fails. `--cpu` runs it on CPU tensors (to try the script without a GPU).
+   line, and another seed differs from step 0.
+The step-time ratios come from `bench_trace.py --device cuda`. Exit 1 when a check fails. `--cpu`
+runs it on CPU tensors (to try the script without a GPU).
 """
 
 from __future__ import annotations
@@ -16,11 +15,9 @@ from __future__ import annotations
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts: deterministic cuBLAS
@@ -104,44 +101,6 @@ def check_trace_reproduces() -> list[str]:
     return failures
 
 
-def step_times() -> None:
-    for batch in (64, 256):
-        torch.manual_seed(0)
-        model = mlp().to(DEVICE)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        x, y = torch.randn(batch, 784, device=DEVICE), torch.randint(0, 10, (batch,), device=DEVICE)
-        folder = Path(tempfile.mkdtemp(prefix="cascade-gpu-"))
-        tracers = {"default": StepTracer(torch, folder / "d.jsonl", budget=0.02),
-                   "full": StepTracer(torch, folder / "f.jsonl", budget=0.0)}  # fmt: skip
-        for tracer in tracers.values():
-            tracer.install()
-        times: dict[str, list[float]] = {"off": [], "default": [], "full": []}
-        for block in range(21):
-            for name in times:
-                for other, tracer in tracers.items():
-                    tracer._closed = other != name
-                    tracer.sampling._last_start = None
-                if DEVICE == "cuda":
-                    torch.cuda.synchronize()
-                started = time.perf_counter()
-                for _ in range(50):
-                    opt.zero_grad()
-                    loss = torch.nn.functional.cross_entropy(model(x), y)
-                    loss.backward()
-                    opt.step()
-                    loss.item()  # a script that logs its loss each step syncs here
-                if DEVICE == "cuda":
-                    torch.cuda.synchronize()
-                if block:
-                    times[name].append((time.perf_counter() - started) / 50)
-        for tracer in tracers.values():
-            tracer._closed = False
-            tracer.close()
-        off = statistics.median(times["off"])
-        ratios = {name: round(statistics.median(times[name]) / off, 3) for name in ("default", "full")}
-        print(f"step time, batch {batch}: {off * 1e3:.3f} ms untraced; traced / untraced: {ratios}")
-
-
 def main() -> int:
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("no GPU here (pass --cpu to try this script on CPU tensors)")
@@ -150,7 +109,6 @@ def main() -> int:
     stack = torch_stack(torch)
     print(json.dumps({k: v for k, v in stack.items() if v not in (None, "")}, indent=1, default=str))
     failures = check_checksums() + check_trace_reproduces()
-    step_times()
     for failure in failures:
         print(f"FAILED: {failure}")
     print("all checks passed" if not failures else f"{len(failures)} checks failed")
