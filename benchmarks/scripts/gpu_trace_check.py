@@ -5,7 +5,8 @@ lent GPU machine has no MLflow or DVC; the recorder's half is tested in CI): ben
 2. device checksums equal the same sums over the CPU copy, see one ulp, and run under
    `torch.use_deterministic_algorithms(True)` (`--deterministic strict`) without an error;
 3. a seeded CUDA training traced twice (every facet, every step) writes the same trace, line for
-   line, and another seed differs from step 0.
+   line, and another seed differs from step 0; the weights' fingerprints, left on the device until
+   the trace is written, are those read after each step.
 The step-time ratios come from `bench_trace.py --device cuda`. Exit 1 when a check fails. `--cpu`
 runs it on CPU tensors (to try the script without a GPU).
 """
@@ -27,6 +28,7 @@ from cascade_repro.child.torch_probe import torch_stack  # noqa: E402
 from cascade_repro.child.trace import StepTracer  # noqa: E402
 from cascade_repro.determinism import device_checksum  # noqa: E402
 from cascade_repro.determinism.device_checksum import DeviceChecksums  # noqa: E402
+from cascade_repro.determinism.fingerprint import InPlaceHashes  # noqa: E402
 
 DEVICE = "cpu" if "--cpu" in sys.argv else "cuda"
 
@@ -45,16 +47,22 @@ def train(path: str, seed: int, steps: int = 30) -> None:
     random.seed(seed)
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed(seed)
+    if DEVICE == "cpu":  # trying the script: CPU tensors take the accelerator's path too
+        InPlaceHashes.in_place_device = "none"
     tracer = StepTracer(torch, Path(path), grads=True, budget=0.0)
     tracer.install()
     model = mlp().to(DEVICE)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     x, y = torch.randn(64, 784, device=DEVICE), torch.randint(0, 10, (64,), device=DEVICE)
+    last = list(model.parameters())[-1]
+    read_at_once = []  # the last layer's bias after each step, its checksum copied back at once
     for _ in range(steps):
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
+        read_at_once.append(DeviceChecksums(torch)([last])[0])
     tracer.close()
+    Path(path).with_suffix(".after.json").write_text(json.dumps(read_at_once))
 
 
 def check_checksums() -> list[str]:
@@ -97,6 +105,9 @@ def check_trace_reproduces() -> list[str]:
     if a[:1] == c[:1]:
         failures.append("another seed wrote the same first step")
     steps = [json.loads(line) for line in a if '"step"' in line]
+    read_at_once = json.loads((folder / "a.after.json").read_text())
+    if [step["params_after"]["5.bias"] for step in steps] != read_at_once:
+        failures.append("the trace's weights fingerprints (read at its flush) are not those after each step")
     print(f"trace: {len(steps)} steps, weights fingerprint {next(iter(steps[1]['params_after'].values()))}")
     return failures
 

@@ -8,23 +8,47 @@ the reference MLP it would cost as much as the parameters' own hash.
 
 The same parameters are fingerprinted step after step, so their names and byte views are kept
 (`fingerprint.InPlaceHashes`): a step costs one call and one pass over the bytes per tensor.
+
+With `defer` (the tracer's choice where it reads them every step), fingerprints of tensors on an
+accelerator are left on the device (`Deferred`) and read when the trace is written (`settle`):
+copying them back at once would make the host wait for the device at every step.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from cascade_repro.child import step_values
 from cascade_repro.determinism import fingerprint
 
 GRADS_CHEAP_BYTES = 1 << 20  # CPU: hashing this much costs ~30 µs a step
+FACETS = ("params_before", "grads", "params_after")  # a record's {name: fingerprint} facets
+
+
+class Deferred(NamedTuple):
+    """{name: fingerprint} whose device checksums are still on the device."""
+
+    names: list[str]
+    later: fingerprint.Later
+
+
+def settle(torch: Any, records: list[dict[str, Any]]) -> None:
+    """Replace the records' `Deferred` facets by {name: fingerprint}, one copy back per device."""
+    found = [(record, facet) for record in records for facet in FACETS
+             if isinstance(record.get(facet), Deferred)]  # fmt: skip
+    if not found:
+        return
+    values = fingerprint.settle(torch, [record[facet].later for record, facet in found])
+    for (record, facet), hashes in zip(found, values, strict=True):
+        record[facet] = dict(zip(record[facet].names, hashes, strict=True))
 
 
 class StepTensors:
     """The parameters' names (module paths, looked up once) and fingerprints."""
 
-    def __init__(self, torch: Any, grads: bool | None) -> None:
+    def __init__(self, torch: Any, grads: bool | None, defer: bool = False) -> None:
         self.torch = torch
+        self.defer = defer  # device fingerprints left on the device until the trace is written
         self.grads_setting = grads  # None: "where cheap", decided from the first step's parameters
         self.grads = grads
         self.named = False  # module paths looked up (once, from the live modules)
@@ -59,18 +83,28 @@ class StepTensors:
     def name(self, tensor: Any, index: int) -> str:
         return self._names.get(id(tensor)) or f"param{index}"
 
-    def params(self, params: list[Any]) -> dict[str, str]:
-        """{name: fingerprint} of the parameters as they are now."""
-        return dict(zip(self._names_of(params), self._param_hashes(params), strict=True))
+    def params(self, params: list[Any], now: bool = False) -> dict[str, str] | Deferred:
+        """{name: fingerprint} of the parameters as they are now (`Deferred` where `defer` leaves
+        some on a device, unless `now`)."""
+        return self._named(self._names_of(params), self._param_hashes, params, now)
 
-    def gradients(self, params: list[Any]) -> dict[str, str]:
+    def gradients(self, params: list[Any]) -> dict[str, str] | Deferred:
         """{name: fingerprint} of the gradients there are."""
         grads = [p.grad for p in params]
         if None not in grads:
-            return dict(zip(self._names_of(params), self._grad_hashes(grads), strict=True))
+            return self._named(self._names_of(params), self._grad_hashes, grads)
         with_grad = [(i, p) for i, p in enumerate(params) if p.grad is not None]
-        hashes = self._grad_hashes([p.grad for _, p in with_grad])
-        return {self.name(p, i): h for (i, p), h in zip(with_grad, hashes, strict=True)}
+        names = [self.name(p, i) for i, p in with_grad]
+        return self._named(names, self._grad_hashes, [p.grad for _, p in with_grad])
+
+    def _named(self, names: list[str], hashes: fingerprint.InPlaceHashes, tensors: list[Any],
+               now: bool = False) -> dict[str, str] | Deferred:  # fmt: skip
+        if not self.defer or now:
+            return dict(zip(names, hashes(tensors), strict=True))
+        taken = hashes.later(tensors)
+        if isinstance(taken, fingerprint.Later):
+            return Deferred(names, taken)
+        return dict(zip(names, taken, strict=True))
 
     def copies(self, params: list[Any], grads: bool = False) -> dict[str, Any]:
         """{name: CPU copy} of the parameters (or their gradients), for a replay to save."""

@@ -64,7 +64,9 @@ class StepTracer:
         self._hash_s = 0.0  # what fingerprinting the pending step's tensors took so far
         self._spent_s = 0.0  # time inside the hooks since the last step began ...
         self._hashing_s = 0.0  # ... and the part of it that fingerprinted weights and gradients
-        self.tensors = StepTensors(torch, grads)  # names, fingerprints, the gradients' rule
+        # names, fingerprints, the gradients' rule; read every step (no budget timing them), device
+        # fingerprints stay on the device until the trace is written: no wait for it at each step
+        self.tensors = StepTensors(torch, grads, defer=self.sampling.budget <= 0)
         self._on_header = on_header  # told when the header changes (the gradient decision)
         self.stop_after = stop_after  # end the script (exit 0) when this step would begin
         self._writer = TraceWriter(torch, path)  # closed in close()
@@ -268,7 +270,7 @@ class StepTracer:
         if self._pending is None:
             return
         params = self._manual_params()
-        after = self.tensors.params(params)
+        after = self.tensors.params(params, now=self._mode == "undecided")  # compared below
         if self._mode == "undecided":
             if after == self._pending.get("params_before"):
                 self._pending = None
@@ -292,7 +294,7 @@ class StepTracer:
         self._decide_grads(params)
         record = self._new_record(params)
         if self._mode == "undecided":
-            record["params_before"] = self.tensors.params(params)
+            record["params_before"] = self.tensors.params(params, now=True)  # compared at the next backward
         if self._dumps(self.step):
             self._save_dump(self.step, "params_before", params)
             self._save_dump(self.step, "grads", params, grads=True)

@@ -1,10 +1,11 @@
 """The step trace's file: records appended as JSON lines, encoded and written in batches.
 
 A record is kept as it was read when its step happened (the loss tensor, copies of the generator
-states) and turned into bits and fingerprints here, at flush: encoding 30 at once costs less than
-one at a time between training steps (cold caches). What a crash loses is the same: the last half
-second. Records are written with their keys in a fixed order and numbers in one notation, so equal
-records are equal lines (determinism/trace_file.py compares them as text).
+states, fingerprints still on a device) and turned into bits and fingerprints here, at flush:
+encoding 30 at once costs less than one at a time between training steps (cold caches), and a
+device is waited for once per flush rather than at every step. What a crash loses is the same: the
+last half second. Records are written with their keys in a fixed order and numbers in one
+notation, so equal records are equal lines (determinism/trace_file.py compares them as text).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from cascade_repro.child import step_values
 from cascade_repro.child.protocol import open_private
+from cascade_repro.child.step_tensors import settle
 
 FLUSH_EVERY_S = 0.5  # a crash keeps the trace up to here; an exception or Ctrl-C keeps all of it
 
@@ -43,6 +45,7 @@ class TraceWriter:
         return self._flushed_at - now
 
     def flush(self) -> None:
+        settle(self.torch, self._unwritten)  # device fingerprints: one copy back for all of them
         lines = [self._encode(record) for record in self._unwritten]
         self._unwritten.clear()
         self._file.write("".join(lines))

@@ -17,6 +17,11 @@ model's size:
 Every sum lands in one int64 buffer, copied back once. Nothing is allocated on the device per call
 (a non-contiguous tensor apart, copied to be read). Works on CPU tensors too: that is how it is
 tested without an accelerator, and how a checksum is compared across devices.
+
+Copying the sums back waits for the device to finish all it was given, the step's own work too. A
+caller that takes checksums every step (`trace: full`) takes them with `start` instead: the sums
+are copied aside on the device (a few bytes per tensor) and read later, many calls' at once
+(`read_pending`), so the host keeps running ahead of the device.
 """
 
 from __future__ import annotations
@@ -54,6 +59,14 @@ class _Slice(NamedTuple):
     start: int  # the slice's first element in the tensor
     length: int
     slot: int  # its four results, g the positions: Σ x·(g − start), Σ x, Σ y, Σ y·g with y = x xor g
+
+
+class _Layout(NamedTuple):
+    """Where each tensor's sums are in a plan's results, and its dtype and shape codes."""
+
+    packed: list[int]  # the packed tensors' positions, in the order of their sums
+    slices: list[_Slice]
+    metas: list[int]
 
 
 class _Plan:
@@ -102,6 +115,15 @@ class _Plan:
             self.pos = torch.arange(longest, dtype=int64, device=device)
             self.shifted = torch.empty(longest, dtype=int64, device=device) if any(
                 part.start for part in self.slices) else None  # fmt: skip
+        self.layout = _Layout(self.packed, self.slices, self.metas)
+
+
+class PendingChecksums(NamedTuple):
+    """Checksums still on the device (`DeviceChecksums.start`), for `read_pending`."""
+
+    layout: _Layout
+    sums: Any  # a copy of the plan's results, on the device
+    tensors: int  # how many
 
 
 class DeviceChecksums:
@@ -114,8 +136,20 @@ class DeviceChecksums:
         self._plan: _Plan | None = None
 
     def __call__(self, tensors: Sequence[Any]) -> list[str]:
+        """The tensors' checksums, copied back now (waiting for the device)."""
         if not tensors:
             return []
+        plan = self._sum(tensors)
+        return _finish(plan.layout, plan.results.tolist(), len(tensors))  # the one copy back
+
+    def start(self, tensors: Sequence[Any]) -> PendingChecksums:
+        """The tensors' checksums as they are now, left on the device for `read_pending` (the sums
+        are copied aside: the next call reuses the plan's buffers)."""
+        plan = self._sum(tensors)
+        return PendingChecksums(plan.layout, plan.results.clone(), len(tensors))
+
+    def _sum(self, tensors: Sequence[Any]) -> _Plan:
+        """Queue the sums of the tensors into the plan's results (planned once per layout)."""
         torch = self.torch
         bits = [int_bits(torch, t) for t in tensors]
         key = (tensors[0].device, *((t.dtype, t.shape) for t in tensors))
@@ -128,7 +162,7 @@ class DeviceChecksums:
             self._packed_sums(plan, bits)
         for part in plan.slices:
             self._slice_sums(plan, part, bits[part.tensor][part.start : part.start + part.length])
-        return _finish(plan, plan.results.tolist(), len(tensors))  # the one copy back
+        return plan
 
     def _packed_sums(self, plan: _Plan, bits: list[Any]) -> None:
         """The small tensors' sums: cumulative sums over all of them, read at each one's end."""
@@ -163,7 +197,24 @@ class DeviceChecksums:
         torch.sum(tmp, 0, out=results[slot + 3])
 
 
-def _finish(plan: _Plan, values: list[int], count: int) -> list[str]:
+def read_pending(torch: Any, pending: Sequence[PendingChecksums]) -> list[list[str]]:
+    """The checksums of many `start` calls, in their order: one copy back per device."""
+    out: list[list[str]] = [[] for _ in pending]
+    by_device: dict[Any, list[int]] = {}
+    for index, entry in enumerate(pending):
+        by_device.setdefault(entry.sums.device, []).append(index)
+    for indices in by_device.values():
+        values = torch.cat([pending[i].sums for i in indices]).tolist()
+        at = 0
+        for i in indices:
+            entry = pending[i]
+            size = entry.sums.numel()
+            out[i] = _finish(entry.layout, values[at : at + size], entry.tensors)
+            at += size
+    return out
+
+
+def _finish(plan: _Layout, values: list[int], count: int) -> list[str]:
     """Each tensor's two sums from the copied-back results, with its dtype and shape code."""
     first, second = [0] * count, [0] * count
     n = len(plan.packed)

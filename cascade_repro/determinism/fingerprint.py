@@ -15,9 +15,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
-from cascade_repro.determinism.device_checksum import DeviceChecksums
+from cascade_repro.determinism.device_checksum import DeviceChecksums, PendingChecksums, read_pending
 from cascade_repro.determinism.device_checksum import header as _header
 
 xxhash: Any
@@ -49,6 +49,28 @@ def _header_state(header: bytes) -> Any:
     return xxhash.xxh3_64(header) if xxhash is not None else hashlib.blake2b(header, digest_size=8)
 
 
+class Later(NamedTuple):
+    """Fingerprints some of which are still on a device (`InPlaceHashes.later`): `values` holds the
+    CPU tensors' and "" where `pending` (positions, checksums) fills in; `settle` reads them."""
+
+    values: list[str]
+    pending: list[tuple[list[int], PendingChecksums]]
+
+
+def settle(torch: Any, later: Sequence[Later]) -> list[list[str]]:
+    """The fingerprints of many `later` calls, their device checksums copied back at once."""
+    pending = [entry for one in later for _, entry in one.pending]
+    read = iter(read_pending(torch, pending))
+    out = []
+    for one in later:
+        values = list(one.values)
+        for indices, _ in one.pending:
+            for index, value in zip(indices, next(read), strict=True):
+                values[index] = value
+        out.append(values)
+    return out
+
+
 class InPlaceHashes:
     """Fingerprints of the same list of tensors taken again and again (the step trace's parameters,
     gradients), in one call: for each position the header's hash state and a view of the tensor's
@@ -56,7 +78,9 @@ class InPlaceHashes:
     check and one pass over the bytes per tensor. A kept view reads that tensor's memory as it is
     now; another layout over the same memory (a square transpose) or a non-contiguous tensor is
     never read through a kept view. Tensors on an accelerator get their checksums on the device, one
-    copy back per device (a `DeviceChecksums` kept per device)."""
+    copy back per device (a `DeviceChecksums` kept per device), now or, with `later`, at `settle`."""
+
+    in_place_device = "cpu"  # the device type hashed in place (a test routes CPU tensors elsewhere)
 
     def __init__(self, torch: Any) -> None:
         self.torch = torch
@@ -64,13 +88,25 @@ class InPlaceHashes:
         self._devices: dict[Any, DeviceChecksums] = {}  # their plans and buffers, kept
 
     def __call__(self, tensors: Sequence[Any]) -> list[str]:
+        """Every tensor's fingerprint (a device's checksums copied back now: waiting for it)."""
+        taken = self._take(tensors, defer=False)
+        assert isinstance(taken, list)
+        return taken
+
+    def later(self, tensors: Sequence[Any]) -> list[str] | Later:
+        """The same fingerprints, those of tensors on a device left there to be read with others
+        (`settle`): taking them does not wait for the device."""
+        return self._take(tensors, defer=True)
+
+    def _take(self, tensors: Sequence[Any], defer: bool) -> list[str] | Later:
         kept = self._kept
         if len(kept) != len(tensors):
             kept[:] = [None] * len(tensors)
         out: list[str] = []
         elsewhere: dict[Any, list[int]] = {}
+        in_place = self.in_place_device
         for index, tensor in enumerate(tensors):
-            if tensor.device.type != "cpu":
+            if tensor.device.type != in_place:
                 elsewhere.setdefault(tensor.device, []).append(index)
                 out.append("")
                 continue
@@ -84,14 +120,18 @@ class InPlaceHashes:
             state = entry[1].copy()
             state.update(entry[2])
             out.append(state.hexdigest())
+        pending = []
         for device, indices in elsewhere.items():
             on_device = self._devices.get(device)
             if on_device is None:
                 on_device = self._devices[device] = DeviceChecksums(self.torch)
-            checksums = on_device([tensors[i] for i in indices])
-            for index, value in zip(indices, checksums, strict=True):
+            on_it = [tensors[i] for i in indices]
+            if defer:
+                pending.append((indices, on_device.start(on_it)))
+                continue
+            for index, value in zip(indices, on_device(on_it), strict=True):
                 out[index] = value
-        return out
+        return Later(out, pending) if pending else out
 
 
 _HEADERS: dict[tuple[Any, Any], bytes] = {}  # (dtype, shape): header; a batch keeps its shape step to step

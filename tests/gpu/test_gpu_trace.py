@@ -73,6 +73,20 @@ def test_a_models_checksums_in_one_call_under_deterministic_mode_allocate_nothin
     assert grew <= 1 << 16, f"a repeated call took {grew} more bytes of device memory"
 
 
+def test_checksums_left_on_the_device_are_read_later_as_they_were() -> None:
+    """`trace: full` leaves each step's checksums on the device and reads them at the trace's flush."""
+    from cascade_repro.determinism.device_checksum import DeviceChecksums, read_pending
+
+    weights = [torch.randn(2000, 300, device="cuda"), torch.randn(300, device="cuda")]
+    checksums = DeviceChecksums(torch)
+    expected, pending = [], []
+    for _ in range(3):
+        expected.append(DeviceChecksums(torch)([w.cpu() for w in weights]))
+        pending.append(checksums.start(weights))
+        weights[0].mul_(1.5)  # queued after the checksums: they must not see it
+    assert read_pending(torch, pending) == expected and len({tuple(e) for e in expected}) == 3
+
+
 def test_a_seeded_cuda_run_twice_is_bitwise_identical(project: Project) -> None:
     project.write("gpu_train.py", SCRIPT)
     project.commit("gpu script")

@@ -110,3 +110,25 @@ def test_a_repeated_call_allocates_nothing_the_size_of_a_tensor() -> None:
     # a parallel reduction's scratch (a few bytes a thread) is all; the first call's buffers are not
     assert max(repeated, default=0) <= 64
     assert max(allocations(lambda: DeviceChecksums(torch)(params))) > 1 << 20
+
+
+def test_checksums_left_on_the_device_read_later_are_those_of_their_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(device_checksum, "SLICE", 16)
+    monkeypatch.setattr(device_checksum, "SMALL", 8)
+    monkeypatch.setattr(device_checksum, "PACKED", 12)
+    tensors = [torch.randn(6), torch.randn(40), torch.randn(3)]  # packed, in three slices, packed
+    other_layout = [torch.randn(5, 2), torch.arange(9)]
+    checksums, other = DeviceChecksums(torch), DeviceChecksums(torch)
+    expected = [[reference(t) for t in tensors]]
+    pending = [checksums.start(tensors)]
+    for step in range(2):  # the weights change; the next call reuses the plan's buffers
+        tensors[1][37 - step] += 1.0
+        expected.append([reference(t) for t in tensors])
+        pending.append(checksums.start(tensors))
+    expected.append([reference(t) for t in other_layout])
+    pending.append(other.start(other_layout))
+    tensors[0].zero_()  # after the last call: read later, the checksums are still those of their call
+    assert device_checksum.read_pending(torch, pending) == expected
+    assert len({tuple(values) for values in expected[:3]}) == 3
