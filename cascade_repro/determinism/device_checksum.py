@@ -214,18 +214,18 @@ def read_pending(torch: Any, pending: Sequence[PendingChecksums]) -> list[list[s
     return out
 
 
-def _finish(plan: _Layout, values: list[int], count: int) -> list[str]:
+def _finish(layout: _Layout, values: list[int], count: int) -> list[str]:
     """Each tensor's two sums from the copied-back results, with its dtype and shape code."""
     first, second = [0] * count, [0] * count
-    n = len(plan.packed)
-    for k, index in enumerate(plan.packed):  # sums from the cumulative sums at the tensors' ends
+    n = len(layout.packed)
+    for k, index in enumerate(layout.packed):  # sums from the cumulative sums at the tensors' ends
         first[index] = values[k] - (values[k - 1] if k else 0)
         second[index] = values[n + k] - (values[n + k - 1] if k else 0)
-    for part in plan.slices:  # with g = start + j: S1 = M·(Σ x·j + start·Σ x) + Σ x, S2 = 2·Σ y·g + Σ y
+    for part in layout.slices:  # with g = start + j: S1 = M·(Σ x·j + start·Σ x) + Σ x, S2 = 2·Σ y·g + Σ y
         weighted, total, xored, xored_weighted = values[part.slot : part.slot + 4]
         first[part.tensor] += MULTIPLIER * (weighted + part.start * total) + total
         second[part.tensor] += 2 * xored_weighted + xored
     return [
         f"{(s1 + meta) & MASK:016x}{(s2 - meta) & MASK:016x}"
-        for s1, s2, meta in zip(first, second, plan.metas, strict=True)
+        for s1, s2, meta in zip(first, second, layout.metas, strict=True)
     ]
