@@ -46,6 +46,7 @@ class TraceWriter:
 
     def flush(self) -> None:
         settle(self.torch, self._unwritten)  # device fingerprints: one copy back for all of them
+        step_values.read_losses(self.torch, self._unwritten)  # and the losses held as tensors
         lines = [self._encode(record) for record in self._unwritten]
         self._unwritten.clear()
         self._file.write("".join(lines))
