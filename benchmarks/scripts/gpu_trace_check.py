@@ -6,7 +6,9 @@ lent GPU machine has no MLflow or DVC; the recorder's half is tested in CI): ben
    `torch.use_deterministic_algorithms(True)` (`--deterministic strict`) without an error;
 3. a seeded CUDA training traced twice (every facet, every step) writes the same trace, line for
    line, and another seed differs from step 0; the weights' fingerprints, left on the device until
-   the trace is written, are those read after each step.
+   the trace is written, are those read after each step;
+4. under the default budget, what a sampled step's fingerprints are timed at is their own cost, not
+   the work the step queued on the device before them (which the copy back would wait for).
 The step-time ratios come from `bench_trace.py --device cuda`. Exit 1 when a check fails. `--cpu`
 runs it on CPU tensors (to try the script without a GPU).
 """
@@ -19,6 +21,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts: deterministic cuBLAS
@@ -63,6 +66,55 @@ def train(path: str, seed: int, steps: int = 30) -> None:
         read_at_once.append(DeviceChecksums(torch)([last])[0])
     tracer.close()
     Path(path).with_suffix(".after.json").write_text(json.dumps(read_at_once))
+
+
+def budgeted(path: str) -> None:
+    """Train under the default budget with heavy work queued before each backward; print what the
+    budget was told each sampled step's fingerprints took, beside the time of that queued work."""
+    tracer = StepTracer(torch, Path(path), budget=0.02)
+    timed: list[float] = []
+    told = tracer.sampling.hashed
+    tracer.sampling.hashed = lambda seconds: (timed.append(seconds), told(seconds))[1]  # type: ignore[method-assign]
+    tracer.install()
+    size = 4096 if DEVICE == "cuda" else 512  # (on CPU nothing is queued: a try of the script)
+    heavy = torch.randn(size, size, device=DEVICE)
+    model = torch.nn.Linear(64, 64).to(DEVICE)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(64, 64, device=DEVICE)
+
+    def queue_heavy_work() -> None:
+        for _ in range(8):
+            heavy @ heavy
+
+    for _ in range(30):
+        opt.zero_grad()
+        queue_heavy_work()  # before the step's backward, where the weights are read
+        model(x).sum().backward()
+        opt.step()
+    started = now()
+    queue_heavy_work()
+    queued = now() - started
+    tracer.close()
+    print(json.dumps({"timed": timed, "queued": queued}))
+
+
+def check_budget_timing() -> list[str]:
+    folder = Path(tempfile.mkdtemp(prefix="cascade-gpu-"))
+    done = subprocess.run([sys.executable, __file__, "budgeted", str(folder / "trace.jsonl"), *sys.argv[1:]],
+                          check=True, capture_output=True, text=True)  # fmt: skip
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    later = facts["timed"][1:]  # the first plans the checksums' buffers
+    print(f"budget: sampled steps' fingerprints timed at {max(later or [0]) * 1e3:.2f} ms at most; "
+          f"the work queued before them {facts['queued'] * 1e3:.1f} ms")
+    if len(later) < 2 or max(later) >= facts["queued"] / 4:
+        return ["the budget was told the fingerprints took as long as the work queued before them"]
+    return []
+
+
+def now() -> float:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 def check_checksums() -> list[str]:
@@ -119,7 +171,7 @@ def main() -> int:
     torch.ones(1, device=DEVICE)  # the stack is read where the script has started CUDA
     stack = torch_stack(torch)
     print(json.dumps({k: v for k, v in stack.items() if v not in (None, "")}, indent=1, default=str))
-    failures = check_checksums() + check_trace_reproduces()
+    failures = check_checksums() + check_trace_reproduces() + check_budget_timing()
     for failure in failures:
         print(f"FAILED: {failure}")
     print("all checks passed" if not failures else f"{len(failures)} checks failed")
@@ -129,5 +181,7 @@ def main() -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["train"]:
         train(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1:2] == ["budgeted"]:
+        budgeted(sys.argv[2])
     else:
         sys.exit(main())

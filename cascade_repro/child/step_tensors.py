@@ -106,6 +106,11 @@ class StepTensors:
             return Deferred(names, taken)
         return dict(zip(names, taken, strict=True))
 
+    def wait_for_devices(self) -> None:
+        """The accelerators the fingerprints were read on finish what was queued on them so far."""
+        self._param_hashes.wait()
+        self._grad_hashes.wait()
+
     def copies(self, params: list[Any], grads: bool = False) -> dict[str, Any]:
         """{name: CPU copy} of the parameters (or their gradients), for a replay to save."""
         tensors = {}

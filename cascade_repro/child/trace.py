@@ -237,6 +237,7 @@ class StepTracer:
             if final and self._in_step and self._pending["loss"] is None:
                 self._pending["loss"] = self._loss_copy()  # an optimizer step that never returned
             if self._pending_sampled or final:
+                self._wait_for_devices()
                 started = time.perf_counter()
                 self._pending["params_after"] = self.tensors.params(self._params_pending())
                 took = time.perf_counter() - started
@@ -413,11 +414,24 @@ class StepTracer:
         }
         self._hash_s = 0.0
         if sampled:
+            self._wait_for_devices()
             started = time.perf_counter()
             record["grads"] = self.tensors.gradients(params) if self.tensors.grads else None
             self._hash_s = time.perf_counter() - started
             self._hashing_s += self._hash_s
         return record
+
+    def _wait_for_devices(self) -> None:
+        """Before a sampled step's fingerprints are timed for the budget: an accelerator finishes the
+        work the step queued first (the forward pass), or the copy back would wait for it inside the
+        timing, and the budget would take the forward's time for the fingerprints' and sample too
+        rarely. The wait counts as neither the fingerprints' cost nor the every-step facets'.
+        (Where every step is read, nothing is timed and nothing waits: `StepTensors.defer`.)"""
+        if self.tensors.defer:
+            return
+        started = time.perf_counter()
+        self.tensors.wait_for_devices()
+        self._hashing_s += time.perf_counter() - started
 
     def _loss_copy(self) -> Any:
         """The loss as it is now: a script may reuse its memory (a buffer of losses) later."""

@@ -93,6 +93,19 @@ class InPlaceHashes:
         assert isinstance(taken, list)
         return taken
 
+    def wait(self) -> None:
+        """Wait until the accelerators it has read tensors on have done all they were given (before
+        timing a call: the wait is for the work queued before it, not the call's cost)."""
+        for device in self._devices:
+            backend = getattr(self.torch, device.type, None)
+            synchronize = getattr(backend, "synchronize", None)
+            if synchronize is None:
+                continue
+            try:
+                synchronize(device)
+            except TypeError:  # one that takes no device (mps)
+                synchronize()
+
     def later(self, tensors: Sequence[Any]) -> list[str] | Later:
         """The same fingerprints, those of tensors on a device left there to be read with others
         (`settle`): taking them does not wait for the device."""

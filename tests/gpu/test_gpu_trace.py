@@ -103,3 +103,19 @@ def test_a_seeded_cuda_run_twice_is_bitwise_identical(project: Project) -> None:
     records = [json.loads(line) for line in Path(trace).read_text().splitlines()]
     # CUDA's generator is fingerprinted once CUDA is up (after step 0 began); weights by checksum
     assert "cuda" in records[1]["rng"] and len(records[1]["params_after"]["0.weight"]) == 32
+
+
+
+def test_the_budget_times_the_fingerprints_not_the_work_queued_before_them(tmp_path: Path) -> None:
+    """A sampled step's checksums are copied back, which waits for the device: the work the step
+    queued before them is waited for first, untimed, so the budget sees the checksums' own cost
+    (benchmarks/scripts/gpu_trace_check.py, which gpu_check.sh runs where only torch is installed)."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).parents[2] / "benchmarks" / "scripts" / "gpu_trace_check.py"
+    done = subprocess.run([sys.executable, str(script), "budgeted", str(tmp_path / "trace.jsonl")],
+                          check=True, capture_output=True, text=True, timeout=300)  # fmt: skip
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(facts["timed"]) >= 3
+    assert max(facts["timed"][1:]) < facts["queued"] / 4, facts  # the first plans the buffers
