@@ -33,14 +33,22 @@ class Deferred(NamedTuple):
 
 
 def settle(torch: Any, records: list[dict[str, Any]]) -> None:
-    """Replace the records' `Deferred` facets by {name: fingerprint}, one copy back per device."""
+    """Replace the records' `Deferred` facets by {name: fingerprint} and their pending batches by
+    their fingerprints: one copy back per device for all of them."""
     found = [(record, facet) for record in records for facet in FACETS
              if isinstance(record.get(facet), Deferred)]  # fmt: skip
-    if not found:
+    batches = [record for record in records if isinstance(record.get("batch"), step_values.PendingBatch)]
+    unread = list({id(b): b for b in (record["batch"] for record in batches) if b.value is None}.values())
+    if not found and not batches:
         return
-    values = fingerprint.settle(torch, [record[facet].later for record, facet in found])
-    for (record, facet), hashes in zip(found, values, strict=True):
+    later = [record[facet].later for record, facet in found] + [batch.later for batch in unread]
+    values = fingerprint.settle(torch, later)
+    for (record, facet), hashes in zip(found, values[: len(found)], strict=True):
         record[facet] = dict(zip(record[facet].names, hashes, strict=True))
+    for batch, hashes in zip(unread, values[len(found) :], strict=True):
+        batch.value = step_values.joined(hashes)
+    for record in batches:
+        record["batch"] = record["batch"].value
 
 
 class StepTensors:

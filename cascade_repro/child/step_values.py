@@ -14,6 +14,7 @@ import warnings
 from typing import Any, NamedTuple
 
 from cascade_repro.determinism import fingerprint
+from cascade_repro.determinism.device_checksum import DeviceChecksums
 
 _LOSS_INT = {2: "int16", 4: "int32", 8: "int64"}
 
@@ -109,20 +110,49 @@ def rng_hash(state: Any) -> str:
     return fingerprint.cpu_hash(state)
 
 
-def batch_fingerprint(torch: Any, batch: Any) -> str | None:
+class PendingBatch:
+    """A batch's fingerprint whose tensors on an accelerator still have their checksums there
+    (`batch_fingerprint` with kept checksums), read when the trace is written (step_tensors.settle)."""
+
+    __slots__ = ("later", "value")
+
+    def __init__(self, later: fingerprint.Later) -> None:
+        self.later = later
+        self.value: str | None = None  # once read: a batch may stand in several steps' records
+
+
+def batch_fingerprint(torch: Any, batch: Any, kept: dict[Any, DeviceChecksums] | None = None
+                      ) -> str | PendingBatch | None:  # fmt: skip
     """Position-sensitive fingerprint of the tensors in a batch (nested lists, tuples, dicts).
 
     Taken as each batch is yielded, between training steps, where every Python operation costs
     microseconds (the step has flushed the caches): the usual batch, a flat list or tuple of CPU
-    tensors (inputs, targets), is hashed directly, the same fingerprint at half the cost."""
+    tensors (inputs, targets), is hashed directly, the same fingerprint at half the cost. Given
+    `kept` (the tracer's checksums per device: a batch keeps its layout step to step), tensors on an
+    accelerator are summed there and read later (`PendingBatch`), not waited for at every step."""
     if type(batch) in (list, tuple) and 0 < len(batch) <= 16 and all(
             type(t) is torch.Tensor and t.is_cpu for t in batch):  # fmt: skip
-        hashes = [fingerprint.cpu_hash(t) for t in batch]
-    else:
-        tensors = tensors_in(torch, batch)
-        if not tensors:
-            return None
-        hashes = fingerprint.fingerprints(torch, tensors)
+        return joined([fingerprint.cpu_hash(t) for t in batch])
+    tensors = tensors_in(torch, batch)
+    if not tensors:
+        return None
+    in_place = fingerprint.InPlaceHashes.in_place_device
+    elsewhere: dict[Any, list[int]] = {}
+    for index, tensor in enumerate(tensors):
+        if tensor.device.type != in_place:
+            elsewhere.setdefault(tensor.device, []).append(index)
+    if kept is None or not elsewhere:
+        return joined(fingerprint.fingerprints(torch, tensors))
+    values = [fingerprint.cpu_hash(t) if t.device.type == in_place else "" for t in tensors]
+    pending = []
+    for device, indices in elsewhere.items():
+        checksums = kept.get(device) or kept.setdefault(device, DeviceChecksums(torch))
+        pending.append((indices, checksums.start([tensors[i] for i in indices])))
+    return PendingBatch(fingerprint.Later(values, pending))
+
+
+def joined(hashes: list[str]) -> str:
+    """A batch's fingerprint from its tensors', in order."""
     return hashes[0] if len(hashes) == 1 else combine([h.encode() for h in hashes])
 
 

@@ -76,7 +76,8 @@ class StepTracer:
         self._pending_params: list[Any] | None = []  # None: read from `_pending_optimizer` if needed
         self._pending_optimizer: Any = None
         self._loss: Any = None
-        self._batch: str | None = None
+        self._batch: str | step_values.PendingBatch | None = None
+        self._batch_sums: dict[Any, Any] = {}  # a device's checksums of the batches, kept (their plan)
         self._started = False  # step 0 has started: its RNG state is read (see the docstring)
         self._rng: dict[str, Any] | None = None
         self._closed = False
@@ -176,7 +177,7 @@ class StepTracer:
         def __iter__(self: Any) -> Any:  # noqa: N807 - replaces DataLoader.__iter__
             tracer._guarded_start()  # before the sampler draws the epoch's order
             for batch in original_iter(self):
-                tracer._batch = step_values.batch_fingerprint(tracer.torch, batch)
+                tracer._batch = step_values.batch_fingerprint(tracer.torch, batch, tracer._batch_sums)
                 yield batch
 
         loader.__iter__ = __iter__
@@ -381,8 +382,12 @@ class StepTracer:
             if self._writer.closed:
                 return
             self._closed = True
-            self._finish_pending(final=True)
-            self._writer.close()
+            try:
+                self._finish_pending(final=True)
+                self._writer.close()
+            except Exception as exc:  # a device that can no longer be read (a CUDA error in the script)
+                self._writer.abandon()
+                sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
             if self._on_header is not None and self.sampling.budget > 0:
                 self._on_header(self.header())  # the schedule as it ended
 

@@ -57,6 +57,12 @@ class TraceWriter:
         self.flush()
         self._file.close()
 
+    def abandon(self) -> None:
+        """Close the file without the records not written yet (they could not be read): the trace
+        keeps what was flushed before, as a crashed run's does."""
+        self._unwritten.clear()
+        self._file.close()
+
     def _encode(self, record: dict[str, Any]) -> str:
         """The loss tensor and the RNG state copies as bits and fingerprints, then one JSON line."""
         record["loss"] = step_values.loss_record(self.torch, record.get("loss"))

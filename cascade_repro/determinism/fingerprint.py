@@ -183,8 +183,9 @@ def fingerprints(torch: Any, tensors: Sequence[Any]) -> list[str]:
     (A caller that hashes the same tensors again and again keeps an `InPlaceHashes`.)"""
     out: list[str | None] = [None] * len(tensors)
     by_device: dict[Any, list[int]] = {}
+    in_place = InPlaceHashes.in_place_device
     for index, tensor in enumerate(tensors):
-        if tensor.device.type == "cpu":
+        if tensor.device.type == in_place:
             out[index] = cpu_hash(tensor)
         else:
             by_device.setdefault(tensor.device, []).append(index)
