@@ -5,8 +5,8 @@ lent GPU machine has no MLflow or DVC; the recorder's half is tested in CI): ben
 2. device checksums equal the same sums over the CPU copy, see one ulp, and run under
    `torch.use_deterministic_algorithms(True)` (`--deterministic strict`) without an error;
 3. a seeded CUDA training traced twice (every facet, every step) writes the same trace, line for
-   line, and another seed differs from step 0; the weights' fingerprints, left on the device until
-   the trace is written, are those read after each step;
+   line, and another seed differs from step 0; the fingerprints of the weights and of the batches
+   (on the device), left there until the trace is written, are those read at each step;
 4. under the default budget, what a sampled step's fingerprints are timed at is their own cost, not
    the work the step queued on the device before them (which the copy back would wait for).
 The step-time ratios come from `bench_trace.py --device cuda`. Exit 1 when a check fails. `--cpu`
@@ -27,6 +27,7 @@ from pathlib import Path
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts: deterministic cuBLAS
 import torch  # noqa: E402
 
+from cascade_repro.child import step_values  # noqa: E402
 from cascade_repro.child.torch_probe import torch_stack  # noqa: E402
 from cascade_repro.child.trace import StepTracer  # noqa: E402
 from cascade_repro.determinism import device_checksum  # noqa: E402
@@ -56,14 +57,18 @@ def train(path: str, seed: int, steps: int = 30) -> None:
     tracer.install()
     model = mlp().to(DEVICE)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x, y = torch.randn(64, 784, device=DEVICE), torch.randint(0, 10, (64,), device=DEVICE)
+    x, y = torch.randn(160, 784, device=DEVICE), torch.randint(0, 10, (160,), device=DEVICE)
+    # batches that live on the device, the last of each epoch shorter (another layout)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=48, shuffle=True)
     last = list(model.parameters())[-1]
-    read_at_once = []  # the last layer's bias after each step, its checksum copied back at once
-    for _ in range(steps):
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        read_at_once.append(DeviceChecksums(torch)([last])[0])
+    read_at_once = []  # the last layer's bias after each step and the batch, copied back at once
+    while len(read_at_once) < steps:
+        for xb, yb in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+            batch = step_values.batch_fingerprint(torch, [xb, yb])  # no kept checksums: read now
+            read_at_once.append([DeviceChecksums(torch)([last])[0], batch])
     tracer.close()
     Path(path).with_suffix(".after.json").write_text(json.dumps(read_at_once))
 
@@ -158,8 +163,9 @@ def check_trace_reproduces() -> list[str]:
         failures.append("another seed wrote the same first step")
     steps = [json.loads(line) for line in a if '"step"' in line]
     read_at_once = json.loads((folder / "a.after.json").read_text())
-    if [step["params_after"]["5.bias"] for step in steps] != read_at_once:
-        failures.append("the trace's weights fingerprints (read at its flush) are not those after each step")
+    if [[step["params_after"]["5.bias"], step["batch"]] for step in steps] != read_at_once:
+        failures.append("the trace's fingerprints of the weights and batches (read at its flush) are not "
+                        "those read at each step")  # fmt: skip
     print(f"trace: {len(steps)} steps, weights fingerprint {next(iter(steps[1]['params_after'].values()))}")
     return failures
 
