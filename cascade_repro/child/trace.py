@@ -135,8 +135,7 @@ class StepTracer:
             with self._lock:
                 self._start()
         except Exception as exc:
-            self._closed = True
-            sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
+            self._stop(exc)
 
     def _start(self) -> None:
         """Step 0 starts: its RNG state is read now, after the script's own seeding."""
@@ -165,8 +164,7 @@ class StepTracer:
                 self._rng = fresh
                 return self.step
         except Exception as exc:
-            self._closed = True
-            sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
+            self._stop(exc)
             return None
 
     def _wrap_dataloader(self) -> None:
@@ -177,7 +175,11 @@ class StepTracer:
         def __iter__(self: Any) -> Any:  # noqa: N807 - replaces DataLoader.__iter__
             tracer._guarded_start()  # before the sampler draws the epoch's order
             for batch in original_iter(self):
-                tracer._batch = step_values.batch_fingerprint(tracer.torch, batch, tracer._batch_sums)
+                if not tracer._closed:
+                    try:  # a failing fingerprint never reaches the training loop
+                        tracer._batch = step_values.batch_fingerprint(tracer.torch, batch, tracer._batch_sums)
+                    except Exception as exc:
+                        tracer._stop(exc)
                 yield batch
 
         loader.__iter__ = __iter__
@@ -192,9 +194,7 @@ class StepTracer:
             try:
                 hook(optimizer, args, kwargs)
             except Exception as exc:
-                self._closed = True
-                self._pending = None
-                sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
+                self._stop(exc)
             self._spent_s += time.perf_counter() - started
 
         return run
@@ -206,9 +206,7 @@ class StepTracer:
             with self._lock:
                 hook()
         except Exception as exc:
-            self._closed = True
-            self._pending = None
-            sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
+            self._stop(exc)
 
     def _guarded_next_step_begins(self) -> None:
         if self._in_step:  # a closure's backward(), inside the optimizer step
@@ -227,9 +225,7 @@ class StepTracer:
                 self._finish_pending()
             self._spent_s += time.perf_counter() - started
         except Exception as exc:
-            self._closed = True
-            self._pending = None
-            sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
+            self._stop(exc)
 
     def _finish_pending(self, final: bool = False) -> None:
         """Step k's parameters-after, read when step k+1 begins (or at exit: the final weights, always),
@@ -387,7 +383,7 @@ class StepTracer:
                 self._writer.close()
             except Exception as exc:  # a device that can no longer be read (a CUDA error in the script)
                 self._writer.abandon()
-                sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
+                self._stop(exc)
             if self._on_header is not None and self.sampling.budget > 0:
                 self._on_header(self.header())  # the schedule as it ended
 
@@ -425,6 +421,12 @@ class StepTracer:
             self._hash_s = time.perf_counter() - started
             self._hashing_s += self._hash_s
         return record
+
+    def _stop(self, exc: Exception) -> None:
+        """Something the trace reads failed: the trace stops there, saying so; the training goes on."""
+        self._closed = True
+        self._pending = None
+        sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
 
     def _wait_for_devices(self) -> None:
         """Before a sampled step's fingerprints are timed for the budget: an accelerator finishes the

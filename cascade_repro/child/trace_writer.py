@@ -45,10 +45,12 @@ class TraceWriter:
         return self._flushed_at - now
 
     def flush(self) -> None:
-        settle(self.torch, self._unwritten)  # device fingerprints: one copy back for all of them
-        step_values.read_losses(self.torch, self._unwritten)  # and the losses held as tensors
-        lines = [self._encode(record) for record in self._unwritten]
-        self._unwritten.clear()
+        try:
+            settle(self.torch, self._unwritten)  # device fingerprints: one copy back for all of them
+            step_values.read_losses(self.torch, self._unwritten)  # and the losses held as tensors
+            lines = [self._encode(record) for record in self._unwritten]
+        finally:  # records that cannot be read (a device in error) are not tried again
+            self._unwritten.clear()
         self._file.write("".join(lines))
         self._file.flush()
         self._flushed_at = time.perf_counter()
@@ -58,8 +60,8 @@ class TraceWriter:
         self._file.close()
 
     def abandon(self) -> None:
-        """Close the file without the records not written yet (they could not be read): the trace
-        keeps what was flushed before, as a crashed run's does."""
+        """Close the file without the records not written yet: the trace keeps what was flushed
+        before, as a crashed run's does."""
         self._unwritten.clear()
         self._file.close()
 

@@ -123,7 +123,11 @@ class InPlaceHashes:
                 elsewhere.setdefault(tensor.device, []).append(index)
                 out.append("")
                 continue
-            layout = (tensor.data_ptr(), tensor.dtype, tensor.shape, tensor.stride())
+            try:
+                layout = (tensor.data_ptr(), tensor.dtype, tensor.shape, tensor.stride())
+            except RuntimeError:  # no strided memory (a sparse embedding's gradient): nothing to keep
+                out.append(cpu_hash(tensor))
+                continue
             entry = kept[index]
             if entry is None or entry[0] != layout:
                 if not tensor.is_contiguous():  # a temporary copy: nothing to keep
@@ -133,6 +137,12 @@ class InPlaceHashes:
             state = entry[1].copy()
             state.update(entry[2])
             out.append(state.hexdigest())
+        pending = self._on_devices(tensors, elsewhere, out, defer)
+        return Later(out, pending) if pending else out
+
+    def _on_devices(self, tensors: Sequence[Any], elsewhere: dict[Any, list[int]], out: list[str],
+                    defer: bool) -> list[tuple[list[int], PendingChecksums]]:  # fmt: skip
+        """The checksums of the tensors on each device: into `out` now, or pending (`defer`)."""
         pending = []
         for device, indices in elsewhere.items():
             on_device = self._devices.get(device)
@@ -144,7 +154,7 @@ class InPlaceHashes:
                 continue
             for index, value in zip(indices, on_device(on_it), strict=True):
                 out[index] = value
-        return Later(out, pending) if pending else out
+        return pending
 
 
 _HEADERS: dict[tuple[Any, Any], bytes] = {}  # (dtype, shape): header; a batch keeps its shape step to step
@@ -162,13 +172,39 @@ def _header_of(tensor: Any) -> bytes:
 
 
 def cpu_hash(tensor: Any) -> str:
-    """16 hex digits over dtype, shape and the bytes of a CPU tensor."""
+    """16 hex digits over dtype, shape and the bytes of a CPU tensor (a sparse one: of the tensors
+    that hold it, as they are stored)."""
     t = tensor.detach()
-    if not t.is_contiguous():
-        t = t.contiguous()
+    try:
+        if not t.is_contiguous():
+            t = t.contiguous()
+        raw = _raw(t)
+    except RuntimeError:  # no strided memory to read
+        parts = sparse_parts(t)
+        if parts is None:
+            raise
+        state = _header_state(f"{t.layout}|{t.dtype}|{tuple(t.shape)}|".encode())
+        for part in parts:
+            state.update(cpu_hash(part).encode())
+        return str(state.hexdigest())
     state = _header_state(_header_of(t))
-    state.update(_raw(t))
+    state.update(raw)
     return str(state.hexdigest())
+
+
+_SPARSE_PARTS = {
+    "torch.sparse_coo": ("_indices", "_values"),  # as stored, coalesced or not
+    "torch.sparse_csr": ("crow_indices", "col_indices", "values"),
+    "torch.sparse_bsr": ("crow_indices", "col_indices", "values"),
+    "torch.sparse_csc": ("ccol_indices", "row_indices", "values"),
+    "torch.sparse_bsc": ("ccol_indices", "row_indices", "values"),
+}
+
+
+def sparse_parts(tensor: Any) -> list[Any] | None:
+    """The strided tensors a sparse tensor is stored in (None for another layout)."""
+    names = _SPARSE_PARTS.get(str(tensor.layout))
+    return None if names is None else [getattr(tensor, name)() for name in names]
 
 
 def device_checksums(torch: Any, tensors: Sequence[Any]) -> list[str]:

@@ -134,3 +134,22 @@ def test_kept_headers_follow_each_tensors_dtype_and_shape(monkeypatch: pytest.Mo
     hashed = [cpu_hash(t) for t in zeros]
     assert len(set(hashed)) == len(zeros) and len(fingerprint._HEADERS) <= 3
     assert [cpu_hash(t) for t in zeros] == hashed
+
+
+def test_sparse_tensors_are_fingerprinted_by_what_they_store() -> None:
+    """A sparse batch or a sparse embedding's gradient has no strided memory to read: its fingerprint
+    is over the tensors that hold it (indices, values), with its layout, dtype and shape."""
+    dense = torch.zeros(6, 5)
+    dense[1, 2], dense[4, 0] = 1.5, -2.0
+    coo, csr = dense.to_sparse(), dense.to_sparse_csr()
+    assert cpu_hash(coo) == cpu_hash(dense.to_sparse()) != cpu_hash(csr)  # the layout counts
+    assert len({cpu_hash(coo), cpu_hash(csr), cpu_hash(dense)}) == 3
+    moved = dense.clone()
+    moved[4, 0] = torch.nextafter(torch.tensor(-2.0), torch.tensor(0.0))  # one ulp in one value
+    assert cpu_hash(moved.to_sparse()) != cpu_hash(coo) and cpu_hash(moved.to_sparse_csr()) != cpu_hash(csr)
+    wider = torch.zeros(6, 6)
+    wider[1, 2], wider[4, 0] = 1.5, -2.0
+    assert cpu_hash(wider.to_sparse()) != cpu_hash(coo)  # same entries, another shape
+    hashes = InPlaceHashes(torch)  # a sparse gradient among the dense ones, step after step
+    expected = [cpu_hash(dense), cpu_hash(coo), cpu_hash(csr)]
+    assert hashes([dense, coo, csr]) == expected == hashes([dense, coo, csr])
