@@ -149,12 +149,41 @@ class InPlaceHashes:
             if on_device is None:
                 on_device = self._devices[device] = DeviceChecksums(self.torch)
             on_it = [tensors[i] for i in indices]
-            if defer:
-                pending.append((indices, on_device.start(on_it)))
-                continue
-            for index, value in zip(indices, on_device(on_it), strict=True):
+            try:
+                if defer:
+                    pending.append((indices, on_device.start(on_it)))
+                    continue
+                values = on_device(on_it)
+            except RuntimeError:  # no strided memory (a sparse embedding's gradient)? read now
+                with_sparse = self._with_sparse(on_device, on_it)
+                if with_sparse is None:
+                    raise
+                values = with_sparse
+            for index, value in zip(indices, values, strict=True):
                 out[index] = value
         return pending
+
+    def _with_sparse(self, on_device: DeviceChecksums, tensors: list[Any]) -> list[str] | None:
+        """Checksums of tensors on a device some of which are sparse (None if none is): the others
+        in one call (their plan kept), each sparse one from the tensors it is stored in."""
+        sparse = {i for i, t in enumerate(tensors) if str(t.layout) in _SPARSE_PARTS}
+        if not sparse:
+            return None
+        dense = [i for i in range(len(tensors)) if i not in sparse]
+        values = [""] * len(tensors)
+        for index, value in zip(dense, on_device([tensors[i] for i in dense]) if dense else [], strict=True):
+            values[index] = value
+        for index in sparse:
+            values[index] = self._sparse_checksum(tensors[index])
+        return values
+
+    def _sparse_checksum(self, tensor: Any) -> str:
+        """A sparse tensor on a device: the checksums of the tensors it is stored in, with its
+        layout, dtype and shape."""
+        state = _header_state(f"{tensor.layout}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        for checksum in DeviceChecksums(self.torch)(sparse_parts(tensor.detach()) or []):
+            state.update(checksum.encode())
+        return str(state.hexdigest())
 
 
 _HEADERS: dict[tuple[Any, Any], bytes] = {}  # (dtype, shape): header; a batch keeps its shape step to step

@@ -153,3 +153,25 @@ def test_sparse_tensors_are_fingerprinted_by_what_they_store() -> None:
     hashes = InPlaceHashes(torch)  # a sparse gradient among the dense ones, step after step
     expected = [cpu_hash(dense), cpu_hash(coo), cpu_hash(csr)]
     assert hashes([dense, coo, csr]) == expected == hashes([dense, coo, csr])
+
+
+def test_a_sparse_gradient_on_a_device_is_read_from_what_it_stores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an accelerator (here: CPU tensors routed to the device path) a sparse gradient has no
+    strided memory for the device checksum: it is read from its indices and values, the other
+    tensors in one call as before, whether the caller reads now or later."""
+    from cascade_repro.determinism import fingerprint
+
+    monkeypatch.setattr(fingerprint.InPlaceHashes, "in_place_device", "none")
+    weight, bias = torch.randn(6, 4), torch.randn(4)
+    grad = torch.zeros(6, 4)
+    grad[2] = 0.5
+    hashes = fingerprint.InPlaceHashes(torch)
+    first = hashes([weight, grad.to_sparse(), bias])
+    later = hashes.later([weight, grad.to_sparse(), bias])
+    assert (later if isinstance(later, list) else fingerprint.settle(torch, [later])[0]) == first
+    assert [first[0], first[2]] == fingerprint.device_checksums(torch, [weight, bias])
+    grad[2, 1] = torch.nextafter(torch.tensor(0.5), torch.tensor(1.0))
+    moved = hashes([weight, grad.to_sparse(), bias])
+    assert moved[1] != first[1] and [moved[0], moved[2]] == [first[0], first[2]]
+    with pytest.raises(RuntimeError):  # what is not about sparsity still fails as it did
+        hashes([weight, torch.empty(3, device="meta")])
