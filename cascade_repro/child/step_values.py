@@ -11,6 +11,7 @@ import random
 import struct
 import sys
 import warnings
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from cascade_repro.determinism import fingerprint
@@ -173,7 +174,7 @@ def tensors_in(torch: Any, batch: Any, limit: int = 16) -> list[Any]:
             found.append(item)
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
-        elif isinstance(item, dict):
+        elif isinstance(item, Mapping):  # a dict, or HF's BatchEncoding / BatchFeature (a UserDict)
             stack.extend(item[k] for k in sorted(item, key=str))
     return found
 

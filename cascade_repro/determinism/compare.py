@@ -170,6 +170,8 @@ def _step_differences(x: dict[str, Any], y: dict[str, Any]) -> list[FacetDiffere
                 out.append(FacetDifference("loss", (), _loss_detail(left, right)))
         elif facet in SAMPLED_FACETS and (left is None or right is None):
             continue  # not fingerprinted at this step by one of the two (a budget's sampling)
+        elif facet == "batch" and (left is None or right is None):
+            continue  # one run's batches not read (before cascade read mappings such as HF's BatchEncoding)
         elif (isinstance(left, dict) or isinstance(right, dict)) and not (isinstance(left or {}, dict)
                                                                          and isinstance(right or {}, dict)):
             out.append(FacetDifference(facet, (), "fingerprints differ"))  # one a mapping, one not

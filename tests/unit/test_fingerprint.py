@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import struct
 
 import pytest
@@ -120,6 +121,8 @@ def test_a_batch_is_fingerprinted_the_same_on_the_fast_path() -> None:
     assert step_values.batch_fingerprint(torch, [x, y]) == general
     assert step_values.batch_fingerprint(torch, (x, y)) == general
     assert step_values.batch_fingerprint(torch, {"x": x, "y": y}) == general  # a dict: the general path
+    # a mapping that is not a dict: HF's BatchEncoding (what DataCollatorWithPadding yields) is a UserDict
+    assert step_values.batch_fingerprint(torch, collections.UserDict({"y": y, "x": x})) == general
     assert step_values.batch_fingerprint(torch, [y, x]) != general
     assert step_values.batch_fingerprint(torch, [x.t()]) == fingerprints(torch, [x.t().contiguous()])[0]
     assert step_values.batch_fingerprint(torch, []) is None

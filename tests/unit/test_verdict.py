@@ -142,3 +142,19 @@ def test_a_run_that_died_before_its_first_step_is_named_as_a_crash_not_a_trace_s
     assert (
         "--trace-interval 0" in judge(as_record(_manifest("a" * 32)), as_record(untraced), trace, []).summary
     )
+
+
+def test_batches_fingerprinted_by_one_run_only_compare_the_rest() -> None:
+    # a run recorded before cascade read batches that are mappings but not dicts (HF's BatchEncoding)
+    trace = [_record(i) for i in range(4)]
+    older = [{**r, "batch": None} for r in copy.deepcopy(trace)]
+    result = judge(as_record(_manifest("a")), as_record(_manifest("b")), trace, older)
+    assert result.verdict == "BITWISE_IDENTICAL"
+    older[1]["params_after"] = {"w": "changed"}
+    result = judge(as_record(_manifest("a")), as_record(_manifest("b")), trace, older)
+    assert result.verdict == "DIVERGED" and result.comparison.step == 1
+    other = copy.deepcopy(trace)
+    other[2]["batch"] = "another"  # both read: a batch that differs is still found
+    result = judge(as_record(_manifest("a")), as_record(_manifest("b")), trace, other)
+    assert result.verdict == "DIVERGED" and result.comparison.step == 2
+    assert [d.facet for d in result.comparison.differences] == ["batch"]
