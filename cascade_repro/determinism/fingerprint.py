@@ -180,10 +180,7 @@ class InPlaceHashes:
     def _sparse_checksum(self, tensor: Any) -> str:
         """A sparse tensor on a device: the checksums of the tensors it is stored in, with its
         layout, dtype and shape."""
-        state = _header_state(f"{tensor.layout}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        for checksum in DeviceChecksums(self.torch)(sparse_parts(tensor.detach()) or []):
-            state.update(checksum.encode())
-        return str(state.hexdigest())
+        return _of_parts(tensor, DeviceChecksums(self.torch)(sparse_parts(tensor.detach()) or []))
 
 
 _HEADERS: dict[tuple[Any, Any], bytes] = {}  # (dtype, shape): header; a batch keeps its shape step to step
@@ -212,10 +209,7 @@ def cpu_hash(tensor: Any) -> str:
         parts = sparse_parts(t)
         if parts is None:
             raise
-        state = _header_state(f"{t.layout}|{t.dtype}|{tuple(t.shape)}|".encode())
-        for part in parts:
-            state.update(cpu_hash(part).encode())
-        return str(state.hexdigest())
+        return _of_parts(t, [cpu_hash(part) for part in parts])
     state = _header_state(_header_of(t))
     state.update(raw)
     return str(state.hexdigest())
@@ -228,6 +222,14 @@ _SPARSE_PARTS = {
     "torch.sparse_csc": ("ccol_indices", "row_indices", "values"),
     "torch.sparse_bsc": ("ccol_indices", "row_indices", "values"),
 }
+
+
+def _of_parts(tensor: Any, hashes: list[str]) -> str:
+    """A sparse tensor's fingerprint from those of the tensors it is stored in."""
+    state = _header_state(f"{tensor.layout}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+    for value in hashes:
+        state.update(value.encode())
+    return str(state.hexdigest())
 
 
 def sparse_parts(tensor: Any) -> list[Any] | None:
