@@ -68,12 +68,16 @@ def test_every_tensors_checksum_is_the_documented_sums(
     assert DeviceChecksums(torch)(tensors) == [reference(t) for t in tensors]
 
 
-def test_a_changed_bit_changes_that_tensors_checksum_only_and_the_plan_is_kept(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.fixture
+def small_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slices of 16 elements, tensors of up to 8 packed, 12 elements packed in all."""
     monkeypatch.setattr(device_checksum, "SLICE", 16)
     monkeypatch.setattr(device_checksum, "SMALL", 8)
     monkeypatch.setattr(device_checksum, "PACKED", 12)
+
+
+@pytest.mark.usefixtures("small_slices")
+def test_a_changed_bit_changes_that_tensors_checksum_only_and_the_plan_is_kept() -> None:
     # packed, packed, in three slices, in one
     tensors = [torch.randn(6), torch.randn(5), torch.randn(40), torch.randn(3)]
     checksums = DeviceChecksums(torch)
@@ -112,12 +116,8 @@ def test_a_repeated_call_allocates_nothing_the_size_of_a_tensor() -> None:
     assert max(allocations(lambda: DeviceChecksums(torch)(params))) > 1 << 20
 
 
-def test_checksums_left_on_the_device_read_later_are_those_of_their_call(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(device_checksum, "SLICE", 16)
-    monkeypatch.setattr(device_checksum, "SMALL", 8)
-    monkeypatch.setattr(device_checksum, "PACKED", 12)
+@pytest.mark.usefixtures("small_slices")
+def test_checksums_left_on_the_device_read_later_are_those_of_their_call() -> None:
     tensors = [torch.randn(6), torch.randn(40), torch.randn(3)]  # packed, in three slices, packed
     other_layout = [torch.randn(5, 2), torch.arange(9)]
     checksums, other = DeviceChecksums(torch), DeviceChecksums(torch)
