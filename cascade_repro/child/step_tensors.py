@@ -37,18 +37,17 @@ def settle(torch: Any, records: list[dict[str, Any]]) -> None:
     their fingerprints: one copy back per device for all of them."""
     found = [(record, facet) for record in records for facet in FACETS
              if isinstance(record.get(facet), Deferred)]  # fmt: skip
-    batches = [record for record in records if isinstance(record.get("batch"), step_values.PendingBatch)]
-    unread = list({id(b): b for b in (record["batch"] for record in batches) if b.value is None}.values())
+    batches = [record for record in records if isinstance(record.get("batch"), fingerprint.Later)]
     if not found and not batches:
         return
-    later = [record[facet].later for record, facet in found] + [batch.later for batch in unread]
-    values = fingerprint.settle(torch, later)
+    # a batch may stand in several steps' records (no new batch between two steps): read once
+    unique = list({id(record["batch"]): record["batch"] for record in batches}.values())
+    values = fingerprint.settle(torch, [record[facet].later for record, facet in found] + unique)
     for (record, facet), hashes in zip(found, values[: len(found)], strict=True):
         record[facet] = dict(zip(record[facet].names, hashes, strict=True))
-    for batch, hashes in zip(unread, values[len(found) :], strict=True):
-        batch.value = step_values.joined(hashes)
+    joined = {id(b): step_values.joined(h) for b, h in zip(unique, values[len(found) :], strict=True)}
     for record in batches:
-        record["batch"] = record["batch"].value
+        record["batch"] = joined[id(record["batch"])]
 
 
 class StepTensors:

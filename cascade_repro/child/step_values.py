@@ -111,26 +111,16 @@ def rng_hash(state: Any) -> str:
     return fingerprint.cpu_hash(state)
 
 
-class PendingBatch:
-    """A batch's fingerprint whose tensors on an accelerator still have their checksums there
-    (`batch_fingerprint` with kept checksums), read when the trace is written (step_tensors.settle)."""
-
-    __slots__ = ("later", "value")
-
-    def __init__(self, later: fingerprint.Later) -> None:
-        self.later = later
-        self.value: str | None = None  # once read: a batch may stand in several steps' records
-
-
 def batch_fingerprint(torch: Any, batch: Any, kept: dict[Any, DeviceChecksums] | None = None
-                      ) -> str | PendingBatch | None:  # fmt: skip
+                      ) -> str | fingerprint.Later | None:  # fmt: skip
     """Position-sensitive fingerprint of the tensors in a batch (nested lists, tuples, dicts).
 
     Taken as each batch is yielded, between training steps, where every Python operation costs
     microseconds (the step has flushed the caches): the usual batch, a flat list or tuple of CPU
     tensors (inputs, targets), is hashed directly, the same fingerprint at half the cost. Given
     `kept` (the tracer's checksums per device: a batch keeps its layout step to step), tensors on an
-    accelerator are summed there and read later (`PendingBatch`), not waited for at every step."""
+    accelerator are summed there and read when the trace is written (a `fingerprint.Later`, settled by
+    step_tensors.settle), not waited for at every step."""
     if type(batch) in (list, tuple) and 0 < len(batch) <= 16 and all(
             type(t) is torch.Tensor and t.is_cpu for t in batch):  # fmt: skip
         return joined([fingerprint.cpu_hash(t) for t in batch])
@@ -149,7 +139,7 @@ def batch_fingerprint(torch: Any, batch: Any, kept: dict[Any, DeviceChecksums] |
     for device, indices in elsewhere.items():
         checksums = kept.get(device) or kept.setdefault(device, DeviceChecksums(torch))
         pending.append((indices, checksums.start([tensors[i] for i in indices])))
-    return PendingBatch(fingerprint.Later(values, pending))
+    return fingerprint.Later(values, pending)
 
 
 def joined(hashes: list[str]) -> str:

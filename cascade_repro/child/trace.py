@@ -76,7 +76,7 @@ class StepTracer:
         self._pending_params: list[Any] | None = []  # None: read from `_pending_optimizer` if needed
         self._pending_optimizer: Any = None
         self._loss: Any = None
-        self._batch: str | step_values.PendingBatch | None = None
+        self._batch: str | fingerprint.Later | None = None  # Later: on a device, read at the flush
         self._batch_sums: dict[Any, Any] = {}  # a device's checksums of the batches, kept (their plan)
         self._started = False  # step 0 has started: its RNG state is read (see the docstring)
         self._rng: dict[str, Any] | None = None

@@ -137,6 +137,8 @@ class InPlaceHashes:
             state = entry[1].copy()
             state.update(entry[2])
             out.append(state.hexdigest())
+        if not elsewhere:  # all in place (the CPU case, every step): no more to do
+            return out
         pending = self._on_devices(tensors, elsewhere, out, defer)
         return Later(out, pending) if pending else out
 

@@ -59,7 +59,7 @@ for epoch in range(2):
         batches[step] = step_values.joined(fingerprint.device_checksums(torch, [batch["x"], batch["y"]]))
         waiting = tracer._writer._unwritten
         held += sum(isinstance(r.get(f), Deferred) for r in waiting for f in FACETS)
-        held_batches += sum(isinstance(r.get("batch"), step_values.PendingBatch) for r in waiting)
+        held_batches += sum(isinstance(r.get("batch"), fingerprint.Later) for r in waiting)
         step += 1
 tracer.close()
 facts = {"after": after, "batches": batches, "held": held, "held_batches": held_batches}
