@@ -180,6 +180,10 @@ def judge(
             f"gradients are not compared: run {a_id[:12] if not header_a.get('grads', True) else b_id[:12]} "
             "did not hash them (trace_grads)",
         )
+    batched = [bool(trace[0].get("batch")) if trace else False for trace in (trace_a, trace_b)]
+    if batched[0] != batched[1]:  # compare.py skips a batch one run did not read
+        notes = (*notes, f"batches are not compared: run {(b_id if batched[0] else a_id)[:12]} recorded none "
+                         "(recorded before cascade read mappings such as HF's BatchEncoding?)")  # fmt: skip
     compared = compare_traces(trace_a, trace_b)
     comparison = replace(compared, notes=(*compared.notes, *notes))
     causes = tuple(likely_causes(manifest_a, manifest_b, comparison, list(differences)))
