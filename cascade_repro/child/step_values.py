@@ -31,7 +31,7 @@ def loss_now(torch: Any, loss: Any) -> Any:
     """The loss as it is now, for `loss_record` later (a script may reuse its memory, a buffer of
     losses): a CPU float32/float64 scalar's bits are read at once (no allocation), any other loss
     is copied (on an accelerator: no synchronisation now)."""
-    if type(loss) is torch.Tensor and loss.device.type == "cpu":  # (a subclass may hold no memory)
+    if type(loss) is torch.Tensor and loss.is_cpu:  # (a subclass may hold no memory)
         dtype = loss.dtype
         if dtype is torch.float32:
             return LossBits(ctypes.c_int32.from_address(loss.data_ptr()).value, 4)
@@ -84,21 +84,75 @@ def _from_bits(bits: int, width: int) -> dict[str, Any]:
     return {"bits": bits, "value": value, "dtype": "float32" if width == 4 else "float64"}
 
 
-def rng_states(torch: Any, others: bool) -> dict[str, Any]:
-    """Copies of torch's generator states (hashed later, `rng_hash`); with `others`, fingerprints
-    of Python's and numpy's too."""
-    states: dict[str, Any] = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    if not others:
+class RngStates:
+    """Reads the generators' states at each step's start (the tracer keeps one): copies of torch's
+    (hashed later, `rng_hash`); with `others`, fingerprints of Python's and numpy's too.
+
+    Read between training steps, where each Python operation costs microseconds: numpy's global
+    generator straight from its memory (its documented `ctypes.state_address`;
+    `numpy.random.get_state` builds a dict and copies the key, ~60 µs there), checked once against
+    `get_state`, which it gives way to if they disagree. (Cloning torch's generator,
+    `Generator.clone_state`, costs as much as its `get_state` there: 7-10 µs.)"""
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+        self._torch_state = torch.default_generator.get_state
+        self._cuda_initialized = torch.cuda.is_initialized
+        self._numpy: tuple[Any, Any, int] | None = None  # (numpy, its bit generator, state address)
+        self._numpy_checked = False
+
+    def __call__(self, others: bool) -> dict[str, Any]:
+        states: dict[str, Any] = {"torch": self._torch_state()}
+        if self._cuda_initialized():
+            states["cuda"] = self.torch.cuda.get_rng_state_all()
+        if not others:
+            return states
+        version, internal, gauss_next = random.getstate()
+        states["python"] = combine([array.array("Q", internal).tobytes(), repr(gauss_next).encode()])
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and hasattr(numpy, "random"):
+            states["numpy"] = self._numpy_state(numpy)
         return states
-    version, internal, gauss_next = random.getstate()
-    states["python"] = combine([array.array("Q", internal).tobytes(), repr(gauss_next).encode()])
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and hasattr(numpy, "random"):
-        state = numpy.random.get_state(legacy=False)["state"]
-        states["numpy"] = combine([state["key"].tobytes(), str(state["pos"]).encode()])
-    return states
+
+    def _numpy_state(self, numpy: Any) -> str:
+        """The fingerprint of numpy's global MT19937 state: its key and position."""
+        kept = self._numpy
+        if kept is not None and kept[0] is numpy and _numpy_bit_generator(numpy) is kept[1]:
+            address = kept[2]
+            pos = ctypes.c_int.from_address(address + _MT_KEY_BYTES).value
+            return combine([(ctypes.c_char * _MT_KEY_BYTES).from_address(address), str(pos).encode()])
+        value = numpy_state(numpy)
+        if not self._numpy_checked:  # once: the memory read agrees with get_state, or is not used
+            self._numpy_checked = True
+            self._numpy = _numpy_memory(numpy)
+            if self._numpy is not None and self._numpy_state(numpy) != value:
+                self._numpy = None
+        return value
+
+
+_MT_KEY_BYTES = 624 * 4  # numpy's mt19937_state: uint32 key[624], then int pos
+
+
+def numpy_state(numpy: Any) -> str:
+    """The fingerprint of numpy's global generator, from `numpy.random.get_state`."""
+    state = numpy.random.get_state(legacy=False)["state"]
+    return combine([state["key"].tobytes(), str(state["pos"]).encode()])
+
+
+def _numpy_bit_generator(numpy: Any) -> Any:
+    return getattr(getattr(getattr(numpy.random, "mtrand", None), "_rand", None), "_bit_generator", None)
+
+
+def _numpy_memory(numpy: Any) -> tuple[Any, Any, int] | None:
+    """(numpy, the global generator's MT19937, the address of its state), None where it is another."""
+    generator = _numpy_bit_generator(numpy)
+    if type(generator).__name__ != "MT19937":
+        return None
+    try:
+        address = int(generator.ctypes.state_address)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return (numpy, generator, address) if address else None
 
 
 def rng_hash(state: Any) -> str:
@@ -121,9 +175,14 @@ def batch_fingerprint(torch: Any, batch: Any, kept: dict[Any, DeviceChecksums] |
     `kept` (the tracer's checksums per device: a batch keeps its layout step to step), tensors on an
     accelerator are summed there and read when the trace is written (a `fingerprint.Later`, settled by
     step_tensors.settle), not waited for at every step."""
-    if type(batch) in (list, tuple) and 0 < len(batch) <= 16 and all(
-            type(t) is torch.Tensor and t.is_cpu for t in batch):  # fmt: skip
-        return joined([fingerprint.cpu_hash(t) for t in batch])
+    if type(batch) in (list, tuple) and 0 < len(batch) <= 16:
+        hashes = []
+        for t in batch:
+            if type(t) is not torch.Tensor or not t.is_cpu:
+                break
+            hashes.append(fingerprint.cpu_hash(t))
+        else:
+            return joined(hashes)
     tensors = tensors_in(torch, batch)
     if not tensors:
         return None
@@ -143,11 +202,23 @@ def batch_fingerprint(torch: Any, batch: Any, kept: dict[Any, DeviceChecksums] |
 
 
 def joined(hashes: list[str]) -> str:
-    """A batch's fingerprint from its tensors', in order."""
-    return hashes[0] if len(hashes) == 1 else combine([h.encode() for h in hashes])
+    """A batch's fingerprint from its tensors', in order: `combine` of them, in one call where each
+    is 16 hex digits (always, but for a hand-made list) rather than two per part."""
+    if len(hashes) == 1:
+        return hashes[0]
+    if set(map(len, hashes)) != {16}:
+        return combine([h.encode() for h in hashes])
+    digest = _COMBINE_16.copy()
+    digest.update(_LENGTH_16.join(hashes).encode())
+    return digest.hexdigest()
 
 
-def combine(parts: list[bytes]) -> str:
+_LENGTH_16 = (16).to_bytes(8, "little").decode()  # the length `combine` puts before a 16-digit part
+_COMBINE_16 = hashlib.blake2b(_LENGTH_16.encode(), digest_size=8)  # (only ever copied: a constant)
+
+
+def combine(parts: list[Any]) -> str:
+    """blake2b-64 over each part (bytes, or a buffer) preceded by its length."""
     digest = hashlib.blake2b(digest_size=8)
     for part in parts:
         digest.update(len(part).to_bytes(8, "little"))

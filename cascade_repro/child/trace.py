@@ -80,6 +80,7 @@ class StepTracer:
         self._batch_sums: dict[Any, Any] = {}  # a device's checksums of the batches, kept (their plan)
         self._started = False  # step 0 has started: its RNG state is read (see the docstring)
         self._rng: dict[str, Any] | None = None
+        self._rng_states = step_values.RngStates(torch)
         self._closed = False
         self._mode = "undecided"  # "optimizer" or "manual" once known
         self._manual: list[Any] = []
@@ -445,9 +446,10 @@ class StepTracer:
         return None if self._loss is None else step_values.loss_now(self.torch, self._loss)
 
     def _rng_fingerprint(self) -> dict[str, Any]:
-        """torch's generators every step; Python's and numpy's (slower to read: ~30 and ~60 µs) at
-        step 0 and every RNG_EXTRA_EVERY steps, where unseeded randomness shows first."""
-        return step_values.rng_states(self.torch, others=self.step % RNG_EXTRA_EVERY == 0)
+        """torch's generators every step; Python's and numpy's (slower to read: ~50 µs together
+        between steps) at step 0 and every RNG_EXTRA_EVERY steps, where unseeded randomness shows
+        first."""
+        return self._rng_states(others=self.step % RNG_EXTRA_EVERY == 0)
 
     def header(self) -> dict[str, Any]:
         header: dict[str, Any] = {"algorithm": fingerprint.ALGORITHM, "interval": self.interval}

@@ -69,6 +69,10 @@ class TraceWriter:
         """The loss tensor and the RNG state copies as bits and fingerprints, then one JSON line."""
         record["loss"] = step_values.loss_record(self.torch, record.get("loss"))
         rng = record.get("rng")
-        if rng and not all(isinstance(v, str) for v in rng.values()):
+        if rng:  # (a dict shared by records: replaced, not changed)
             record["rng"] = {name: step_values.rng_hash(state) for name, state in rng.items()}
-        return json.dumps(record, separators=(",", ":")) + "\n"
+        return _JSON.encode(record) + "\n"
+
+
+# what json.dumps(record, separators=(",", ":")) writes, without building an encoder per record
+_JSON = json.JSONEncoder(separators=(",", ":"))

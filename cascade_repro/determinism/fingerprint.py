@@ -39,7 +39,7 @@ def _bytes_type(size: int) -> Any:
 
 def _raw(tensor: Any) -> Any:
     """A zero-copy view of a CPU tensor's bytes."""
-    size = tensor.numel() * tensor.element_size()
+    size = tensor.nbytes
     if size == 0:
         return b""
     return _bytes_type(size).from_address(tensor.data_ptr())
@@ -202,13 +202,13 @@ def _header_of(tensor: Any) -> bytes:
 def cpu_hash(tensor: Any) -> str:
     """16 hex digits over dtype, shape and the bytes of a CPU tensor (a sparse one: of the tensors
     that hold it, as they are stored)."""
-    t = tensor.detach()
+    t = tensor  # read in place: no detach() (a new tensor object, 1-2 µs between training steps)
     try:
         if not t.is_contiguous():
-            t = t.contiguous()
+            t = t.detach().contiguous()
         raw = _raw(t)
     except RuntimeError:  # no strided memory to read
-        parts = sparse_parts(t)
+        parts = sparse_parts(t.detach())
         if parts is None:
             raise
         return _of_parts(t, [cpu_hash(part) for part in parts])

@@ -126,6 +126,10 @@ def test_a_batch_is_fingerprinted_the_same_on_the_fast_path() -> None:
     assert step_values.batch_fingerprint(torch, [y, x]) != general
     assert step_values.batch_fingerprint(torch, [x.t()]) == fingerprints(torch, [x.t().contiguous()])[0]
     assert step_values.batch_fingerprint(torch, []) is None
+    # read in place, without detach(): a tensor that requires grad gives the same fingerprint
+    assert step_values.batch_fingerprint(torch, [x.clone().requires_grad_(), y]) == general
+    # parts of another length than 16 digits are combined the general way
+    assert step_values.joined(["ab", "0123456789abcdef"]) == step_values.combine([b"ab", b"0123456789abcdef"])
 
 
 def test_kept_headers_follow_each_tensors_dtype_and_shape(monkeypatch: pytest.MonkeyPatch) -> None:
