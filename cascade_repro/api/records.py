@@ -45,6 +45,7 @@ class TraceSummary:
     loss_min: tuple[int, float] | None  # (step, value)
     loss_max: tuple[int, float] | None
     nonfinite_losses: int
+    batches: int = 0  # steps with a batch fingerprint (none: the script reads no torch DataLoader)
 
 
 def show_run(ref: str, cwd: Path | None = None, trace: bool = False) -> RunRecord:
@@ -77,6 +78,7 @@ def _summarize_trace(records: Sequence[dict[str, Any]], header: Mapping[str, Any
         loss_min=min(finite, key=lambda item: item[1]) if finite else None,
         loss_max=max(finite, key=lambda item: item[1]) if finite else None,
         nonfinite_losses=len(losses) - len(finite),
+        batches=sum(1 for r in records if r.get("batch")),
     )
 
 

@@ -25,6 +25,12 @@ INCOMPARABLE = "INCOMPARABLE"
 REPRODUCED = (BITWISE_IDENTICAL, NUMERICALLY_EQUIVALENT)
 
 
+# a script that reads its data without a torch DataLoader (nanoGPT's get_batch over a memmap)
+NO_BATCHES = ("batches are not compared: neither run read its data through a torch DataLoader, whose "
+              "batches the trace fingerprints (data read another way is covered only by the RNG state "
+              "that samples it, not by its contents)")
+
+
 @dataclass(frozen=True)
 class Verdict:
     """Whether run B reproduced run A: the verdict, the first divergence, the records' differences
@@ -184,6 +190,8 @@ def judge(
     if batched[0] != batched[1]:  # compare.py skips a batch one run did not read
         notes = (*notes, f"batches are not compared: run {(b_id if batched[0] else a_id)[:12]} recorded none "
                          "(recorded before cascade read mappings such as HF's BatchEncoding?)")  # fmt: skip
+    elif not batched[0] and trace_a and trace_b:
+        notes = (*notes, NO_BATCHES)
     compared = compare_traces(trace_a, trace_b)
     comparison = replace(compared, notes=(*compared.notes, *notes))
     causes = tuple(likely_causes(manifest_a, manifest_b, comparison, list(differences)))

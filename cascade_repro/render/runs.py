@@ -305,6 +305,9 @@ def _trace_summary(console: Any, t: Any) -> None:
     if t.grads is not None:
         hashed = "weights and gradients" if t.grads else "weights only (gradients: trace_grads)"
         console.print(f"  fingerprints of {hashed}")
+    if t.steps and not t.batches:
+        console.print("  no batches: the script read no torch DataLoader, whose batches the trace "
+                      "fingerprints; data read another way is covered by the RNG state that samples it")
     if t.loss_first is None:
         return
     parts = [f"loss first {_num(t.loss_first)}", f"last {_num(t.loss_last)}"]

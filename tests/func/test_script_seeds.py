@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from cascade_repro.determinism.verdict import NO_BATCHES
 from tests.plugin import Project
 
 pytestmark = pytest.mark.slow
@@ -170,7 +171,8 @@ def test_a_script_seeding_torch_only_trains_identically_and_verify_says_so(seedi
     assert code == 0 and verdict["verdict"] == "BITWISE_IDENTICAL", verdict["summary"]
     assert verdict["notes"] == [
         "the RNG state of numpy, python differs (first at step 0), but no batch, loss, gradient or weight "
-        "does at any compared step: the training never drew from it"
+        "does at any compared step: the training never drew from it",
+        NO_BATCHES,  # the script reads a fixed tensor, no DataLoader
     ]
     assert [d["summary"] for d in verdict["record_differences"]] == ["seed 1 → 2"]
     result = seeding.cascade("run", "--seed", "7", "torchonly.py", check=True)

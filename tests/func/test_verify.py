@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from cascade_repro.determinism.verdict import NO_BATCHES
 from tests.plugin import Project
 
 pytestmark = pytest.mark.slow
@@ -138,6 +139,7 @@ def test_show_trace_summarizes_the_recorded_losses(project: Project) -> None:
     assert shown["grads"] is True  # a small model on CPU: gradients are cheap, so hashed
     human = project.cascade("show", run_id, "--trace", check=True).stdout
     assert "20 steps recorded" in human and "fingerprints of weights and gradients" in human
+    assert shown["batches"] == 0 and "no batches: the script read no torch DataLoader" in human
     project.write("cascade.yaml", "trace_grads: false\n")
     lean = project.record("train.py")
     assert (
@@ -149,7 +151,8 @@ def test_show_trace_summarizes_the_recorded_losses(project: Project) -> None:
     code, verdict = _verify(project, run_id, lean)  # compared on what both traces hold
     assert code == 0 and verdict["verdict"] == "BITWISE_IDENTICAL"
     assert verdict["notes"] == [
-        f"gradients are not compared: run {lean[:12]} did not hash them (trace_grads)"
+        f"gradients are not compared: run {lean[:12]} did not hash them (trace_grads)",
+        NO_BATCHES,  # train.py trains on a fixed tensor: no DataLoader
     ]
 
 
@@ -170,6 +173,7 @@ def test_shuffled_dataloader_with_workers_is_reproduced_batch_for_batch(project:
     b = project.record("loader.py")
     records = project.cascade("show", a, "--trace", "--json", check=True)
     assert json.loads(records.stdout)["data"]["trace"]["steps"] == 16
+    assert json.loads(records.stdout)["data"]["trace"]["batches"] == 16
     code, verdict = _verify(project, a, b)
     assert code == 0 and verdict["verdict"] == "BITWISE_IDENTICAL"
     c = project.record("--seed", "5", "loader.py")

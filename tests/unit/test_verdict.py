@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from cascade_repro.determinism.verdict import judge
+from cascade_repro.determinism.verdict import NO_BATCHES, judge
 from tests.plugin import as_record
 
 
@@ -161,3 +161,15 @@ def test_batches_fingerprinted_by_one_run_only_compare_the_rest() -> None:
     result = judge(as_record(_manifest("a")), as_record(_manifest("b")), trace, other)
     assert result.verdict == "DIVERGED" and result.comparison.step == 2
     assert [d.facet for d in result.comparison.differences] == ["batch"]
+
+
+def test_runs_that_read_no_dataloader_say_their_batches_are_not_compared() -> None:
+    # nanoGPT's get_batch over a memmap: no batch fingerprint at any step in either run
+    trace = [{**_record(i), "batch": None} for i in range(4)]
+    result = judge(as_record(_manifest("a")), as_record(_manifest("b")), trace, copy.deepcopy(trace))
+    assert result.verdict == "BITWISE_IDENTICAL"
+    assert result.to_dict()["notes"] == [NO_BATCHES]
+    assert "neither run read its data through a torch DataLoader" in NO_BATCHES
+    batched = [_record(i) for i in range(4)]  # both read one: nothing to say
+    both = judge(as_record(_manifest("a")), as_record(_manifest("b")), batched, batched)
+    assert both.to_dict()["notes"] == []
