@@ -119,7 +119,7 @@ def measure(batch: int) -> None:
     for block in range(BLOCKS + 1):
         for name, competitor in variants.items():
             for tracer_name, (tracer, spent) in tracers.items():
-                tracer._closed = name != tracer_name  # the tracers' own off switch
+                tracer.closed = name != tracer_name  # the tracers' own off switch
                 spent[0] = 0.0
                 # the other variants' blocks are not this tracer's steps (a pause it skips too)
                 tracer.sampling._last_start = None
@@ -136,7 +136,7 @@ def measure(batch: int) -> None:
                 if name in tracers:
                     inside[name].append(tracers[name][1][0] / STEPS)
     for tracer, _ in tracers.values():
-        tracer._closed = False
+        tracer.closed = False
         tracer.close()
     # A tracer that had turned itself off would cost nothing: count what each wrote before any ratio.
     for name in tracers:

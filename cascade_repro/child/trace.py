@@ -1,4 +1,5 @@
-"""The per-step trace, recorded from inside the training process without touching the script.
+"""The per-step trace, recorded from inside the training process without touching the script
+(where it hooks into torch: child/trace_install.py).
 
 A step is one `optimizer.step()` of any torch.optim optimizer (global step hooks), numbered from 0.
 For step k the record holds, in causal order: the RNG fingerprints at the step's start, the
@@ -33,7 +34,6 @@ fingerprint read again, so a step's RNG state is the one its training began with
 
 from __future__ import annotations
 
-import importlib
 import sys
 import threading
 import time
@@ -41,7 +41,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from cascade_repro.child import step_values
+from cascade_repro.child import step_values, trace_install
 from cascade_repro.child.step_tensors import StepTensors
 from cascade_repro.child.trace_budget import SamplingBudget
 from cascade_repro.child.trace_dump import TensorDump
@@ -76,12 +76,12 @@ class StepTracer:
         self._pending_params: list[Any] | None = []  # None: read from `_pending_optimizer` if needed
         self._pending_optimizer: Any = None
         self._loss: Any = None
-        self._batch: str | fingerprint.Later | None = None  # Later: on a device, read at the flush
-        self._batch_sums: dict[Any, Any] = {}  # a device's checksums of the batches, kept (their plan)
+        self.batch: str | fingerprint.Later | None = None  # Later: on a device, read at the flush
+        self.batch_sums: dict[Any, Any] = {}  # a device's checksums of the batches, kept (their plan)
         self._started = False  # step 0 has started: its RNG state is read (see the docstring)
         self._rng: dict[str, Any] | None = None
         self._rng_states = step_values.RngStates(torch)
-        self._closed = False
+        self.closed = False
         self._mode = "undecided"  # "optimizer" or "manual" once known
         self._manual: list[Any] = []
         self._rng_next: dict[str, Any] | None = self._rng
@@ -89,54 +89,38 @@ class StepTracer:
         self._backward_in_step = False  # the step ran a closure: its loss and gradients come after
         self.dump: TensorDump | None = None  # `cascade verify --replay`: steps whose tensors are saved
 
-    # -- hooks ------------------------------------------------------------------------------
+    # -- entry points (child/trace_install.py calls them from torch) -----------------------------
     def install(self) -> None:
+        trace_install.install(self)
+
+    def step_hooks(self) -> tuple[Callable[[Any, Any, Any], None], Callable[[Any, Any, Any], None]]:
+        """The optimizer step's global pre- and post-hook."""
+        return self._guarded(self._before_step), self._guarded(self._after_step)
+
+    def backward_begins(self, tensors: Any) -> None:
+        if not self._started:
+            self.start()
         torch = self.torch
-        optim = importlib.import_module("torch.optim.optimizer")  # not loaded by `import torch` alone
-        optim.register_optimizer_step_pre_hook(self._guarded(self._before_step))
-        optim.register_optimizer_step_post_hook(self._guarded(self._after_step))
-        autograd = importlib.import_module("torch.autograd")
-        original_backward = autograd.backward
-        tracer = self
+        if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
+            self._loss = tensors  # copied when the step ends (`_after_step`)
+        if self._mode == "optimizer":
+            self._guarded_next_step_begins()
+        else:
+            self._guarded_manual(self._before_backward)
 
-        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            # Tensor.backward() calls torch.autograd.backward(), so this sees both spellings.
-            tracer._guarded_start()
-            loss = tensors if isinstance(tensors, torch.Tensor) else None
-            if loss is not None and loss.numel() == 1:
-                tracer._loss = loss  # copied when the step ends (`_after_step`)
-            if tracer._mode == "optimizer":
-                tracer._guarded_next_step_begins()
-            else:
-                tracer._guarded_manual(tracer._before_backward)
-            result = original_backward(tensors, *args, **kwargs)
-            tracer._guarded_manual(tracer._after_backward)
-            return result
+    def backward_ended(self) -> None:
+        if self._mode != "optimizer":
+            self._guarded_manual(self._after_backward)
 
-        autograd.backward = backward  # type: ignore[attr-defined]
-        self._wrap_dataloader()
-        self._start_at_first_forward()
-
-    def _start_at_first_forward(self) -> None:
-        """A global forward pre-hook, removed at its first call: modules take the fast path again."""
-        module = importlib.import_module("torch.nn.modules.module")
-        handles: list[Any] = []
-
-        def first_forward(*_: Any) -> None:
-            while handles:
-                handles.pop().remove()
-            self._guarded_start()
-
-        handles.append(module.register_module_forward_pre_hook(first_forward))
-
-    def _guarded_start(self) -> None:
-        if self._started or self._closed:
+    def start(self) -> None:
+        """Step 0 starts, if it has not (its RNG state is read now)."""
+        if self._started or self.closed:
             return
         try:
             with self._lock:
                 self._start()
         except Exception as exc:
-            self._stop(exc)
+            self.stop(exc)
 
     def _start(self) -> None:
         """Step 0 starts: its RNG state is read now, after the script's own seeding."""
@@ -148,7 +132,7 @@ class StepTracer:
         """The script seeded a generator: the step whose RNG fingerprint is the first to follow it.
 
         If that step's record is not made yet, its fingerprint is read again now."""
-        if self._closed:
+        if self.closed:
             return None
         try:
             with self._lock:
@@ -165,56 +149,39 @@ class StepTracer:
                 self._rng = fresh
                 return self.step
         except Exception as exc:
-            self._stop(exc)
+            self.stop(exc)
             return None
-
-    def _wrap_dataloader(self) -> None:
-        loader = importlib.import_module("torch.utils.data").DataLoader
-        original_iter = loader.__iter__
-        tracer = self
-
-        def __iter__(self: Any) -> Any:  # noqa: N807 - replaces DataLoader.__iter__
-            tracer._guarded_start()  # before the sampler draws the epoch's order
-            for batch in original_iter(self):
-                if not tracer._closed:
-                    try:  # a failing fingerprint never reaches the training loop
-                        tracer._batch = step_values.batch_fingerprint(tracer.torch, batch, tracer._batch_sums)
-                    except Exception as exc:
-                        tracer._stop(exc)
-                yield batch
-
-        loader.__iter__ = __iter__
 
     def _guarded(self, hook: Any) -> Any:
         """A failing fingerprint turns the trace off; it never reaches the user's training loop."""
 
         def run(optimizer: Any, args: Any, kwargs: Any) -> None:
-            if self._closed:
+            if self.closed:
                 return
             started = time.perf_counter()
             try:
                 hook(optimizer, args, kwargs)
             except Exception as exc:
-                self._stop(exc)
+                self.stop(exc)
             self._spent_s += time.perf_counter() - started
 
         return run
 
     def _guarded_manual(self, hook: Any) -> None:
-        if self._closed or self._mode == "optimizer":
+        if self.closed or self._mode == "optimizer":
             return
         try:
             with self._lock:
                 hook()
         except Exception as exc:
-            self._stop(exc)
+            self.stop(exc)
 
     def _guarded_next_step_begins(self) -> None:
         if self._in_step:  # a closure's backward(), inside the optimizer step
             self._backward_in_step = True
             return
         pending = self._pending
-        if self._closed or pending is None:
+        if self.closed or pending is None:
             return
         try:
             if not self._pending_sampled and self.dump is None:  # nothing to read: most steps
@@ -226,7 +193,7 @@ class StepTracer:
                 self._finish_pending()
             self._spent_s += time.perf_counter() - started
         except Exception as exc:
-            self._stop(exc)
+            self.stop(exc)
 
     def _finish_pending(self, final: bool = False) -> None:
         """Step k's parameters-after, read when step k+1 begins (or at exit: the final weights, always),
@@ -309,7 +276,7 @@ class StepTracer:
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         with self._lock:
-            if self._closed:
+            if self.closed:
                 return
             self._step_begins()
             # what the hooks took since the last step began, the weights' fingerprints apart
@@ -378,13 +345,13 @@ class StepTracer:
         with self._lock:
             if self._writer.closed:
                 return
-            self._closed = True
+            self.closed = True
             try:
                 self._finish_pending(final=True)
                 self._writer.close()
             except Exception as exc:  # a device that can no longer be read (a CUDA error in the script)
                 self._writer.abandon()
-                self._stop(exc)
+                self.stop(exc)
             if self._on_header is not None and self.sampling.budget > 0:
                 self._on_header(self.header())  # the schedule as it ended
 
@@ -396,7 +363,7 @@ class StepTracer:
         """
         if self.stop_after is None or self.step < self.stop_after:
             return
-        self._closed = True
+        self.closed = True
         self._writer.close()
         sys.stderr.write(f"cascade: stopped after {self.step} steps, as asked (--steps)\n")
         raise SystemExit(0)
@@ -411,7 +378,7 @@ class StepTracer:
         record = {
             "step": self.step,
             "rng": self._rng,
-            "batch": self._batch,
+            "batch": self.batch,
             "loss": self._loss_copy() if self._mode != "optimizer" else None,  # optimizer: `_after_step`
         }
         self._hash_s = 0.0
@@ -423,9 +390,9 @@ class StepTracer:
             self._hashing_s += self._hash_s
         return record
 
-    def _stop(self, exc: Exception) -> None:
+    def stop(self, exc: Exception) -> None:
         """Something the trace reads failed: the trace stops there, saying so; the training goes on."""
-        self._closed = True
+        self.closed = True
         self._pending = None
         sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
 

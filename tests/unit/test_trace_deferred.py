@@ -27,7 +27,7 @@ tracer = StepTracer(torch, out / "trace.jsonl", grads=True, budget=0.0)  # trace
 assert tracer.tensors.defer  # the tracer's choice where it reads every facet every step
 tracer.tensors.defer = defer
 if not defer:
-    tracer._batch_sums = None  # batches read at once too
+    tracer.batch_sums = None  # batches read at once too
 tracer.install()
 torch.manual_seed(0)
 random.seed(0)  # Python's and numpy's states are in the trace too

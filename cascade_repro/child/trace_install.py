@@ -1,0 +1,72 @@
+"""Where the step trace enters torch: the optimizer's global step hooks, `torch.autograd.backward`,
+`DataLoader.__iter__` and the first module forward. Each calls one of the tracer's entry points;
+what the trace reads at each is child/trace.py.
+
+These run between training steps, where every Python call costs a microsecond or more (the step has
+flushed the caches): each entry point is one call, and a step that reads nothing returns early.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from cascade_repro.child import step_values
+
+if TYPE_CHECKING:
+    from cascade_repro.child.trace import StepTracer
+
+
+def install(tracer: StepTracer) -> None:
+    optim = importlib.import_module("torch.optim.optimizer")  # not loaded by `import torch` alone
+    before, after = tracer.step_hooks()
+    optim.register_optimizer_step_pre_hook(before)
+    optim.register_optimizer_step_post_hook(after)
+    _wrap_backward(tracer)
+    _wrap_dataloader(tracer)
+    _start_at_first_forward(tracer)
+
+
+def _wrap_backward(tracer: StepTracer) -> None:
+    autograd = importlib.import_module("torch.autograd")
+    original_backward = autograd.backward
+
+    def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        # Tensor.backward() calls torch.autograd.backward(), so this sees both spellings.
+        tracer.backward_begins(tensors)
+        result = original_backward(tensors, *args, **kwargs)
+        tracer.backward_ended()
+        return result
+
+    autograd.backward = backward  # type: ignore[attr-defined]
+
+
+def _wrap_dataloader(tracer: StepTracer) -> None:
+    loader = importlib.import_module("torch.utils.data").DataLoader
+    original_iter = loader.__iter__
+    torch = tracer.torch
+
+    def __iter__(self: Any) -> Any:  # noqa: N807 - replaces DataLoader.__iter__
+        tracer.start()  # before the sampler draws the epoch's order
+        for batch in original_iter(self):
+            if not tracer.closed:
+                try:  # a failing fingerprint never reaches the training loop
+                    tracer.batch = step_values.batch_fingerprint(torch, batch, tracer.batch_sums)
+                except Exception as exc:
+                    tracer.stop(exc)
+            yield batch
+
+    loader.__iter__ = __iter__
+
+
+def _start_at_first_forward(tracer: StepTracer) -> None:
+    """A global forward pre-hook, removed at its first call: modules take the fast path again."""
+    module = importlib.import_module("torch.nn.modules.module")
+    handles: list[Any] = []
+
+    def first_forward(*_: Any) -> None:
+        while handles:
+            handles.pop().remove()
+        tracer.start()
+
+    handles.append(module.register_module_forward_pre_hook(first_forward))
