@@ -27,8 +27,8 @@ REPRODUCED = (BITWISE_IDENTICAL, NUMERICALLY_EQUIVALENT)
 
 # a script that reads its data without a torch DataLoader (nanoGPT's get_batch over a memmap)
 NO_BATCHES = ("batches are not compared: neither run read its data through a torch DataLoader, whose "
-              "batches the trace fingerprints (data read another way is covered only by the RNG state "
-              "that samples it, not by its contents)")
+              "batches the trace fingerprints (data read another way is covered by the input files each "
+              "run recorded and by the RNG state that samples them)")
 
 
 @dataclass(frozen=True)

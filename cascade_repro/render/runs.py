@@ -307,7 +307,8 @@ def _trace_summary(console: Any, t: Any) -> None:
         console.print(f"  fingerprints of {hashed}")
     if t.steps and not t.batches:
         console.print("  no batches: the script read no torch DataLoader, whose batches the trace "
-                      "fingerprints; data read another way is covered by the RNG state that samples it")
+                      "fingerprints; data read another way is covered by the input files the run "
+                      "recorded and by the RNG state that samples them")
     if t.loss_first is None:
         return
     parts = [f"loss first {_num(t.loss_first)}", f"last {_num(t.loss_last)}"]
