@@ -185,18 +185,21 @@ class InPlaceHashes:
         return _of_parts(tensor, DeviceChecksums(self.torch)(sparse_parts(tensor.detach()) or []))
 
 
-_HEADERS: dict[tuple[Any, Any], bytes] = {}  # (dtype, shape): header; a batch keeps its shape step to step
-_HEADERS_KEPT = 256
+# (dtype, shape): the header's hash state (copied, never updated) and the ctypes type of the bytes
+# (None: no bytes). A batch keeps its shape step to step; each is built once, not per call.
+_LAYOUTS: dict[tuple[Any, Any], tuple[Any, Any]] = {}
+_LAYOUTS_KEPT = 256
 
 
-def _header_of(tensor: Any) -> bytes:
+def _layout_of(tensor: Any) -> tuple[Any, Any]:
     key = (tensor.dtype, tensor.shape)
-    header = _HEADERS.get(key)
-    if header is None:
-        if len(_HEADERS) >= _HEADERS_KEPT:  # shapes that keep changing (sequences of any length)
-            _HEADERS.clear()
-        header = _HEADERS[key] = _header(tensor)
-    return header
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        if len(_LAYOUTS) >= _LAYOUTS_KEPT:  # shapes that keep changing (sequences of any length)
+            _LAYOUTS.clear()
+        size = tensor.nbytes
+        layout = _LAYOUTS[key] = (_header_state(_header(tensor)), _bytes_type(size) if size else None)
+    return layout
 
 
 def cpu_hash(tensor: Any) -> str:
@@ -206,14 +209,15 @@ def cpu_hash(tensor: Any) -> str:
     try:
         if not t.is_contiguous():
             t = t.detach().contiguous()
-        raw = _raw(t)
+        header, raw = _layout_of(t)
+        state = header.copy()
+        if raw is not None:
+            state.update(raw.from_address(t.data_ptr()))
     except RuntimeError:  # no strided memory to read
         parts = sparse_parts(t.detach())
         if parts is None:
             raise
         return _of_parts(t, [cpu_hash(part) for part in parts])
-    state = _header_state(_header_of(t))
-    state.update(raw)
     return str(state.hexdigest())
 
 
