@@ -170,6 +170,24 @@ def check_trace_reproduces() -> list[str]:
     return failures
 
 
+def check_sparse_batch() -> list[str]:
+    """A batch on the device holding a sparse tensor (a graph's adjacency) is fingerprinted, its
+    dense tensors left on the device; it stopped the trace before."""
+    from cascade_repro.determinism import fingerprint
+
+    adjacency = torch.zeros(5, 5)
+    adjacency[0, 3] = adjacency[3, 0] = 1.0
+    batch = {"adj": adjacency.to_sparse().to(DEVICE), "x": torch.randn(5, 8).to(DEVICE)}
+    try:
+        taken = step_values.batch_fingerprint(torch, batch, {})
+        if isinstance(taken, fingerprint.Later):
+            taken = step_values.joined(fingerprint.settle(torch, [taken])[0])
+        general = step_values.joined(fingerprint.fingerprints(torch, step_values.tensors_in(torch, batch)))
+    except RuntimeError as exc:
+        return [f"a sparse tensor in a batch on the device: {exc!r}"]
+    return [] if taken == general else ["a sparse batch's fingerprint differs from the general path's"]
+
+
 def main() -> int:
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("no GPU here (pass --cpu to try this script on CPU tensors)")
@@ -177,7 +195,7 @@ def main() -> int:
     torch.ones(1, device=DEVICE)  # the stack is read where the script has started CUDA
     stack = torch_stack(torch)
     print(json.dumps({k: v for k, v in stack.items() if v not in (None, "")}, indent=1, default=str))
-    failures = check_checksums() + check_trace_reproduces() + check_budget_timing()
+    failures = check_checksums() + check_sparse_batch() + check_trace_reproduces() + check_budget_timing()
     for failure in failures:
         print(f"FAILED: {failure}")
     print("all checks passed" if not failures else f"{len(failures)} checks failed")

@@ -197,8 +197,23 @@ def batch_fingerprint(torch: Any, batch: Any, kept: dict[Any, DeviceChecksums] |
     pending = []
     for device, indices in elsewhere.items():
         checksums = kept.get(device) or kept.setdefault(device, DeviceChecksums(torch))
-        pending.append((indices, checksums.start([tensors[i] for i in indices])))
+        pending += _started_on(torch, checksums, tensors, indices, values)
     return fingerprint.Later(values, pending)
+
+
+def _started_on(torch: Any, checksums: DeviceChecksums, tensors: list[Any], indices: list[int],
+                values: list[str]) -> list[tuple[list[int], Any]]:  # fmt: skip
+    """The checksums of a batch's tensors on one device, started there (read at the flush); a
+    sparse one (a graph's adjacency: no strided memory) read now, into `values`."""
+    try:
+        return [(indices, checksums.start([tensors[i] for i in indices]))]
+    except RuntimeError:
+        dense = [i for i in indices if not fingerprint.is_sparse(tensors[i])]
+        if len(dense) == len(indices):
+            raise
+        for i in set(indices) - set(dense):
+            values[i] = fingerprint.sparse_device_checksum(torch, tensors[i])
+        return [(dense, checksums.start([tensors[i] for i in dense]))] if dense else []
 
 
 def joined(hashes: list[str]) -> str:

@@ -168,7 +168,7 @@ class InPlaceHashes:
     def _with_sparse(self, on_device: DeviceChecksums, tensors: list[Any]) -> list[str] | None:
         """Checksums of tensors on a device some of which are sparse (None if none is): the others
         in one call (their plan kept), each sparse one from the tensors it is stored in."""
-        sparse = {i for i, t in enumerate(tensors) if str(t.layout) in _SPARSE_PARTS}
+        sparse = {i for i, t in enumerate(tensors) if is_sparse(t)}
         if not sparse:
             return None
         dense = [i for i in range(len(tensors)) if i not in sparse]
@@ -180,9 +180,7 @@ class InPlaceHashes:
         return values
 
     def _sparse_checksum(self, tensor: Any) -> str:
-        """A sparse tensor on a device: the checksums of the tensors it is stored in, with its
-        layout, dtype and shape."""
-        return _of_parts(tensor, DeviceChecksums(self.torch)(sparse_parts(tensor.detach()) or []))
+        return sparse_device_checksum(self.torch, tensor)
 
 
 # (dtype, shape): the header's hash state (copied, never updated) and the ctypes type of the bytes
@@ -238,6 +236,16 @@ def _of_parts(tensor: Any, hashes: list[str]) -> str:
     return str(state.hexdigest())
 
 
+def is_sparse(tensor: Any) -> bool:
+    return str(tensor.layout) in _SPARSE_PARTS
+
+
+def sparse_device_checksum(torch: Any, tensor: Any) -> str:
+    """A sparse tensor on a device: the checksums of the tensors it is stored in, with its layout,
+    dtype and shape (read now)."""
+    return _of_parts(tensor, DeviceChecksums(torch)(sparse_parts(tensor.detach()) or []))
+
+
 def sparse_parts(tensor: Any) -> list[Any] | None:
     """The strided tensors a sparse tensor is stored in (None for another layout)."""
     names = _SPARSE_PARTS.get(str(tensor.layout))
@@ -263,6 +271,12 @@ def fingerprints(torch: Any, tensors: Sequence[Any]) -> list[str]:
         else:
             by_device.setdefault(tensor.device, []).append(index)
     for indices in by_device.values():
-        for index, value in zip(indices, device_checksums(torch, [tensors[i] for i in indices]), strict=True):
+        dense = []
+        for index in indices:
+            if is_sparse(tensors[index]):
+                out[index] = sparse_device_checksum(torch, tensors[index])
+            else:
+                dense.append(index)
+        for index, value in zip(dense, device_checksums(torch, [tensors[i] for i in dense]), strict=True):
             out[index] = value
     return [v or "" for v in out]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import struct
+from typing import Any
 
 import pytest
 import torch
@@ -197,3 +198,33 @@ def test_a_sparse_gradient_on_a_device_is_read_from_what_it_stores(monkeypatch: 
     assert moved[1] != first[1] and [moved[0], moved[2]] == [first[0], first[2]]
     with pytest.raises(RuntimeError):  # what is not about sparsity still fails as it did
         hashes([weight, torch.empty(3, device="meta")])
+
+
+def test_a_sparse_batch_on_a_device_is_read_from_what_it_stores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch on an accelerator holding a sparse tensor (a graph's adjacency; here CPU tensors routed
+    to the device path) stopped the trace: its sparse tensor is read from its indices and values, the
+    dense ones left on the device as before; the general path gives the same fingerprint."""
+    from cascade_repro.child import step_values
+    from cascade_repro.determinism import fingerprint
+
+    monkeypatch.setattr(fingerprint.InPlaceHashes, "in_place_device", "none")
+    adjacency = torch.zeros(5, 5)
+    adjacency[0, 3] = adjacency[3, 0] = 1.0
+    features, labels = torch.randn(5, 8), torch.arange(5)
+    kept: dict[Any, Any] = {}
+
+    def read(*tensors: torch.Tensor) -> str:
+        batch = {f"t{i}": t for i, t in enumerate(tensors)}  # (a flat list of CPU tensors is hashed on CPU)
+        taken = step_values.batch_fingerprint(torch, batch, kept)
+        assert isinstance(taken, fingerprint.Later)  # the dense ones wait on the device
+        return step_values.joined(fingerprint.settle(torch, [taken])[0])
+
+    first = read(features, adjacency.to_sparse(), labels)
+    general = fingerprint.fingerprints(torch, [features, adjacency.to_sparse(), labels])
+    assert first == step_values.joined(general) == read(features, adjacency.to_sparse(), labels)
+    assert general[0] == fingerprint.device_checksums(torch, [features])[0]
+    assert read(features, adjacency.to_sparse_csr(), labels) != first  # the layout counts
+    adjacency[1, 2] = 1.0
+    assert read(features, adjacency.to_sparse(), labels) != first
+    with pytest.raises(RuntimeError):  # what is not about sparsity still fails as it did
+        read(features, torch.empty(3, device="meta"))
