@@ -20,6 +20,8 @@ from cascade_repro.child.protocol import open_private
 from cascade_repro.child.step_tensors import settle
 
 FLUSH_EVERY_S = 0.5  # a crash keeps the trace up to here; an exception or Ctrl-C keeps all of it
+# what json.dumps(record, separators=(",", ":")) writes, without building an encoder per record
+_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 class TraceWriter:
@@ -73,6 +75,3 @@ class TraceWriter:
             record["rng"] = {name: step_values.rng_hash(state) for name, state in rng.items()}
         return _JSON.encode(record) + "\n"
 
-
-# what json.dumps(record, separators=(",", ":")) writes, without building an encoder per record
-_JSON = json.JSONEncoder(separators=(",", ":"))

@@ -99,6 +99,17 @@ class TraceRecords(Sequence[dict[str, Any]]):
 SAMPLED_AT = (',"grads":', ',"params_after":')  # where a record's sampled facets begin (written last)
 
 
+def has_batches(records: Sequence[dict[str, Any]]) -> bool:
+    """Whether any step has a batch fingerprint (none: the script read no torch DataLoader); read
+    from the text where the records are still lines (a fingerprint is a string, its absence null)."""
+    if isinstance(records, TraceRecords):
+        return any(BATCH_KEY in line for line in records.lines)
+    return any(record.get("batch") for record in records)
+
+
+BATCH_KEY = '"batch":"'
+
+
 def next_difference(a: Sequence[Any], b: Sequence[Any], start: int, overlap: int) -> int:
     """The first index from `start` whose records may differ in a facet both recorded (`start` unless
     both were read as `TraceRecords`): equal lines are skipped, and so are lines equal up to their

@@ -15,6 +15,7 @@ from cascade_repro.determinism.compare import (
 from cascade_repro.determinism.explain import Cause, Difference, likely_causes, manifest_differences
 from cascade_repro.determinism.magnitude import Magnitude
 from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
+from cascade_repro.determinism.trace_file import has_batches
 from cascade_repro.errors import EXIT_NOT_REPRODUCED, EXIT_OK
 from cascade_repro.manifest import Manifest
 
@@ -186,7 +187,7 @@ def judge(
             f"gradients are not compared: run {a_id[:12] if not header_a.get('grads', True) else b_id[:12]} "
             "did not hash them (trace_grads)",
         )
-    batched = [bool(trace[0].get("batch")) if trace else False for trace in (trace_a, trace_b)]
+    batched = [has_batches(trace_a), has_batches(trace_b)]
     if batched[0] != batched[1]:  # compare.py skips a batch one run did not read
         notes = (*notes, f"batches are not compared: run {(b_id if batched[0] else a_id)[:12]} recorded none "
                          "(recorded before cascade read mappings such as HF's BatchEncoding?)")  # fmt: skip

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
+from cascade_repro.determinism.trace_file import TraceRecords
 from cascade_repro.determinism.verdict import NO_BATCHES, judge
 from tests.plugin import as_record
 
@@ -173,3 +175,15 @@ def test_runs_that_read_no_dataloader_say_their_batches_are_not_compared() -> No
     batched = [_record(i) for i in range(4)]  # both read one: nothing to say
     both = judge(as_record(_manifest("a")), as_record(_manifest("b")), batched, batched)
     assert both.to_dict()["notes"] == []
+    # a warm-up step before the first DataLoader batch: the later steps' batches count, as text too
+    warmed = [{**batched[0], "batch": None}, *batched[1:]]
+    for a, b in ((warmed, copy.deepcopy(warmed)), (_as_text(warmed), _as_text(warmed))):
+        assert judge(as_record(_manifest("a")), as_record(_manifest("b")), a, b).to_dict()["notes"] == []
+    lines = _as_text(trace)
+    assert judge(as_record(_manifest("a")), as_record(_manifest("b")), lines, lines).to_dict()["notes"] == [
+        NO_BATCHES]
+
+
+def _as_text(records: list[dict[str, Any]]) -> TraceRecords:
+    """The records as the child writes them, read back as `cascade verify` reads a trace."""
+    return TraceRecords([json.dumps(r, separators=(",", ":")) for r in records])
