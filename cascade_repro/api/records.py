@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from cascade_repro.api.judging import judge_runs, record_verdict, trace_records
 from cascade_repro.api.loading import load_project
+from cascade_repro.child.trace_budget import parse_cost
 from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from cascade_repro.manifest import Manifest
 from cascade_repro.store.run_store import RunStore
@@ -46,6 +47,10 @@ class TraceSummary:
     loss_max: tuple[int, float] | None
     nonfinite_losses: int
     batches: int = 0  # steps with a batch fingerprint (none: the script reads no torch DataLoader)
+    budget: float | None = None  # trace_budget: the share of step time the trace keeps to (0: every facet)
+    # what the trace took of the training loop's time, as the child measured it: share, every_step,
+    # sampled (shares) and step_ms; None for a run recorded before it was measured
+    cost: dict[str, float] | None = None
 
 
 def show_run(ref: str, cwd: Path | None = None, trace: bool = False) -> RunRecord:
@@ -79,7 +84,16 @@ def _summarize_trace(records: Sequence[dict[str, Any]], header: Mapping[str, Any
         loss_max=max(finite, key=lambda item: item[1]) if finite else None,
         nonfinite_losses=len(losses) - len(finite),
         batches=sum(1 for r in records if r.get("batch")),
+        budget=_budget(header.get("budget")),
+        cost=parse_cost(header.get("cost")),
     )
+
+
+def _budget(value: Any) -> float | None:
+    """The recorded trace budget (untrusted: a finite share or nothing); absent: every step sampled."""
+    if value is None:
+        return 0.0
+    return float(value) if type(value) in (int, float) and 0 <= value <= 1 else None
 
 
 def verify(

@@ -98,6 +98,7 @@ class StepTracer:
         return self._guarded(self._before_step), self._guarded(self._after_step)
 
     def backward_begins(self, tensors: Any) -> None:
+        started = time.perf_counter()
         if not self._started:
             self.start()
         torch = self.torch
@@ -107,6 +108,17 @@ class StepTracer:
             self._guarded_next_step_begins()
         else:
             self._guarded_manual(self._before_backward)
+        self._spent_s += time.perf_counter() - started
+
+    def read_batch(self, batch: Any) -> None:
+        """A DataLoader yielded `batch`: its fingerprint (the last one before a step is the step's),
+        timed as part of what every step costs."""
+        started = time.perf_counter()
+        try:  # a failing fingerprint never reaches the training loop
+            self.batch = step_values.batch_fingerprint(self.torch, batch, self.batch_sums)
+        except Exception as exc:
+            self.stop(exc)
+        self._spent_s += time.perf_counter() - started
 
     def backward_ended(self) -> None:
         if self._mode != "optimizer":
@@ -186,12 +198,10 @@ class StepTracer:
         try:
             if not self._pending_sampled and self.dump is None:  # nothing to read: most steps
                 self._pending = None
-                self._spent_s += self._writer.write(pending)  # what a flush took
+                self._writer.write(pending)
                 return
-            started = time.perf_counter()
             with self._lock:
                 self._finish_pending()
-            self._spent_s += time.perf_counter() - started
         except Exception as exc:
             self.stop(exc)
 
@@ -352,8 +362,8 @@ class StepTracer:
             except Exception as exc:  # a device that can no longer be read (a CUDA error in the script)
                 self._writer.abandon()
                 self.stop(exc)
-            if self._on_header is not None and self.sampling.budget > 0:
-                self._on_header(self.header())  # the schedule as it ended
+            if self._on_header is not None:
+                self._on_header(self.header())  # the schedule as it ended, what the trace cost
 
     def _stop_if_done(self) -> None:
         """`cascade restore --steps N`: steps 0..N-1 are complete, so end the script as a success.
@@ -430,6 +440,9 @@ class StepTracer:
             header["grads_rule"] = rule
         if self.stop_after is not None:
             header["stopped_after_steps"] = self.stop_after
+        cost = self.sampling.cost()
+        if cost is not None:  # (measured by the budget's clock, whatever the budget)
+            header["cost"] = cost
         return header
 
 

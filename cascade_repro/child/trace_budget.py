@@ -37,6 +37,10 @@ class SamplingBudget:
         self._step_s: float | None = None
         self._fixed_s: float | None = None
         self._last_start: float | None = None
+        self._first_start: float | None = None
+        self._began = 0  # steps begun
+        self.every_step_s = 0.0  # what the trace took over the run: the every-step facets ...
+        self.sampled_s = 0.0  # ... and the weights' and gradients' fingerprints at sampled steps
 
     def samples(self, step: int) -> bool:
         """Whether `step` gets the weights read (called once per step, in order)."""
@@ -54,6 +58,10 @@ class SamplingBudget:
         """An optimizer step began at `now` (perf_counter seconds); the trace's other work since the
         last one (RNG state, loss, records: every step's, whatever is sampled) took `overhead_s`."""
         fixed, overhead_s = self._fixed_s, max(overhead_s, 0.0)  # (a first backward's guess is not timed)
+        self.every_step_s += overhead_s
+        self._began += 1
+        if self._first_start is None:
+            self._first_start = now
         self._fixed_s = overhead_s if fixed is None else (1 - SMOOTHING) * fixed + SMOOTHING * overhead_s
         if self._last_start is not None:
             took = now - self._last_start
@@ -65,6 +73,7 @@ class SamplingBudget:
 
     def hashed(self, seconds: float) -> None:
         """A sampled step's fingerprints took `seconds`: the interval for the steps that follow."""
+        self.sampled_s += seconds
         if self.budget <= 0 or self.replayed or not self._step_s:
             return
         fixed = self._fixed_s or 0.0
@@ -75,6 +84,33 @@ class SamplingBudget:
             ideal *= 2
         if ideal > self.every or ideal * 4 <= self.every:
             self.every = ideal
+
+    def cost(self) -> dict[str, float] | None:
+        """What the trace took, as shares of the time from the first step's start to the last's (the
+        training loop's wall time, evaluations and checkpoints in it), for the record; None before two
+        steps began."""
+        if self._first_start is None or self._last_start is None or self._last_start <= self._first_start:
+            return None
+        span = self._last_start - self._first_start
+        every, sampled = self.every_step_s / span, self.sampled_s / span
+        return {
+            "share": round(every + sampled, 5),
+            "every_step": round(every, 5),
+            "sampled": round(sampled, 5),
+            "step_ms": round(1000 * span / (self._began - 1), 4),
+        }
+
+
+def parse_cost(value: Any) -> dict[str, float] | None:
+    """A recorded `cost` (it may be hostile): its four shares and step time, each a finite number
+    from 0 to 1e9, or None."""
+    keys = ("share", "every_step", "sampled", "step_ms")
+    if not isinstance(value, dict) or not all(k in value for k in keys):
+        return None
+    numbers = [value[k] for k in keys]
+    if not all(type(n) in (int, float) and 0 <= n <= 1e9 for n in numbers):  # (NaN fails the range)
+        return None
+    return {k: float(n) for k, n in zip(keys, numbers, strict=True)}
 
 
 def parse_schedule(value: Any) -> list[tuple[int, int]] | None:

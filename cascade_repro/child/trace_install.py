@@ -11,8 +11,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from cascade_repro.child import step_values
-
 if TYPE_CHECKING:
     from cascade_repro.child.trace import StepTracer
 
@@ -44,16 +42,13 @@ def _wrap_backward(tracer: StepTracer) -> None:
 def _wrap_dataloader(tracer: StepTracer) -> None:
     loader = importlib.import_module("torch.utils.data").DataLoader
     original_iter = loader.__iter__
-    torch = tracer.torch
+    read_batch = tracer.read_batch
 
     def __iter__(self: Any) -> Any:  # noqa: N807 - replaces DataLoader.__iter__
         tracer.start()  # before the sampler draws the epoch's order
         for batch in original_iter(self):
             if not tracer.closed:
-                try:  # a failing fingerprint never reaches the training loop
-                    tracer.batch = step_values.batch_fingerprint(torch, batch, tracer.batch_sums)
-                except Exception as exc:
-                    tracer.stop(exc)
+                read_batch(batch)
             yield batch
 
     loader.__iter__ = __iter__

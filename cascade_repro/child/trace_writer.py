@@ -37,14 +37,11 @@ class TraceWriter:
     def closed(self) -> bool:
         return self._file.closed
 
-    def write(self, record: dict[str, Any]) -> float:
-        """Queue a record; the seconds a flush took if this one flushed (0.0 mostly)."""
+    def write(self, record: dict[str, Any]) -> None:
+        """Queue a record (written with the others every FLUSH_EVERY_S)."""
         self._unwritten.append(record)
-        now = time.perf_counter()
-        if now - self._flushed_at < FLUSH_EVERY_S:
-            return 0.0
-        self.flush()
-        return self._flushed_at - now
+        if time.perf_counter() - self._flushed_at >= FLUSH_EVERY_S:
+            self.flush()
 
     def flush(self) -> None:
         try:

@@ -305,6 +305,8 @@ def _trace_summary(console: Any, t: Any) -> None:
     if t.grads is not None:
         hashed = "weights and gradients" if t.grads else "weights only (gradients: trace_grads)"
         console.print(f"  fingerprints of {hashed}")
+    if t.cost is not None:
+        _trace_cost(console, t.cost, t.budget)
     if t.steps and not t.batches:
         console.print("  no batches: the script read no torch DataLoader, whose batches the trace "
                       "fingerprints; data read another way is covered by the input files the run "
@@ -319,6 +321,18 @@ def _trace_summary(console: Any, t: Any) -> None:
     if t.nonfinite_losses:
         parts.append(f"{t.nonfinite_losses} non-finite")
     console.print("  " + ", ".join(parts))
+
+
+def _trace_cost(console: Any, cost: dict[str, float], budget: float | None) -> None:
+    """What the trace took of the training loop, and why where the budget could not hold it."""
+    within = f"; budget {budget:.1%}" if budget else ""
+    console.print(f"  cost {cost['share']:.1%} of the training loop's time ({cost['every_step']:.1%} the "
+                  f"facets read every step, {cost['sampled']:.1%} the weights (and gradients) at sampled "
+                  f"steps{within}), steps of {cost['step_ms']:.3g} ms")  # fmt: skip
+    if budget and cost["every_step"] > budget:
+        console.print("  the facets read every step (RNG state, batch, loss) alone took more than the "
+                      "budget, the steps being short: the weights were read as rarely as the trace "
+                      "goes (trace_interval: 0 in cascade.yaml, or --trace-interval 0, turns it off)")
 
 
 def _dirty(git: GitSection) -> str:

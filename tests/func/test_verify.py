@@ -173,7 +173,14 @@ def test_shuffled_dataloader_with_workers_is_reproduced_batch_for_batch(project:
     b = project.record("loader.py")
     records = project.cascade("show", a, "--trace", "--json", check=True)
     assert json.loads(records.stdout)["data"]["trace"]["steps"] == 16
-    assert json.loads(records.stdout)["data"]["trace"]["batches"] == 16
+    trace = json.loads(records.stdout)["data"]["trace"]
+    assert trace["batches"] == 16 and trace["budget"] == 0.02
+    # what the trace cost, as the child measured it: every step's facets and the sampled weights
+    cost = trace["cost"]
+    assert 0 < cost["every_step"] <= cost["share"] < 1 and cost["step_ms"] > 0
+    assert cost["share"] == pytest.approx(cost["every_step"] + cost["sampled"], abs=2e-5)
+    shown = project.cascade("show", a, "--trace", check=True).stdout
+    assert f"cost {cost['share']:.1%} of the training loop's time" in " ".join(shown.split())
     code, verdict = _verify(project, a, b)
     assert code == 0 and verdict["verdict"] == "BITWISE_IDENTICAL"
     c = project.record("--seed", "5", "loader.py")

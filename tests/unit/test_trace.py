@@ -77,9 +77,12 @@ def test_gradients_are_hashed_where_cheap(tmp_path: Path) -> None:
     # 8*5000 + 5000 + 5000 + 1 floats ≈ 200 KB: still cheap; 40000 hidden units ≈ 1.9 MB is not
     big, facts = _trace(tmp_path / "big", hidden=40_000, grads=None)
     assert all(r["grads"] is None for r in big)
-    assert facts["headers"] == [facts["final"]] and facts["final"]["grads"] is False
+    # told once when the first step decides, and at the end with what the trace cost
+    decided, ended = facts["headers"]
+    assert decided == {k: v for k, v in ended.items() if k != "cost"} and facts["final"]["grads"] is False
+    assert ended == facts["final"] and ended["cost"]["share"] > 0
     forced, facts = _trace(tmp_path / "forced", hidden=40_000, grads=True)
-    assert all(len(r["grads"]) == 4 for r in forced) and facts["headers"] == []
+    assert all(len(r["grads"]) == 4 for r in forced) and facts["headers"] == [facts["final"]]
     # what is hashed does not change the parameters' fingerprints
     assert [r["params_after"] for r in big] == [r["params_after"] for r in forced]
 
@@ -151,6 +154,37 @@ def test_budget_zero_reads_every_facet_every_step(tmp_path: Path) -> None:
     records, header = _budgeted(tmp_path, 0.0)
     assert all("params_after" in r and r["grads"] for r in records) and len(records) == 40
     assert "budget" not in header and "sampled" not in header
+
+
+BIG_BATCHES = """
+import json, sys, torch
+from pathlib import Path
+from cascade_repro.child.trace import StepTracer
+
+out = Path(sys.argv[1])
+tracer = StepTracer(torch, out / "trace.jsonl", budget=0.02)
+tracer.install()
+weight = torch.nn.Parameter(torch.zeros(1))
+opt = torch.optim.SGD([weight], lr=0.01)
+batch = torch.rand(4 << 20)  # 16 MB, yielded as it is (no collate): hashing it is most of a step
+for x in torch.utils.data.DataLoader([batch] * 12, batch_size=None):
+    opt.zero_grad()
+    (weight * x[0]).sum().backward()
+    opt.step()
+tracer.close()
+(out / "header.json").write_text(json.dumps(tracer.header()))
+"""
+
+
+def test_the_batch_fingerprint_counts_in_what_the_trace_costs(tmp_path: Path) -> None:
+    """The budget sees everything the trace does every step: a batch it fingerprints as well."""
+    subprocess.run([sys.executable, "-c", textwrap.dedent(BIG_BATCHES), str(tmp_path)], check=True,
+                   timeout=120)  # fmt: skip
+    records = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    assert len(records) == 12 and len({r["batch"] for r in records}) == 1
+    cost = json.loads((tmp_path / "header.json").read_text())["cost"]
+    # a tiny step beside the pass over 16 MB: the fingerprint is most of the loop's time
+    assert cost["every_step"] > 0.3, cost
 
 
 CRASHING = """

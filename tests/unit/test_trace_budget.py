@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from cascade_repro.child.trace_budget import MAX_EVERY, SamplingBudget, parse_schedule
+from cascade_repro.child.trace_budget import MAX_EVERY, SamplingBudget, parse_cost, parse_schedule
 from cascade_repro.determinism.compare import compare_traces
 
 
@@ -24,6 +24,41 @@ def test_the_weights_are_read_as_often_as_the_budget_allows_in_powers_of_two() -
     budget.hashed(100.0)  # never fits: as rarely as the schedule goes
     assert budget.every == MAX_EVERY
     assert SamplingBudget(0.0).samples(7) and SamplingBudget(0.5).every == 1
+
+
+def test_the_cost_is_what_the_trace_took_of_the_time_between_the_first_and_last_steps() -> None:
+    budget = SamplingBudget(0.02)
+    assert budget.cost() is None  # no step yet
+    budget.step_began(10.0, overhead_s=0.5)  # before the first step (its batch, the RNG at its start)
+    for step in range(1, 5):  # 2 s steps, each with 0.1 s of the every-step facets ...
+        budget.step_began(10.0 + 2 * step, overhead_s=0.1)
+    budget.hashed(0.4)  # ... and one sampled step's weights
+    assert budget.cost() == {"share": (0.5 + 0.4 + 0.4) / 8, "every_step": 0.9 / 8, "sampled": 0.4 / 8,
+                             "step_ms": 2000.0}  # fmt: skip
+    unbudgeted = SamplingBudget(0.0)  # every facet every step: measured all the same
+    unbudgeted.step_began(0.0)
+    unbudgeted.step_began(1.0, overhead_s=0.25)
+    assert unbudgeted.cost() == {"share": 0.25, "every_step": 0.25, "sampled": 0.0, "step_ms": 1000.0}
+
+
+@pytest.mark.parametrize(
+    ("given", "parsed"),
+    [
+        ({"share": 0.03, "every_step": 0.02, "sampled": 0.01, "step_ms": 2.5},
+         {"share": 0.03, "every_step": 0.02, "sampled": 0.01, "step_ms": 2.5}),
+        ({"share": 1, "every_step": 0, "sampled": 1, "step_ms": 3}, {"share": 1.0, "every_step": 0.0,
+                                                                      "sampled": 1.0, "step_ms": 3.0}),
+        ({"share": float("nan"), "every_step": 0.02, "sampled": 0.01, "step_ms": 2.5}, None),
+        ({"share": -0.1, "every_step": 0.02, "sampled": 0.01, "step_ms": 2.5}, None),
+        ({"share": "3%", "every_step": 0.02, "sampled": 0.01, "step_ms": 2.5}, None),
+        ({"share": True, "every_step": 0.02, "sampled": 0.01, "step_ms": 2.5}, None),
+        ({"share": 0.03, "every_step": 0.02, "sampled": 0.01}, None),
+        ({"share": 1e300, "every_step": 0.02, "sampled": 0.01, "step_ms": 2.5}, None),
+        ([0.03, 0.02, 0.01, 2.5], None), (None, None),
+    ],
+)  # fmt: skip
+def test_a_recorded_cost_is_read_as_untrusted_input(given: object, parsed: object) -> None:
+    assert parse_cost(given) == parsed
 
 
 @pytest.mark.parametrize(
