@@ -218,13 +218,18 @@ def test_show_diff_and_verify_print_hostile_text_inert_and_refuse_malformed_reco
     record["experiment"] = "exp\x1b[2J\x1b[H"  # would clear the screen
     record["params"]["values"] = {"[bold red]key[/]": osc52 + "value", "lr": 0.1}
     record["command"]["argv"] = ["--note", "\x1b]0;retitled\x07"]
+    hostile_cost = {"share": "\x1b[2J", "every_step": float("inf"), "sampled": -1, "step_ms": [1]}
+    record["trace"] = {**record["trace"], "budget": "\x1b[H", "cost": hostile_cost}
     record_file.write_text(json.dumps(record))
-    for args in (("show", second), ("diff", first, second), ("verify", first, second)):
+    for args in (("show", second), ("show", second, "--trace"), ("diff", first, second),
+                 ("verify", first, second)):  # fmt: skip
         result = project.cascade(*args)
         assert result.returncode in (0, 3), (args, result.stderr)
         assert "\x1b" not in result.stdout + result.stderr and "\x07" not in result.stdout, args
     shown = project.cascade("show", second).stdout
     assert "[bold red]key[/]" in shown and "value" in shown  # printed as it is, not as markup
+    traced = json.loads(project.cascade("show", second, "--trace", "--json", check=True).stdout)["data"]
+    assert traced["trace"]["cost"] is None and traced["trace"]["budget"] is None  # not numbers: not shown
 
     for malformed, named in (
         ({"git": "not an object"}, "git is str"),
