@@ -122,7 +122,10 @@ class StepTracer:
 
     def backward_ended(self) -> None:
         if self._mode != "optimizer":
+            started = time.perf_counter()
             self._guarded_manual(self._after_backward)
+            if self._mode == "undecided":  # before the first optimizer step: once (the names looked up)
+                self.sampling.setup_s += time.perf_counter() - started
 
     def start(self) -> None:
         """Step 0 starts, if it has not (its RNG state is read now)."""
@@ -217,7 +220,8 @@ class StepTracer:
                 self._pending["params_after"] = self.tensors.params(self._params_pending())
                 took = time.perf_counter() - started
                 self._hashing_s += took
-                self.sampling.hashed(self._hash_s + took)
+                if not final:  # (the final weights: read after the last step, outside the loop)
+                    self.sampling.hashed(self._hash_s + took)
             if self._dumps(self._pending["step"]):
                 self._save_dump(self._pending["step"], "params_after", self._params_pending())
             self._writer.write(self._pending)
@@ -285,6 +289,7 @@ class StepTracer:
         return self._manual
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        hook_began = time.perf_counter()
         with self._lock:
             if self.closed:
                 return
@@ -311,6 +316,16 @@ class StepTracer:
             self._pending_optimizer = optimizer
             self._pending_params = params
             self._pending_sampled = sampled
+            if self.step == 0:
+                self._count_as_setup(time.perf_counter() - hook_began)
+
+    def _count_as_setup(self, seconds: float) -> None:
+        """Step 0's pre-hook did what is done once (the parameters' names looked up among every live
+        object, the gradients' rule decided, the weights before step 0 read): no step's cost, for
+        the budget or the record, but the setup's."""
+        self._spent_s -= seconds  # (`_guarded` adds the hook's whole time when it returns)
+        self._hashing_s = 0.0
+        self.sampling.setup_s += seconds
 
     def _step_begins(self) -> None:
         """An optimizer step begins: the mode is "optimizer"; a step still pending (an optimizer with

@@ -41,6 +41,7 @@ class SamplingBudget:
         self._began = 0  # steps begun
         self.every_step_s = 0.0  # what the trace took over the run: the every-step facets ...
         self.sampled_s = 0.0  # ... and the weights' and gradients' fingerprints at sampled steps
+        self.setup_s = 0.0  # what the trace did once, at the first step (its parameters' names)
 
     def samples(self, step: int) -> bool:
         """Whether `step` gets the weights read (called once per step, in order)."""
@@ -58,10 +59,12 @@ class SamplingBudget:
         """An optimizer step began at `now` (perf_counter seconds); the trace's other work since the
         last one (RNG state, loss, records: every step's, whatever is sampled) took `overhead_s`."""
         fixed, overhead_s = self._fixed_s, max(overhead_s, 0.0)  # (a first backward's guess is not timed)
-        self.every_step_s += overhead_s
         self._began += 1
-        if self._first_start is None:
+        if self._first_start is None:  # what came before the first step (the first batch, backward): once
             self._first_start = now
+            self.setup_s += overhead_s
+        else:
+            self.every_step_s += overhead_s
         self._fixed_s = overhead_s if fixed is None else (1 - SMOOTHING) * fixed + SMOOTHING * overhead_s
         if self._last_start is not None:
             took = now - self._last_start
@@ -87,8 +90,8 @@ class SamplingBudget:
 
     def cost(self) -> dict[str, float] | None:
         """What the trace took, as shares of the time from the first step's start to the last's (the
-        training loop's wall time, evaluations and checkpoints in it), for the record; None before two
-        steps began."""
+        training loop's wall time, evaluations and checkpoints in it), and once, at the first step (in
+        ms, apart: it is no step's cost), for the record; None before two steps began."""
         if self._first_start is None or self._last_start is None or self._last_start <= self._first_start:
             return None
         span = self._last_start - self._first_start
@@ -98,16 +101,17 @@ class SamplingBudget:
             "every_step": round(every, 5),
             "sampled": round(sampled, 5),
             "step_ms": round(1000 * span / (self._began - 1), 4),
+            "setup_ms": round(1000 * self.setup_s, 3),
         }
 
 
 def parse_cost(value: Any) -> dict[str, float] | None:
-    """A recorded `cost` (it may be hostile): its four shares and step time, each a finite number
-    from 0 to 1e9, or None."""
-    keys = ("share", "every_step", "sampled", "step_ms")
-    if not isinstance(value, dict) or not all(k in value for k in keys):
+    """A recorded `cost` (it may be hostile): its three shares, step time and setup time (absent in
+    records made before it was measured: 0), each a finite number from 0 to 1e9, or None."""
+    keys = ("share", "every_step", "sampled", "step_ms", "setup_ms")
+    if not isinstance(value, dict) or not all(k in value for k in keys[:4]):
         return None
-    numbers = [value[k] for k in keys]
+    numbers = [value.get(k, 0.0) for k in keys]
     if not all(type(n) in (int, float) and 0 <= n <= 1e9 for n in numbers):  # (NaN fails the range)
         return None
     return {k: float(n) for k, n in zip(keys, numbers, strict=True)}

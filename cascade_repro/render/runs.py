@@ -328,7 +328,8 @@ def _trace_cost(console: Any, cost: dict[str, float], budget: float | None) -> N
     within = f"; budget {budget:.1%}" if budget else ""
     console.print(f"  cost {cost['share']:.1%} of the training loop's time ({cost['every_step']:.1%} the "
                   f"facets read every step, {cost['sampled']:.1%} the weights (and gradients) at sampled "
-                  f"steps{within}), steps of {cost['step_ms']:.3g} ms")  # fmt: skip
+                  f"steps{within}), steps of {cost['step_ms']:.3g} ms; once, at the first step: "
+                  f"{cost['setup_ms']:.3g} ms")  # fmt: skip
     if budget and cost["every_step"] > budget:
         console.print("  the facets read every step (RNG state, batch, loss) alone took more than the "
                       "budget, the steps being short: the weights were read as rarely as the trace "

@@ -33,21 +33,25 @@ def test_the_cost_is_what_the_trace_took_of_the_time_between_the_first_and_last_
     for step in range(1, 5):  # 2 s steps, each with 0.1 s of the every-step facets ...
         budget.step_began(10.0 + 2 * step, overhead_s=0.1)
     budget.hashed(0.4)  # ... and one sampled step's weights
-    assert budget.cost() == {"share": (0.5 + 0.4 + 0.4) / 8, "every_step": 0.9 / 8, "sampled": 0.4 / 8,
-                             "step_ms": 2000.0}  # fmt: skip
+    budget.setup_s += 0.07  # what the first step did once: apart, in ms, with what came before it
+    assert budget.cost() == {"share": (0.4 + 0.4) / 8, "every_step": 0.4 / 8, "sampled": 0.4 / 8,
+                             "step_ms": 2000.0, "setup_ms": 570.0}  # fmt: skip
     unbudgeted = SamplingBudget(0.0)  # every facet every step: measured all the same
     unbudgeted.step_began(0.0)
     unbudgeted.step_began(1.0, overhead_s=0.25)
-    assert unbudgeted.cost() == {"share": 0.25, "every_step": 0.25, "sampled": 0.0, "step_ms": 1000.0}
+    assert unbudgeted.cost() == {"share": 0.25, "every_step": 0.25, "sampled": 0.0, "step_ms": 1000.0,
+                                 "setup_ms": 0.0}  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("given", "parsed"),
     [
-        ({"share": 0.03, "every_step": 0.02, "sampled": 0.01, "step_ms": 2.5},
-         {"share": 0.03, "every_step": 0.02, "sampled": 0.01, "step_ms": 2.5}),
+        ({"share": 0.03, "every_step": 0.02, "sampled": 0.01, "step_ms": 2.5, "setup_ms": 40},
+         {"share": 0.03, "every_step": 0.02, "sampled": 0.01, "step_ms": 2.5, "setup_ms": 40.0}),
         ({"share": 1, "every_step": 0, "sampled": 1, "step_ms": 3}, {"share": 1.0, "every_step": 0.0,
-                                                                      "sampled": 1.0, "step_ms": 3.0}),
+                                                                      "sampled": 1.0, "step_ms": 3.0,
+                                                                      "setup_ms": 0.0}),  # before setup_ms
+        ({"share": 0.03, "every_step": 0.02, "sampled": 0.01, "step_ms": 2.5, "setup_ms": "40"}, None),
         ({"share": float("nan"), "every_step": 0.02, "sampled": 0.01, "step_ms": 2.5}, None),
         ({"share": -0.1, "every_step": 0.02, "sampled": 0.01, "step_ms": 2.5}, None),
         ({"share": "3%", "every_step": 0.02, "sampled": 0.01, "step_ms": 2.5}, None),
