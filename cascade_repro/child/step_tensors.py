@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from cascade_repro.child import step_values
+from cascade_repro.child.module_registry import ModuleRegistry
 from cascade_repro.determinism import fingerprint
 
 GRADS_CHEAP_BYTES = 1 << 20  # CPU: hashing this much costs ~30 µs a step
@@ -59,18 +60,34 @@ class StepTensors:
         self.grads_setting = grads  # None: "where cheap", decided from the first step's parameters
         self.grads = grads
         self.named = False  # module paths looked up (once, from the live modules)
+        self.scanned = False  # ... by a scan of every live module
+        self.registry = ModuleRegistry()  # the modules the script built (installed with the trace)
         self._names: dict[int, str] = {}
         self._names_key: tuple[int, ...] = ()  # the tensors `_names_list` names, by id
         self._names_list: list[str] = []
         self._param_hashes = fingerprint.InPlaceHashes(torch)
         self._grad_hashes = fingerprint.InPlaceHashes(torch)
 
-    def look_up_names(self) -> list[Any]:
-        """The live modules' parameters, sorted by module path (named from now on)."""
-        found = step_values.named_parameters(self.torch)
+    def look_up_names(self, scan: bool = False) -> list[Any]:
+        """The live modules' parameters, sorted by module path (named from now on): of the modules
+        the script built (`registry`) where they hold any and no parameter under two of them, else
+        (or with `scan`) of every live module. `names_cover` says if they name what a step reads."""
+        found: list[tuple[str, Any]] = []
+        if not scan and self.registry.installed:
+            found, shared = step_values.roots_parameters(self.registry.modules())
+            if shared:
+                found = []
+        self.scanned = not found
+        if not found:
+            found = step_values.named_parameters(self.torch)
         self._names = {id(p): name for name, p in found}
+        self._names_key = ()  # (the names `_names_of` kept are read again)
         self.named = True
         return [p for _, p in found]
+
+    def names_cover(self, params: list[Any]) -> bool:
+        """Whether every one of `params` is named by the lookup (a scan names all there are)."""
+        return self.scanned or all(id(p) in self._names for p in params)
 
     def decide_grads(self, params: list[Any]) -> bool:
         """Decide "where cheap" from the first step's parameters; whether it was decided now."""
@@ -100,9 +117,9 @@ class StepTensors:
         grads = [p.grad for p in params]
         if None not in grads:
             return self._named(self._names_of(params), self._grad_hashes, grads)
-        with_grad = [(i, p) for i, p in enumerate(params) if p.grad is not None]
-        names = [self.name(p, i) for i, p in with_grad]
-        return self._named(names, self._grad_hashes, [p.grad for _, p in with_grad])
+        every = self._names_of(params)
+        with_grad = [i for i, g in enumerate(grads) if g is not None]
+        return self._named([every[i] for i in with_grad], self._grad_hashes, [grads[i] for i in with_grad])
 
     def _named(self, names: list[str], hashes: fingerprint.InPlaceHashes, tensors: list[Any],
                now: bool = False) -> dict[str, str] | Deferred:  # fmt: skip
@@ -121,14 +138,24 @@ class StepTensors:
     def copies(self, params: list[Any], grads: bool = False) -> dict[str, Any]:
         """{name: CPU copy} of the parameters (or their gradients), for a replay to save."""
         tensors = {}
-        for index, param in enumerate(params):
+        for name, param in zip(self._names_of(params), params, strict=True):
             tensor = param.grad if grads else param
             if tensor is not None:
-                tensors[self.name(param, index)] = tensor.detach().to("cpu", copy=True)
+                tensors[name] = tensor.detach().to("cpu", copy=True)
         return tensors
 
     def _names_of(self, params: list[Any]) -> list[str]:
+        """A name for each of `params`, each name once: a path that two roots share (a backbone and a
+        head, both `Sequential`, in one optimizer: "0.weight" twice) gets `@` and the parameter's
+        place in the list after its second and later uses, so no tensor's fingerprint hides another."""
         key = tuple(map(id, params))
         if key != self._names_key:
-            self._names_key, self._names_list = key, [self.name(p, i) for i, p in enumerate(params)]
+            names = [self.name(p, i) for i, p in enumerate(params)]
+            if len(set(names)) < len(names):
+                seen: set[str] = set()
+                for index, name in enumerate(names):
+                    if name in seen:
+                        names[index] = f"{name}@{index}"
+                    seen.add(name)
+            self._names_key, self._names_list = key, names
         return self._names_list

@@ -255,19 +255,31 @@ def tensors_in(torch: Any, batch: Any, limit: int = 16) -> list[Any]:
     return found
 
 
-def named_parameters(torch: Any) -> list[tuple[str, Any]]:
-    """(module path, parameter) for every parameter of the live root modules, sorted by path."""
-    with warnings.catch_warnings():  # isinstance() on some lazy torch objects warns
-        warnings.simplefilter("ignore")
-        modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
+def named_parameters(torch: Any, modules: list[Any] | None = None) -> list[tuple[str, Any]]:
+    """(module path, parameter) for every parameter of the root modules, sorted by path: of every
+    live module (a scan of the objects the garbage collector tracks), or of `modules`."""
+    if modules is None:
+        with warnings.catch_warnings():  # isinstance() on some lazy torch objects warns
+            warnings.simplefilter("ignore")
+            modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
+    found, _ = roots_parameters(modules)
+    return found
+
+
+def roots_parameters(modules: list[Any]) -> tuple[list[tuple[str, Any]], bool]:
+    """The parameters of those of `modules` that are no other's child, named from their root and
+    sorted by name; and whether a parameter is under two roots (named from the first of them)."""
     children = {id(c) for m in modules for c in m.children()}
     seen: set[int] = set()
     found: list[tuple[str, Any]] = []
+    shared = False
     for root in modules:
         if id(root) in children:
             continue
         for name, param in root.named_parameters():
-            if id(param) not in seen:
+            if id(param) in seen:
+                shared = True
+            else:
                 seen.add(id(param))
                 found.append((name, param))
-    return sorted(found, key=lambda item: item[0])
+    return sorted(found, key=lambda item: item[0]), shared

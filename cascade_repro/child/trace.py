@@ -256,6 +256,9 @@ class StepTracer:
                 self._pending = None
                 return
             self._mode = "manual"
+            if not self.tensors.scanned:  # a manual record holds every live module's parameters, once
+                self._manual = params = self.tensors.look_up_names(scan=True)
+                after = self.tensors.params(params)
         self._pending["params_after"] = after
         if self.step != 0:
             self._pending.pop("params_before", None)
@@ -304,6 +307,8 @@ class StepTracer:
             # the parameter list only where it is read now: most steps read nothing of it
             undecided = self.tensors.grads is None
             params = _params_of(optimizer) if sampled or undecided or self.step == 0 else None
+            if self.step == 0 and not self.tensors.names_cover(params or []):  # once: some not built here
+                self.tensors.look_up_names(scan=True)
             if undecided:
                 self._decide_grads(params or [])
             record = self._new_record(params or [], sampled)

@@ -1,5 +1,6 @@
 """Where the step trace enters torch: the optimizer's global step hooks, `torch.autograd.backward`,
-`DataLoader.__iter__` and the first module forward. Each calls one of the tracer's entry points;
+`DataLoader.__iter__`, the first module forward, and the modules' registrations of their parameters
+and submodules (child/module_registry.py). Each calls one of the tracer's entry points;
 what the trace reads at each is child/trace.py.
 
 These run between training steps, where every Python call costs a microsecond or more (the step has
@@ -20,6 +21,7 @@ def install(tracer: StepTracer) -> None:
     before, after = tracer.step_hooks()
     optim.register_optimizer_step_pre_hook(before)
     optim.register_optimizer_step_post_hook(after)
+    tracer.tensors.registry.install()
     _wrap_backward(tracer)
     _wrap_dataloader(tracer)
     _start_at_first_forward(tracer)
