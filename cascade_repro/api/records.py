@@ -84,7 +84,7 @@ def _summarize_trace(records: Sequence[dict[str, Any]], header: Mapping[str, Any
         loss_max=max(finite, key=lambda item: item[1]) if finite else None,
         nonfinite_losses=len(losses) - len(finite),
         batches=sum(1 for r in records if r.get("batch")),
-        budget=_budget(header.get("budget")),
+        budget=_budget(header.get("budget")) if header.get("algorithm") else None,
         cost=parse_cost(header.get("cost")),
     )
 
