@@ -75,6 +75,7 @@ class StepTracer:
         self._pending: dict[str, Any] | None = None  # step k, waiting for its params-after
         self._pending_params: list[Any] | None = []  # None: read from `_pending_optimizer` if needed
         self._pending_optimizer: Any = None
+        self._optimizers_named: set[int] = set()  # optimizers whose parameters were checked for names
         self._loss: Any = None
         self.batch: str | fingerprint.Later | None = None  # Later: on a device, read at the flush
         self.batch_sums: dict[Any, Any] = {}  # a device's checksums of the batches, kept (their plan)
@@ -307,8 +308,8 @@ class StepTracer:
             # the parameter list only where it is read now: most steps read nothing of it
             undecided = self.tensors.grads is None
             params = _params_of(optimizer) if sampled or undecided or self.step == 0 else None
-            if self.step == 0 and not self.tensors.names_cover(params or []):  # once: some not built here
-                self.tensors.look_up_names(scan=True)
+            if id(optimizer) not in self._optimizers_named:  # once per optimizer
+                self._name_every_parameter(optimizer, params)
             if undecided:
                 self._decide_grads(params or [])
             record = self._new_record(params or [], sampled)
@@ -324,12 +325,24 @@ class StepTracer:
             if self.step == 0:
                 self._count_as_setup(time.perf_counter() - hook_began)
 
-    def _count_as_setup(self, seconds: float) -> None:
+    def _name_every_parameter(self, optimizer: Any, params: list[Any] | None) -> None:
+        """An optimizer stepping for the first time: where the modules the script built do not name
+        all its parameters (a model unpickled, a parameter in no module), every live module is
+        scanned for them. Done once: set up, no step's cost (step 0's hook is set-up as a whole)."""
+        self._optimizers_named.add(id(optimizer))
+        started = time.perf_counter()
+        if not self.tensors.names_cover(_params_of(optimizer) if params is None else params):
+            self.tensors.look_up_names(scan=True)
+        if self.step != 0:
+            self._count_as_setup(time.perf_counter() - started, whole_hook=False)
+
+    def _count_as_setup(self, seconds: float, whole_hook: bool = True) -> None:
         """Step 0's pre-hook did what is done once (the parameters' names looked up among every live
         object, the gradients' rule decided, the weights before step 0 read): no step's cost, for
         the budget or the record, but the setup's."""
         self._spent_s -= seconds  # (`_guarded` adds the hook's whole time when it returns)
-        self._hashing_s = 0.0
+        if whole_hook:
+            self._hashing_s = 0.0
         self.sampling.setup_s += seconds
 
     def _step_begins(self) -> None:

@@ -49,11 +49,14 @@ elif scenario == "loaded":  # the whole model pickled: built before, it register
 elif scenario == "bare":  # a learnt temperature beside the model, in no module
     extra = [torch.nn.Parameter(torch.ones(1))]
 ema = copy.deepcopy(model) if scenario == "ema" else None
-other = net(2 if scenario == "two roots" else 4) if scenario in ("two roots", "shared") else None
+other = net(2 if scenario == "two roots" else 4) if scenario in ("two roots", "shared", "gan") else None
 if scenario == "shared":
     other[0].weight = model[0].weight  # one parameter under two roots
+elif scenario == "gan":  # a second model, unpickled, with its own optimizer that steps second
+    other = copy.deepcopy(other)
 params = list(model.parameters()) + extra + (list(other.parameters()) if scenario == "two roots" else [])
 opt = torch.optim.SGD(params, lr=0.1) if scenario != "by hand" else None
+other_opt = torch.optim.SGD(other.parameters(), lr=0.1) if scenario == "gan" else None
 x, y = torch.randn(8, 3), torch.randn(8, 1)
 for step in range(3):
     loss = torch.nn.functional.mse_loss(model(x) * (extra[0] if extra else 1), y)
@@ -63,6 +66,8 @@ for step in range(3):
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if other_opt is not None:
+            other_opt.step()
     else:
         for p in model.parameters():
             p.grad = None
@@ -78,6 +83,8 @@ tracer.close()
 found = step_values.named_parameters(torch)
 by_scan = {id(p): name for name, p in found}
 traced = params if opt is not None else [p for _, p in found]
+if other_opt is not None:  # (the second optimizer's steps: the odd ones)
+    traced = list(other.parameters())
 expected, named = [], set()
 for i, p in enumerate(traced):  # a path two roots share: told apart by the parameter's place
     name = by_scan.get(id(p)) or f"param{i}"
@@ -85,6 +92,7 @@ for i, p in enumerate(traced):  # a path two roots share: told apart by the para
     named.add(name)
 expected.sort()
 records = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
+records = records[1::2] if other_opt is not None else records
 print(json.dumps({"scans": len(scans), "expected": expected,
                   "recorded": [sorted(r["params_after"]) for r in records]}))
 """
@@ -103,6 +111,7 @@ def _traced(tmp_path: Path, scenario: str) -> dict[str, object]:
         ("two roots", 0),  # a backbone and a head, both Sequential: "0.weight" in each
         ("ema", 0),  # the copy registered nothing, but the optimizer steps none of its parameters
         ("loaded", 1), ("bare", 1), ("shared", 1),  # the built modules do not name them all, or twice
+        ("gan", 1),  # the second optimizer's model: copied, so scanned for when that optimizer steps
         ("by hand", 1),  # a record made by hand holds every live module's parameters
     ],
 )  # fmt: skip
