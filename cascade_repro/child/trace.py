@@ -337,9 +337,9 @@ class StepTracer:
             self._count_as_setup(time.perf_counter() - started, whole_hook=False)
 
     def _count_as_setup(self, seconds: float, whole_hook: bool = True) -> None:
-        """Step 0's pre-hook did what is done once (the parameters' names looked up among every live
-        object, the gradients' rule decided, the weights before step 0 read): no step's cost, for
-        the budget or the record, but the setup's."""
+        """What is done once (the parameters' names looked up among every live object; with
+        `whole_hook`, step 0's pre-hook as a whole: the gradients' rule decided, the weights before
+        step 0 read as well): no step's cost, for the budget or the record, but the setup's."""
         self._spent_s -= seconds  # (`_guarded` adds the hook's whole time when it returns)
         if whole_hook:
             self._hashing_s = 0.0
