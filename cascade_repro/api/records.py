@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from cascade_repro.api.judging import judge_runs, record_verdict, trace_records
 from cascade_repro.api.loading import load_project
-from cascade_repro.child.trace_budget import parse_cost
+from cascade_repro.child.trace_budget import parse_budget, parse_cost
 from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from cascade_repro.manifest import Manifest
 from cascade_repro.store.run_store import RunStore
@@ -90,10 +90,8 @@ def _summarize_trace(records: Sequence[dict[str, Any]], header: Mapping[str, Any
 
 
 def _budget(value: Any) -> float | None:
-    """The recorded trace budget (untrusted: a finite share or nothing); absent: every step sampled."""
-    if value is None:
-        return 0.0
-    return float(value) if type(value) in (int, float) and 0 <= value <= 1 else None
+    """The recorded trace budget (untrusted: a share or nothing); absent: 0, every step sampled."""
+    return 0.0 if value is None else parse_budget(value)
 
 
 def verify(

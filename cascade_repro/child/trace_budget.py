@@ -105,6 +105,13 @@ class SamplingBudget:
         }
 
 
+def parse_budget(value: Any) -> float | None:
+    """A recorded budget (it may be hostile): a share of step time from 0 to 1, or None."""
+    if type(value) in (int, float) and 0 <= value <= 1:  # (NaN fails the range)
+        return float(value)
+    return None
+
+
 def parse_cost(value: Any) -> dict[str, float] | None:
     """A recorded `cost` (it may be hostile): its three shares, step time and setup time (absent in
     records made before it was measured: 0), each a finite number from 0 to 1e9, or None."""

@@ -160,9 +160,9 @@ def _check_written_paths(manifest: Manifest) -> None:
 
 def _trace_budget(value: Any) -> float:
     """The recorded trace budget, 0 where absent or not a share of step time (the record may be hostile)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1:
-        return float(value)
-    return 0.0
+    from cascade_repro.child.trace_budget import parse_budget
+
+    return parse_budget(value) or 0.0
 
 
 def _schedule(value: Any) -> tuple[tuple[int, int], ...] | None:

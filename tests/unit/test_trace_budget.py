@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from cascade_repro.child.trace_budget import MAX_EVERY, SamplingBudget, parse_cost, parse_schedule
+from cascade_repro.child.trace_budget import (
+    MAX_EVERY,
+    SamplingBudget,
+    parse_budget,
+    parse_cost,
+    parse_schedule,
+)
 from cascade_repro.determinism.compare import compare_traces
 
 
@@ -63,6 +69,15 @@ def test_the_cost_is_what_the_trace_took_of_the_time_between_the_first_and_last_
 )  # fmt: skip
 def test_a_recorded_cost_is_read_as_untrusted_input(given: object, parsed: object) -> None:
     assert parse_cost(given) == parsed
+
+
+@pytest.mark.parametrize(
+    ("given", "parsed"),
+    [(0.02, 0.02), (0, 0.0), (1, 1.0), (1.5, None), (-0.1, None), (float("nan"), None), (True, None),
+     ("0.02", None), (None, None), ([0.02], None)],
+)  # fmt: skip
+def test_a_recorded_budget_is_read_as_untrusted_input(given: object, parsed: object) -> None:
+    assert parse_budget(given) == parsed
 
 
 @pytest.mark.parametrize(
