@@ -308,7 +308,7 @@ class StepTracer:
             # the parameter list only where it is read now: most steps read nothing of it
             undecided = self.tensors.grads is None
             params = _params_of(optimizer) if sampled or undecided or self.step == 0 else None
-            if id(optimizer) not in self._optimizers_named:  # once per optimizer
+            if params is not None and id(optimizer) not in self._optimizers_named:  # once, where read
                 self._name_every_parameter(optimizer, params)
             if undecided:
                 self._decide_grads(params or [])
@@ -325,13 +325,13 @@ class StepTracer:
             if self.step == 0:
                 self._count_as_setup(time.perf_counter() - hook_began)
 
-    def _name_every_parameter(self, optimizer: Any, params: list[Any] | None) -> None:
-        """An optimizer stepping for the first time: where the modules the script built do not name
-        all its parameters (a model unpickled, a parameter in no module), every live module is
+    def _name_every_parameter(self, optimizer: Any, params: list[Any]) -> None:
+        """An optimizer's parameters read for the first time: where the modules the script built do
+        not name them all (a model unpickled, a parameter in no module), every live module is
         scanned for them. Done once: set up, no step's cost (step 0's hook is set-up as a whole)."""
         self._optimizers_named.add(id(optimizer))
         started = time.perf_counter()
-        if not self.tensors.names_cover(_params_of(optimizer) if params is None else params):
+        if not self.tensors.names_cover(params):
             self.tensors.look_up_names(scan=True)
         if self.step != 0:
             self._count_as_setup(time.perf_counter() - started, whole_hook=False)

@@ -9,6 +9,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 PROGRAM = """
 import json, sys, torch
 from pathlib import Path
@@ -185,6 +187,50 @@ def test_the_batch_fingerprint_counts_in_what_the_trace_costs(tmp_path: Path) ->
     cost = json.loads((tmp_path / "header.json").read_text())["cost"]
     # a tiny step beside the pass over 16 MB: the fingerprint is most of the loop's time
     assert cost["every_step"] > 0.3, cost
+
+
+SLOW_SETUP = """
+import io, json, sys, time, torch
+from pathlib import Path
+from cascade_repro.child import step_values
+from cascade_repro.child.trace import StepTracer
+
+out, closure = Path(sys.argv[1]), sys.argv[2] == "closure"
+tracer = StepTracer(torch, out / "trace.jsonl", budget=0.02)
+tracer.install()
+buffer = io.BytesIO()
+torch.save(torch.nn.Linear(2, 1), buffer)  # unpickled: named by a scan of every live object ...
+model = torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)
+live = [[] for _ in range(2_000_000)]  # ... of which there are many
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(4, 2)
+def loss():
+    opt.zero_grad()
+    value = model(x).sum()
+    value.backward()
+    return value
+for step in range(30):
+    if closure:  # the names looked up in the first optimizer step's pre-hook
+        opt.step(loss)
+    else:  # at the first backward, before any optimizer step
+        loss()
+        opt.step()
+tracer.close()
+started = time.perf_counter()
+step_values.named_parameters(torch)
+scan_ms = 1000 * (time.perf_counter() - started)
+(out / "cost.json").write_text(json.dumps({**tracer.header()["cost"], "scan_ms": scan_ms}))
+"""
+
+
+@pytest.mark.parametrize("order", ["backward first", "closure"])
+def test_what_the_first_step_does_once_is_setup_not_a_steps_cost(tmp_path: Path, order: str) -> None:
+    subprocess.run([sys.executable, "-c", textwrap.dedent(SLOW_SETUP), str(tmp_path), order.split()[0]],
+                   check=True, timeout=120)  # fmt: skip
+    cost = json.loads((tmp_path / "cost.json").read_text())
+    assert cost["setup_ms"] > cost["scan_ms"] / 2, cost  # the scan at step 0 ...
+    spent_in_steps_ms = cost["every_step"] * cost["step_ms"] * 29
+    assert spent_in_steps_ms < cost["scan_ms"] / 2, cost  # ... is in no step's cost
 
 
 CRASHING = """
