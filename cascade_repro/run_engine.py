@@ -281,6 +281,8 @@ def child_environment(plan: RunPlan, run_dir: Path) -> dict[str, str]:
     env[protocol.ENV_TRACE_BUDGET] = repr(plan.settings.trace_budget)
     if plan.trace_schedule is not None:
         env[protocol.ENV_TRACE_SCHEDULE] = json.dumps(plan.trace_schedule)
+    if plan.trace_records is not None:
+        env[protocol.ENV_TRACE_RECORDS] = json.dumps(plan.trace_records)
     env[protocol.ENV_TRACE_GRADS] = {True: "1", False: "0", None: "auto"}[plan.settings.trace_grads]
     env[protocol.ENV_CHECKPOINTS_DIR] = str(plan.settings.root / plan.settings.checkpoints_dir)
     env[protocol.ENV_ROOT] = str(plan.settings.root)  # files opened under it are noted

@@ -37,6 +37,7 @@ class RunPlan:
     extra_tags: Mapping[str, str] = field(default_factory=dict)  # e.g. cascade.restored_from
     container: ContainerPlan | None = None  # `--docker`: the child runs in this image
     trace_schedule: tuple[tuple[int, int], ...] | None = None  # restore: the recorded sampling schedule
+    trace_records: tuple[tuple[int, int], ...] | None = None  # restore: the recorded steps with a record
     track_inputs: bool = False  # `--track-inputs`: read files git and DVC cannot see go to the DVC cache
     distributed: Distributed | None = None  # a torchrun job: `--nproc-per-node`, or rank 0 of the user's
 

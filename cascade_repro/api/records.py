@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from cascade_repro.api.judging import judge_runs, record_verdict, trace_records
 from cascade_repro.api.loading import load_project
-from cascade_repro.child.trace_budget import parse_budget, parse_cost
+from cascade_repro.child.trace_budget import parse_budget, parse_cost, parse_schedule
 from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from cascade_repro.manifest import Manifest
 from cascade_repro.store.run_store import RunStore
@@ -51,6 +51,8 @@ class TraceSummary:
     # what the trace took of the training loop's time, as the child measured it: share, every_step,
     # sampled (shares) and step_ms; None for a run recorded before it was measured
     cost: dict[str, float] | None = None
+    # the steps with a record, [(from step, every)], where a budget thinned them (None: every step)
+    records: tuple[tuple[int, int], ...] | None = None
 
 
 def show_run(ref: str, cwd: Path | None = None, trace: bool = False) -> RunRecord:
@@ -86,7 +88,14 @@ def _summarize_trace(records: Sequence[dict[str, Any]], header: Mapping[str, Any
         batches=sum(1 for r in records if r.get("batch")),
         budget=_budget(header.get("budget")) if header.get("algorithm") else None,
         cost=parse_cost(header.get("cost")),
+        records=_thinned(header.get("records")),
     )
+
+
+def _thinned(value: Any) -> tuple[tuple[int, int], ...] | None:
+    """The recorded steps' schedule (untrusted), where some steps have no record."""
+    schedule = parse_schedule(value)
+    return tuple(schedule) if schedule and any(every > 1 for _, every in schedule) else None
 
 
 def _budget(value: Any) -> float | None:

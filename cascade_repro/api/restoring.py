@@ -199,6 +199,7 @@ def _rerun_request(plan: RestorePlan, manifest: Manifest, tree: Path, settings: 
         trace_interval=plan.trace_interval,
         trace_budget=0.0 if dump else plan.trace_budget,  # a replay reads every facet at every step
         trace_schedule=None if dump else plan.trace_schedule,
+        trace_records=None if dump else plan.trace_records,
         nproc_per_node=plan.nproc_per_node,
         environ=_restore_environ(plan, settings, dump),
         restored_params=_recorded_params(manifest),

@@ -67,6 +67,7 @@ class RunRequest:
     trace_interval: int | None = None
     trace_budget: float | None = None  # `--trace-budget`: share of step time for weights' fingerprints
     trace_schedule: tuple[tuple[int, int], ...] | None = None  # restore: the steps sampled, as recorded
+    trace_records: tuple[tuple[int, int], ...] | None = None  # restore: the steps with a record, as recorded
     cwd: Path | None = None
     environ: Mapping[str, str] | None = None
     version: str | None = None  # `--tag`: label the run once it has finished
@@ -131,6 +132,7 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
         container=container,
         track_inputs=request.track_inputs,
         trace_schedule=request.trace_schedule,
+        trace_records=request.trace_records,
         distributed=layout,
     )
     if layout is not None and layout.rank > 0:  # the user's torchrun: rank 0's `cascade run` records

@@ -77,9 +77,10 @@ def _observe_torch(torch: ModuleType, run_dir: Path, facts: Facts, determinism: 
     except ValueError:
         budget = 0.0  # every facet every step
     schedule = _schedule(os.environ.get(protocol.ENV_TRACE_SCHEDULE))
+    records = _schedule(os.environ.get(protocol.ENV_TRACE_RECORDS))
     tracer = StepTracer(torch, run_dir / protocol.TRACE_FILE, interval, grads=grads, stop_after=stop,
                         on_header=lambda header: facts.update(trace=header), budget=budget,
-                        schedule=schedule)  # fmt: skip
+                        schedule=schedule, records=records)  # fmt: skip
     dump = os.environ.get(protocol.ENV_TRACE_DUMP)
     if dump:
         tracer.dump = TensorDump.parse(torch, dump)
@@ -91,7 +92,7 @@ def _observe_torch(torch: ModuleType, run_dir: Path, facts: Facts, determinism: 
 
 
 def _schedule(given: str | None) -> list[tuple[int, int]] | None:
-    """The sampling schedule a restore hands back, None to measure one."""
+    """A schedule a restore hands back (the steps sampled, or recorded), None to measure one."""
     from cascade_repro.child.trace_budget import parse_schedule
 
     try:

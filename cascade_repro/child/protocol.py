@@ -15,6 +15,7 @@ ENV_DETERMINISM = "CASCADE_DETERMINISM"
 ENV_TRACE_INTERVAL = "CASCADE_TRACE_INTERVAL"  # record every Nth optimizer step; 0: no trace
 ENV_TRACE_BUDGET = "CASCADE_TRACE_BUDGET"  # weights fingerprinted within this share of step time; 0: always
 ENV_TRACE_SCHEDULE = "CASCADE_TRACE_SCHEDULE"  # `cascade restore`: the recorded sampling schedule (JSON)
+ENV_TRACE_RECORDS = "CASCADE_TRACE_RECORDS"  # ... and the recorded steps with a record (JSON)
 ENV_TRACE_GRADS = "CASCADE_TRACE_GRADS"  # "1" / "0": gradient fingerprints always / never; else where cheap
 ENV_CHECKPOINTS_DIR = "CASCADE_CHECKPOINTS_DIR"  # absolute: where cascade_repro.checkpoint() writes
 ENV_CHECKPOINT_POLICY = "CASCADE_CHECKPOINT_POLICY"  # JSON: monitor, mode, save_top_k, save_last

@@ -13,8 +13,12 @@ between the two steps counts as part of step k. One parameter hash per step serv
 
 The weights and gradients are fingerprinted as often as the trace's cost budget allows
 (`budget`, child/trace_budget.py; 0: every step), the RNG state, batch and loss every step: a record
-without "params_after" (or "grads") is a step that was not sampled. The last step's weights are
-always read (at exit). Scripts without an optimizer (below) get every facet every step.
+without "params_after" (or "grads") is a step that was not sampled. Where those every-step facets
+alone exceed half the budget (steps of a few milliseconds or less), the budget thins the records
+themselves past the first steps: a step without a record has nothing read, its hooks return at once
+(which steps have records: the header's "records" schedule). The last step's weights are always read
+(at exit): where that step has no record, a record of its own holds them ({"step", "params_after"}).
+Scripts without an optimizer (below) get every facet every step.
 
 Gradients are hashed "where cheap" by default (child/step_tensors.py).
 
@@ -54,12 +58,15 @@ RNG_EXTRA_EVERY = 16
 class StepTracer:
     def __init__(self, torch: ModuleType, path: Path, interval: int = 1, grads: bool | None = None,
                  stop_after: int | None = None, on_header: Callable[[dict[str, Any]], None] | None = None,
-                 budget: float = 0.0, schedule: list[tuple[int, int]] | None = None) -> None:  # fmt: skip
+                 budget: float = 0.0, schedule: list[tuple[int, int]] | None = None,
+                 records: list[tuple[int, int]] | None = None) -> None:  # fmt: skip
         self.torch = torch
         self.interval = max(1, int(interval))
         # a fixed --trace-interval N > 1 keeps every facet at those steps
         # (a restore hands back the recorded schedule: the same steps sampled, the same trace)
-        self.sampling = SamplingBudget(budget if self.interval == 1 else 0.0, schedule)
+        self.sampling = SamplingBudget(budget if self.interval == 1 else 0.0, schedule, records)
+        self._recording = True  # the step about to begin gets a record (the budget's choice)
+        self._last_optimizer: Any = None  # the last step's (its weights are read at exit)
         self._pending_sampled = True  # the pending step gets its weights (and gradients) read
         self._hash_s = 0.0  # what fingerprinting the pending step's tensors took so far
         self._spent_s = 0.0  # time inside the hooks since the last step began ...
@@ -114,6 +121,8 @@ class StepTracer:
     def read_batch(self, batch: Any) -> None:
         """A DataLoader yielded `batch`: its fingerprint (the last one before a step is the step's),
         timed as part of what every step costs."""
+        if not self._recording:
+            return
         started = time.perf_counter()
         try:  # a failing fingerprint never reaches the training loop
             self.batch = step_values.batch_fingerprint(self.torch, batch, self.batch_sums)
@@ -301,7 +310,8 @@ class StepTracer:
             # what the hooks took since the last step began, the weights' fingerprints apart
             self.sampling.step_began(time.perf_counter(), self._spent_s - self._hashing_s)
             self._spent_s = self._hashing_s = 0.0
-            if self.step % self.interval != 0:
+            self._last_optimizer = optimizer
+            if self.step % self.interval != 0 or not self._recording:
                 return
             dumping = self._dumps(self.step)
             sampled = self.sampling.samples(self.step) or dumping
@@ -368,7 +378,11 @@ class StepTracer:
             pending = self._pending
             ended = self.step
             self.step += 1
-            self._rng = self._rng_fingerprint()  # the next step starts now
+            self._recording = self.sampling.records_step(self.step)
+            if self._recording:
+                self._rng = self._rng_fingerprint()  # the next step starts now
+            else:  # (nothing of it read: no batch of another step in its place either)
+                self._rng = self.batch = None
             if pending is not None and pending["step"] == ended:
                 # the step's loss is read here, beside the RNG state, rather than in the pre-step hook:
                 # a second read in one hook costs a fraction of the first (the step has evicted the
@@ -391,12 +405,28 @@ class StepTracer:
             self.closed = True
             try:
                 self._finish_pending(final=True)
+                self._final_weights()
                 self._writer.close()
             except Exception as exc:  # a device that can no longer be read (a CUDA error in the script)
                 self._writer.abandon()
                 self.stop(exc)
             if self._on_header is not None:
                 self._on_header(self.header())  # the schedule as it ended, what the trace cost
+
+    def _final_weights(self) -> None:
+        """The last step had no record (the budget thinned them): its weights, read now, make one."""
+        last = self._last_optimizer
+        if last is None or self._mode != "optimizer" or self._recording_of(self.step - 1):
+            return
+        self._wait_for_devices()
+        self._writer.write({"step": self.step - 1, "params_after": self.tensors.params(_params_of(last))})
+
+    def _recording_of(self, step: int) -> bool:
+        """Whether `step` got a record (the steps before the last one ended: decided)."""
+        if step % self.interval != 0:
+            return True  # (--trace-interval N: records at every Nth step, as it says; no weights at exit)
+        every = next((e for start, e in reversed(self.sampling.records) if start <= step), 1)
+        return self.sampling.budget <= 0 or step % every == 0
 
     def _stop_if_done(self) -> None:
         """`cascade restore --steps N`: steps 0..N-1 are complete, so end the script as a success.
@@ -467,6 +497,7 @@ class StepTracer:
             header["budget"] = self.sampling.budget
             header["sampled"] = ["grads", "params_after"]
             header["schedule"] = [list(entry) for entry in self.sampling.schedule]  # [step, every] from it on
+            header["records"] = [list(entry) for entry in self.sampling.records]  # the steps with a record
         header["grads"] = self.tensors.grads  # None until the first step decides (setting "where cheap")
         rule = self.tensors.rule()
         if rule is not None:

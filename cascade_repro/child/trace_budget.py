@@ -10,8 +10,18 @@ when the cost does, and shrinks only when a quarter of it would do, so it settle
 are the multiples of `every`, so two runs sampled on other
 schedules still share every multiple of the larger. A budget of 0 samples every step.
 
-The schedule (the step each `every` began at) is in the trace's header; a restore hands it back,
-so a run that reproduces writes the same trace, byte for byte.
+Where the every-step facets alone take more than half the budget (steps of a few milliseconds
+or less: on a fast GPU, a small model), whole records are thinned too: past the first
+FULL_RECORDS steps, only every `records_every`-th step (a power of two, up to MAX_EVERY) gets a
+record, and the steps between cost the hooks' calls alone. It is judged over windows of steps, from
+the trace's average cost per step: doubled (or more) while that exceeds half the budget, halved
+when a quarter of it would do. The weights are then read at a multiple of it (`every` >=
+`records_every`). The last step's weights are read at exit whatever the schedule, a record of their
+own where that step has none. `verify` compares the steps both traces recorded and brackets a
+divergence seen after steps without records; `--replay` pins it.
+
+The schedules (the step each `every` and each `records_every` began at) are in the trace's header;
+a restore hands them back, so a run that reproduces writes the same trace, byte for byte.
 
 Standard library only (this runs inside the training process).
 """
@@ -24,16 +34,26 @@ MAX_EVERY = 1024  # a divergence is bracketed within this many steps at worst
 MAX_CHANGES = 256  # schedule entries kept; past them `every` stays as it is
 SMOOTHING = 0.1  # of the step time's running average
 OUTLIER = 4.0  # a gap this many times the average step is not a step's time
+FULL_RECORDS = 128  # steps recorded whole whatever the budget: an early divergence is pinned at once
+THIN_ABOVE = 0.5  # records thinned while the every-step facets take more than this share of the budget
+THICKEN_BELOW = 0.125  # ... and twice as many kept when they take less than this share
+WINDOW = 32  # steps (times `records_every`, at least) the average is judged over
 
 
 class SamplingBudget:
     """Which optimizer steps get the expensive facets (weights, gradients)."""
 
-    def __init__(self, budget: float, schedule: list[tuple[int, int]] | None = None) -> None:
+    def __init__(self, budget: float, schedule: list[tuple[int, int]] | None = None,
+                 records: list[tuple[int, int]] | None = None) -> None:  # fmt: skip
         self.budget = max(0.0, float(budget))
         self.every = 1
         self.replayed = schedule is not None  # a restore: the recorded schedule, not a measured one
         self.schedule: list[tuple[int, int]] = list(schedule) if schedule is not None else []
+        self.records_every = 1
+        self.records_replayed = records is not None
+        self.records: list[tuple[int, int]] = list(records) if records is not None else [(0, 1)]
+        self._window_s = 0.0  # the trace's work over the steps since `records_every` was last judged
+        self._window_steps = 0
         self._step_s: float | None = None
         self._fixed_s: float | None = None
         self._last_start: float | None = None
@@ -47,13 +67,42 @@ class SamplingBudget:
         """Whether `step` gets the weights read (called once per step, in order)."""
         if self.budget <= 0:
             return True
-        if self.replayed:
-            self.every = next((every for start, every in reversed(self.schedule) if start <= step), 1)
-        elif (not self.schedule or self.schedule[-1][1] != self.every) and len(self.schedule) < MAX_CHANGES:
-            self.schedule.append((step, self.every))
-        elif len(self.schedule) >= MAX_CHANGES:
-            self.every = self.schedule[-1][1]
+        self.every = _scheduled(self.schedule, self.replayed, self.every, step)
         return step % self.every == 0
+
+    def records_step(self, step: int) -> bool:
+        """Whether `step` gets a record (called once per step, in order, as the step before it ends:
+        before its batch and RNG state would be read)."""
+        if self.budget <= 0:
+            return True
+        self.records_every = _scheduled(self.records, self.records_replayed, self.records_every, step)
+        return step % self.records_every == 0
+
+    def thinned(self) -> bool:
+        """Whether some steps have no record."""
+        return any(every > 1 for _, every in self.records)
+
+    def _judge_records(self, overhead_s: float) -> None:
+        """Every WINDOW * `records_every` steps past the first FULL_RECORDS: fewer records while the
+        trace's average work per step takes more than THIN_ABOVE of the budget (as if it all scaled
+        with the records: the hooks' own calls at every step are left to the next window), more when
+        twice it would take less than THICKEN_BELOW."""
+        self._window_s += overhead_s
+        self._window_steps += 1
+        if self.records_replayed or self._began < FULL_RECORDS or not self._step_s:
+            return
+        if self._window_steps < WINDOW * self.records_every:
+            return
+        average = self._window_s / self._window_steps
+        self._window_s, self._window_steps = 0.0, 0
+        allowed = self.budget * max(self._step_s - average, 1e-9)
+        every = self.records_every
+        while average * self.records_every / every > THIN_ABOVE * allowed and every < MAX_EVERY:
+            every *= 2
+        if every == self.records_every and every > 1 and 2 * average <= THICKEN_BELOW * allowed:
+            every //= 2
+        self.records_every = every
+        self.every = max(self.every, every)  # the weights at recorded steps only
 
     def step_began(self, now: float, overhead_s: float = 0.0) -> None:
         """An optimizer step began at `now` (perf_counter seconds); the trace's other work since the
@@ -65,6 +114,8 @@ class SamplingBudget:
             self.setup_s += overhead_s
         else:
             self.every_step_s += overhead_s
+            if self.budget > 0:
+                self._judge_records(overhead_s)
         self._fixed_s = overhead_s if fixed is None else (1 - SMOOTHING) * fixed + SMOOTHING * overhead_s
         if self._last_start is not None:
             took = now - self._last_start
@@ -86,7 +137,7 @@ class SamplingBudget:
         while ideal < MAX_EVERY and seconds / ideal > allowed:
             ideal *= 2
         if ideal > self.every or ideal * 4 <= self.every:
-            self.every = ideal
+            self.every = max(ideal, self.records_every)  # (a step without a record has no weights read)
 
     def cost(self) -> dict[str, float] | None:
         """What the trace took, as shares of the time from the first step's start to the last's (the
@@ -103,6 +154,19 @@ class SamplingBudget:
             "step_ms": round(1000 * span / (self._began - 1), 4),
             "setup_ms": round(1000 * self.setup_s, 3),
         }
+
+
+def _scheduled(schedule: list[tuple[int, int]], replayed: bool, every: int, step: int) -> int:
+    """`every` at `step` (steps come in order): as a replayed schedule has it, or as measured, noted in
+    the schedule where it changed (past MAX_CHANGES entries, it stays as the last one has it)."""
+    if replayed:
+        return next((e for start, e in reversed(schedule) if start <= step), 1)
+    if schedule and schedule[-1][1] == every:
+        return every
+    if len(schedule) < MAX_CHANGES:
+        schedule.append((step, every))
+        return every
+    return schedule[-1][1]
 
 
 def parse_budget(value: Any) -> float | None:

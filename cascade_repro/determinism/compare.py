@@ -12,7 +12,11 @@ A trace with a cost budget fingerprints the weights and gradients only at sample
 one side did not record at a step is not compared there. The first divergence is then exact only
 where the weights were compared at the step before it; otherwise the comparison brackets it
 (`bracket_start`: the first step it can be at, the step after the last one whose weights agreed),
-and `cascade verify --replay` re-runs both with every facet to pin it.
+and `cascade verify --replay` re-runs both with every facet to pin it. A budget may also thin the
+records themselves (steps of a few milliseconds): the traces are then compared at the steps both
+recorded (determinism/verdict.py cuts them to those), and a divergence seen after steps without
+records is bracketed the same way. A facet a record does not hold at all (the weights alone, read
+at exit, for a last step that had no record) is not compared there.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-from cascade_repro.determinism.trace_file import TraceRecords, equal_prefix, next_difference
+from cascade_repro.determinism.trace_file import TraceRecords, equal_prefix, next_difference, step_of
 
 FACETS = ("rng", "batch", "params_before", "loss", "grads", "params_after")
 SAMPLED_FACETS = ("grads", "params_after")  # at the steps a trace budget allowed (or every step)
@@ -85,7 +89,11 @@ class TraceComparison:
         return [d.facet for d in self.differences]
 
 
-def compare_traces(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> TraceComparison:
+def compare_traces(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]],
+                   ran: tuple[int, int] | None = None, gaps_bracket: bool = False) -> TraceComparison:
+    """`ran`: how many steps each run had, where the records are not one a step (cut to the steps both
+    recorded); `gaps_bracket`: a gap between two records is steps without one (a budget's thinning, not
+    --trace-interval), so a divergence seen after it is bracketed."""
     overlap = min(len(a), len(b))
     first: int | None = None
     first_index = overlap
@@ -112,9 +120,9 @@ def compare_traces(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> 
         )
         first, first_index, differences = None, overlap, []
     return TraceComparison(
-        bracket_start=None if first is None else _bracket_start(a, b, first_index, first),
-        steps_a=len(a),
-        steps_b=len(b),
+        bracket_start=None if first is None else _bracket_start(a, b, first_index, first, gaps_bracket),
+        steps_a=len(a) if ran is None else ran[0],
+        steps_b=len(b) if ran is None else ran[1],
         compared=overlap,
         step=first,
         differences=tuple(differences),
@@ -126,24 +134,19 @@ def compare_traces(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> 
 
 
 def _bracket_start(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], index: int,
-                   step: int) -> int | None:  # fmt: skip
+                   step: int, gaps_bracket: bool) -> int | None:  # fmt: skip
     """The first step the divergence seen at `step` (record `index`) can be at, if earlier than it:
     the step after the last one whose weights both traces fingerprinted (a weight that changed at
     a step in between shows in a later loss, RNG state or batch, or not at all until then). A trace
     of every Nth step (--trace-interval) finds a divergence within N steps, as it says: no bracket."""
-    if index == 0 or _step_of(a[index - 1], index - 1) != step - 1:
+    if index == 0 or (not gaps_bracket and step_of(a[index - 1], index - 1) != step - 1):
         return None
     start = 0
     for back in range(index - 1, -1, -1):
         if a[back].get("params_after") is not None and b[back].get("params_after") is not None:
-            start = _step_of(a[back], back) + 1
+            start = step_of(a[back], back) + 1
             break
     return start if start < step else None
-
-
-def _step_of(record: dict[str, Any], index: int) -> int:
-    step = record.get("step", index)
-    return step if isinstance(step, int) and not isinstance(step, bool) else index
 
 
 def _only_rng_differs(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> bool:
@@ -165,13 +168,11 @@ def _step_differences(x: dict[str, Any], y: dict[str, Any]) -> list[FacetDiffere
     out: list[FacetDifference] = []
     for facet in FACETS:
         left, right = x.get(facet), y.get(facet)
+        if _not_compared(facet, x, y):
+            continue
         if facet == "loss":
             if _loss_bits(left) != _loss_bits(right):
                 out.append(FacetDifference("loss", (), _loss_detail(left, right)))
-        elif facet in SAMPLED_FACETS and (left is None or right is None):
-            continue  # not fingerprinted at this step by one of the two (a budget's sampling)
-        elif facet == "batch" and (left is None or right is None):
-            continue  # one run's batches not read (before cascade read mappings such as HF's BatchEncoding)
         elif (isinstance(left, dict) or isinstance(right, dict)) and not (isinstance(left or {}, dict)
                                                                          and isinstance(right or {}, dict)):
             out.append(FacetDifference(facet, (), "fingerprints differ"))  # one a mapping, one not
@@ -185,6 +186,17 @@ def _step_differences(x: dict[str, Any], y: dict[str, Any]) -> list[FacetDiffere
         elif left != right:
             out.append(FacetDifference(facet, (), "fingerprints differ"))
     return out
+
+
+def _not_compared(facet: str, x: dict[str, Any], y: dict[str, Any]) -> bool:
+    """A facet one of the two records lacks at this step, for a reason other than a difference."""
+    if facet != "params_before" and (facet not in x or facet not in y):
+        return True  # a record without it at all (the final weights' own record)
+    if facet in SAMPLED_FACETS or facet == "batch":
+        # not fingerprinted at this step by one of the two (a budget's sampling), or one run's batches
+        # not read (recorded before cascade read mappings such as HF's BatchEncoding)
+        return x.get(facet) is None or y.get(facet) is None
+    return False
 
 
 def _loss_bits(loss: dict[str, Any] | None) -> Any:

@@ -26,7 +26,7 @@ class TraceRecords(Sequence[dict[str, Any]]):
 
     def __init__(self, lines: list[str], where: str = "the trace") -> None:
         self.lines = lines
-        self._where = where
+        self.where = where
         self._parsed: dict[int, dict[str, Any]] = {}
 
     @classmethod
@@ -51,7 +51,7 @@ class TraceRecords(Sequence[dict[str, Any]]):
 
     def __getitem__(self, index: int | slice) -> dict[str, Any] | TraceRecords:
         if isinstance(index, slice):
-            return TraceRecords(self.lines[index], self._where)
+            return TraceRecords(self.lines[index], self.where)
         position = range(len(self.lines))[index]  # IndexError as a list gives it
         record = self._parsed.get(position)
         if record is None:
@@ -90,10 +90,54 @@ class TraceRecords(Sequence[dict[str, Any]]):
             record = None
         if not isinstance(record, dict):
             raise CascadeError(
-                f"{self._where} is damaged at record {position + 1}: not a JSON object",
+                f"{self.where} is damaged at record {position + 1}: not a JSON object",
                 hint="the trace artifact was altered or cut; nothing can be compared past that step",
             )
         return record
+
+
+STEP_KEY = '{"step":'  # how every record's line begins
+
+
+def record_steps(records: Sequence[dict[str, Any]]) -> list[int]:
+    """Each record's step, read from the text where the records are still lines (its first key)."""
+    if not isinstance(records, TraceRecords):
+        return [step_of(record, index) for index, record in enumerate(records)]
+    steps = []
+    for index, line in enumerate(records.lines):
+        end = line.find(",", len(STEP_KEY)) if line.startswith(STEP_KEY) else -1
+        number = line[len(STEP_KEY) : end]
+        readable = end > 0 and number.isdigit() and len(number) < 19
+        steps.append(int(number) if readable else step_of(records[index], index))
+    return steps
+
+
+def step_of(record: dict[str, Any], index: int) -> int:
+    """A record's step (untrusted: its position where it holds no whole number)."""
+    step = record.get("step", index)
+    return step if isinstance(step, int) and not isinstance(step, bool) else index
+
+
+Records = Sequence[dict[str, Any]]
+
+
+def on_common_steps(a: Records, b: Records) -> tuple[Records, Records, tuple[int, int]]:
+    """Two traces cut to the steps both recorded (where their records are at other steps: budgets that
+    thinned them on other schedules, or runs of other lengths), and how many steps each ran (its last
+    record's step + 1)."""
+    steps_a, steps_b = record_steps(a), record_steps(b)
+    ran = (max(steps_a, default=-1) + 1, max(steps_b, default=-1) + 1)
+    if steps_a == steps_b:
+        return a, b, ran
+    common = set(steps_a) & set(steps_b)
+    return _at(a, steps_a, common), _at(b, steps_b, common), ran
+
+
+def _at(records: Sequence[dict[str, Any]], steps: list[int], kept: set[int]) -> Sequence[dict[str, Any]]:
+    if isinstance(records, TraceRecords):
+        return TraceRecords([line for line, step in zip(records.lines, steps, strict=True) if step in kept],
+                            records.where)  # fmt: skip
+    return [record for record, step in zip(records, steps, strict=True) if step in kept]
 
 
 SAMPLED_AT = (',"grads":', ',"params_after":')  # where a record's sampled facets begin (written last)

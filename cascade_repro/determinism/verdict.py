@@ -15,7 +15,7 @@ from cascade_repro.determinism.compare import (
 from cascade_repro.determinism.explain import Cause, Difference, likely_causes, manifest_differences
 from cascade_repro.determinism.magnitude import Magnitude
 from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
-from cascade_repro.determinism.trace_file import has_batches
+from cascade_repro.determinism.trace_file import has_batches, on_common_steps
 from cascade_repro.errors import EXIT_NOT_REPRODUCED, EXIT_OK
 from cascade_repro.manifest import Manifest
 
@@ -176,31 +176,19 @@ def judge(
     ) -> Verdict:
         return Verdict(kind, a_id, b_id, comparison, differences, causes, summary)
 
-    header_a, header_b = manifest_a.trace_header, manifest_b.trace_header
     reason = _incomparable(manifest_a, manifest_b, bool(trace_a), bool(trace_b))
     if reason:
         return verdict(INCOMPARABLE, reason, compare_traces([], []))
-    notes: tuple[str, ...] = ()
-    if header_a.get("grads", True) != header_b.get("grads", True):  # e.g. a CPU run against a GPU run
-        trace_a, trace_b = _without_grads(trace_a), _without_grads(trace_b)
-        notes = (
-            f"gradients are not compared: run {a_id[:12] if not header_a.get('grads', True) else b_id[:12]} "
-            "did not hash them (trace_grads)",
-        )
-    batched = [has_batches(trace_a), has_batches(trace_b)]
-    if batched[0] != batched[1]:  # compare.py skips a batch one run did not read
-        notes = (*notes, f"batches are not compared: run {(b_id if batched[0] else a_id)[:12]} recorded none "
-                         "(recorded before cascade read mappings such as HF's BatchEncoding?)")  # fmt: skip
-    elif not batched[0] and trace_a and trace_b:
-        notes = (*notes, NO_BATCHES)
-    compared = compare_traces(trace_a, trace_b)
+    trace_a, trace_b, notes = _compared_facets(manifest_a, manifest_b, trace_a, trace_b)
+    compared = _compare(trace_a, trace_b, manifest_a.trace_header)
     comparison = replace(compared, notes=(*compared.notes, *notes))
     causes = tuple(likely_causes(manifest_a, manifest_b, comparison, list(differences)))
     if comparison.step is None and comparison.same_length:
         scope = (
             f"the first {comparison.compared} steps (--steps)"
             if steps is not None
-            else (f"all {comparison.compared} steps")
+            else (f"all {comparison.compared} steps" if comparison.compared == comparison.steps_a else
+                  f"the {comparison.compared} steps both traces recorded (of {comparison.steps_a})")
         )
         return verdict(BITWISE_IDENTICAL, f"{scope} are bitwise identical", comparison)
     where = _where(comparison) if comparison.step is not None else ""
@@ -220,6 +208,38 @@ def judge(
         )
         return verdict(NUMERICALLY_EQUIVALENT, summary, comparison, causes)
     return verdict(DIVERGED, where, comparison, causes)
+
+
+def _compared_facets(manifest_a: Manifest, manifest_b: Manifest, trace_a: Sequence[dict[str, Any]],
+                     trace_b: Sequence[dict[str, Any]]) -> tuple[Any, Any, tuple[str, ...]]:  # fmt: skip
+    """The traces without the facets one run did not record at all (its gradients, its batches), and
+    notes saying so."""
+    a_id, b_id = manifest_a.run_id, manifest_b.run_id
+    header_a, header_b = manifest_a.trace_header, manifest_b.trace_header
+    notes: tuple[str, ...] = ()
+    if header_a.get("grads", True) != header_b.get("grads", True):  # e.g. a CPU run against a GPU run
+        trace_a, trace_b = _without_grads(trace_a), _without_grads(trace_b)
+        notes = (
+            f"gradients are not compared: run {a_id[:12] if not header_a.get('grads', True) else b_id[:12]} "
+            "did not hash them (trace_grads)",
+        )
+    batched = [has_batches(trace_a), has_batches(trace_b)]
+    if batched[0] != batched[1]:  # compare.py skips a batch one run did not read
+        notes = (*notes, f"batches are not compared: run {(b_id if batched[0] else a_id)[:12]} recorded none "
+                         "(recorded before cascade read mappings such as HF's BatchEncoding?)")  # fmt: skip
+    elif not batched[0] and trace_a and trace_b:
+        notes = (*notes, NO_BATCHES)
+    return trace_a, trace_b, notes
+
+
+def _compare(trace_a: Sequence[dict[str, Any]], trace_b: Sequence[dict[str, Any]],
+             header: Mapping[str, Any]) -> TraceComparison:  # fmt: skip
+    """The comparison of two traces, at the steps both recorded where a budget thinned the records of
+    either (one a step otherwise; --trace-interval N: every Nth in both, as their headers agree)."""
+    if header.get("interval", 1) != 1:
+        return compare_traces(trace_a, trace_b)
+    trace_a, trace_b, ran = on_common_steps(trace_a, trace_b)
+    return compare_traces(trace_a, trace_b, ran, gaps_bracket=True)
 
 
 def _earliest_failure(verdicts: Sequence[Verdict]) -> int | None:

@@ -302,6 +302,10 @@ def _trace_summary(console: Any, t: Any) -> None:
     span = f", steps {t.first_step}..{t.last_step}" if t.steps else ""
     recorded = f"  {t.steps} steps recorded (every {t.interval}, {t.algorithm}){span}"
     console.print(_styled(("trace", "bold"), recorded))
+    if t.records:
+        thinned = ", ".join(f"every {every} from step {start}" for start, every in t.records if every > 1)
+        console.print(f"  records thinned by the budget ({thinned}), the steps being short: `cascade verify` "
+                      "brackets a divergence between two records, `--replay` pins its step")
     if t.grads is not None:
         hashed = "weights and gradients" if t.grads else "weights only (gradients: trace_grads)"
         console.print(f"  fingerprints of {hashed}")
@@ -331,9 +335,10 @@ def _trace_cost(console: Any, cost: dict[str, float], budget: float | None) -> N
                   f"steps{within}), steps of {cost['step_ms']:.3g} ms; once, at the first step: "
                   f"{cost['setup_ms']:.3g} ms")  # fmt: skip
     if budget and cost["every_step"] > budget:
-        console.print("  the facets read every step (RNG state, batch, loss) alone took more than the "
-                      "budget, the steps being short: the weights were read as rarely as the trace "
-                      "goes (trace_interval: 0 in cascade.yaml, or --trace-interval 0, turns it off)")
+        console.print("  the facets read at recorded steps (RNG state, batch, loss) and the hooks' calls "
+                      "at the others took more than the budget, the steps being short: the first 128 steps "
+                      "are recorded whole, then as rarely as the trace goes (trace_interval: 0 in "
+                      "cascade.yaml, or --trace-interval 0, turns it off)")
 
 
 def _dirty(git: GitSection) -> str:

@@ -47,6 +47,7 @@ class RestorePlan:
     trace_interval: int
     trace_budget: float  # the record's (0: every facet every step, as before budgets)
     trace_schedule: tuple[tuple[int, int], ...] | None  # the steps it sampled, to sample the same again
+    trace_records: tuple[tuple[int, int], ...] | None  # the steps it recorded (a budget thinned them)
     environment: Mapping[str, str | None]  # value to set, or None to unset
     differences: tuple[Difference, ...]  # this machine vs the record
     workdir: Path
@@ -133,6 +134,7 @@ def plan_restore(manifest: Manifest, version: str | None, workdir: Path, steps: 
         trace_interval=int(manifest.trace_header.get("interval") or 0),
         trace_budget=_trace_budget(manifest.trace_header.get("budget")),
         trace_schedule=_schedule(manifest.trace_header.get("schedule")),
+        trace_records=_schedule(manifest.trace_header.get("records")),
         environment=recorded_environment(
             manifest.environment, environ, allow_prefixes, manifest.variables_read
         ),
