@@ -66,7 +66,8 @@ class TraceWriter:
 
     def _encode(self, record: dict[str, Any]) -> str:
         """The loss tensor and the RNG state copies as bits and fingerprints, then one JSON line."""
-        record["loss"] = step_values.loss_record(self.torch, record.get("loss"))
+        if "loss" in record:  # (the final weights' own record has none)
+            record["loss"] = step_values.loss_record(self.torch, record["loss"])
         rng = record.get("rng")
         if rng:  # (a dict shared by records: replaced, not changed)
             record["rng"] = {name: step_values.rng_hash(state) for name, state in rng.items()}

@@ -93,6 +93,39 @@ def test_a_divergence_at_a_step_the_budget_skipped_is_pinned_by_replay(project: 
         assert kept == [f"step{perturbed}/tensors.pt"]
 
 
+def test_a_divergence_at_a_step_without_a_record_is_pinned_by_replay(project: Project) -> None:
+    """Steps so short that the default budget thins the records themselves past the first 128: a
+    one-ulp write at a step with no record is bracketed by verify, pinned by --replay; a restore
+    records the same steps, byte for byte."""
+    project.write("hyperparameters.yaml", "seed: 3\nsteps: 400\noptimizer:\n  lr: 0.01\n  momentum: 0.9\n"
+                  "model:\n  hidden: 16\n")  # fmt: skip
+    project.commit("many short steps")
+    perturbed = 301  # odd: past the first 128 steps, the records are at multiples of a power of two
+    a = project.record("train.py")
+    b = project.record("train.py", env={"PERTURB_AT_STEP": str(perturbed)})
+    trace_a, trace_b = _trace(project, a), _trace(project, b)
+    header = project.manifest(b)["trace"]
+    assert any(every > 1 for _, every in header["records"]), header  # the record says what it thinned
+    assert perturbed not in [r["step"] for r in trace_b] and trace_b[-1]["step"] == 399
+    assert [r["step"] for r in trace_a][:128] == list(range(128))
+    seen = project.cascade("verify", a, b, "--json")
+    assert seen.returncode == 3, seen.stderr
+    first = json.loads(seen.stdout)["data"]["first_divergence"]
+    start, step = first["bracket"]
+    assert start <= perturbed < step == first["step"], first
+    pinned = _verify_replay(project, a, b)["first_divergence"]
+    assert (pinned["step"], pinned["bracket"]) == (perturbed, None)
+    assert [f["facet"] for f in pinned["facets"]][:1] == ["params_after"]
+    (magnitude,) = pinned["magnitudes"]
+    assert (magnitude["name"], magnitude["differing"]) == ("0.weight", 1)
+    project.cascade("tag", a, "v1", check=True)
+    restored = project.cascade("restore", "v1", "--json")
+    assert restored.returncode == 0, restored.stderr
+    rerun = json.loads(restored.stdout)["data"]["run"]["run_id"]
+    assert project.manifest(rerun)["trace"]["records"] == project.manifest(a)["trace"]["records"]
+    assert _trace(project, rerun) == trace_a  # the same steps recorded, bit for bit
+
+
 def test_a_restore_samples_the_recorded_steps_so_its_trace_is_the_same_bytes(project: Project) -> None:
     """The default budget samples the weights by timing; a restore hands the schedule back."""
     project.write("hyperparameters.yaml", "seed: 3\nsteps: 60\noptimizer:\n  lr: 0.01\n  momentum: 0.9\n"

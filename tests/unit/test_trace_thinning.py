@@ -1,0 +1,166 @@
+"""Records thinned by the trace budget (child/trace_budget.py) where even the every-step facets take
+more than half of it, and what the comparison makes of thinned traces (determinism/trace_file.py,
+determinism/compare.py): the steps both traces recorded are compared, a divergence seen after steps
+without records is bracketed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cascade_repro.child.trace_budget import FULL_RECORDS, MAX_EVERY, SamplingBudget
+from cascade_repro.determinism.compare import compare_traces
+from cascade_repro.determinism.trace_file import TraceRecords, on_common_steps, record_steps
+
+
+def _run(budget: SamplingBudget, steps: int, recorded_s: float, skipped_s: float, step_s: float = 0.001,
+         first: int = 0, now: float = 0.0) -> list[int]:  # fmt: skip
+    """Steps of `step_s` whose trace work is `recorded_s` where the step has a record and `skipped_s`
+    (the hooks' calls alone) where it has none, from step `first` at `now`: the steps recorded."""
+    recorded = []
+    for step in range(first, first + steps):
+        record = step == 0 or budget.records_step(step)
+        budget.step_began(now, recorded_s if record else skipped_s)
+        if record:
+            recorded.append(step)
+            budget.samples(step)
+        now += step_s + (recorded_s if record else skipped_s)
+    return recorded
+
+
+def test_records_are_thinned_past_the_first_steps_until_the_trace_fits_half_the_budget() -> None:
+    budget = SamplingBudget(0.02)
+    # 1 ms steps: 80 µs at a recorded step is 8 % (four times the budget), 4 µs at the others
+    recorded = _run(budget, 2000, recorded_s=80e-6, skipped_s=4e-6)
+    assert recorded[:FULL_RECORDS] == list(range(FULL_RECORDS))  # the first steps whole
+    start, every = budget.records[-1]
+    assert budget.records[0] == (0, 1) and start >= FULL_RECORDS and every == 16  # (80 + 15 * 4) / 16 µs
+    assert [s for s in recorded if s >= start] == list(range(start, 2000, every))
+    assert budget.every >= every  # the weights only where a record is
+    average = (80e-6 + (every - 1) * 4e-6) / every
+    assert average <= 0.5 * 0.02 * 0.001  # what the trace takes now: within half the budget
+
+
+def test_records_grow_back_when_the_steps_do_and_never_past_max_every() -> None:
+    budget = SamplingBudget(0.02)
+    _run(budget, 12000, recorded_s=80e-6, skipped_s=30e-6)  # the hooks alone take more than the budget
+    assert budget.records_every == MAX_EVERY
+    slow = SamplingBudget(0.02)
+    _run(slow, 1000, recorded_s=80e-6, skipped_s=4e-6, step_s=0.1)  # 100 ms steps: nothing to thin
+    assert slow.records == [(0, 1)] and not slow.thinned()
+    assert SamplingBudget(0.0).records_step(999)  # budget 0: every facet every step
+    shrinking = SamplingBudget(0.02)
+    _run(shrinking, 1000, recorded_s=80e-6, skipped_s=1e-6)
+    thinned = shrinking.records_every
+    _run(shrinking, 6000, recorded_s=2e-6, skipped_s=1e-6, first=1000, now=10.0)  # cheap now: more records
+    assert thinned > 1 and shrinking.records_every < thinned
+
+
+def test_a_records_schedule_handed_back_records_the_same_steps() -> None:
+    measured = SamplingBudget(0.02)
+    recorded = _run(measured, 1500, recorded_s=80e-6, skipped_s=4e-6)
+    replayed = SamplingBudget(0.02, list(measured.schedule), list(measured.records))
+    again = _run(replayed, 1500, recorded_s=1e-9, skipped_s=1e-9, step_s=1.0)  # timing plays no part
+    assert again == recorded and replayed.records == measured.records
+
+
+PROGRAM = """
+import json, random, sys, numpy, torch
+from pathlib import Path
+from cascade_repro.child.trace import StepTracer
+
+out, budget, given = Path(sys.argv[1]), float(sys.argv[2]), json.loads(sys.argv[3])
+perturb = int(sys.argv[4])
+tracer = StepTracer(torch, out / "trace.jsonl", grads=True, budget=budget,
+                    schedule=None if given is None else [tuple(e) for e in given["schedule"]],
+                    records=None if given is None else [tuple(e) for e in given["records"]])
+tracer.install()
+torch.manual_seed(0), random.seed(0), numpy.random.seed(0)  # (their states are in the records too)
+data = torch.utils.data.TensorDataset(torch.randn(4000, 8), torch.randn(4000, 1))
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+step = 0
+for x, y in torch.utils.data.DataLoader(data, batch_size=8, shuffle=True):  # 500 steps of ~0.1 ms
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    if step == perturb:
+        with torch.no_grad():
+            model[0].weight.view(-1)[0] += 0.5  # (the next loss shows it)
+    step += 1
+tracer.close()
+(out / "header.json").write_text(json.dumps(tracer.header()))
+"""
+
+
+def _traced(tmp_path: Path, budget: float, given: dict[str, Any] | None = None,
+            perturb: int = -1) -> tuple[str, dict[str, Any]]:  # fmt: skip
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-c", textwrap.dedent(PROGRAM), str(tmp_path), str(budget),
+                    json.dumps(given), str(perturb)], check=True, timeout=120)  # fmt: skip
+    return (tmp_path / "trace.jsonl").read_text(), json.loads((tmp_path / "header.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def thinned(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Any], str]:
+    """A run of 500 short steps under the default budget, and the same run with every facet."""
+    text, header = _traced(tmp_path_factory.mktemp("thinned"), 0.02)
+    full, _ = _traced(tmp_path_factory.mktemp("full"), 0.0)
+    return text, header, full
+
+
+def test_short_steps_get_records_thinned_and_each_record_is_what_every_step_reads(thinned: Any) -> None:
+    text, header, full = thinned
+    records = [json.loads(line) for line in text.splitlines()]
+    every_step = {r["step"]: r for r in map(json.loads, full.splitlines())}
+    assert sorted(every_step) == list(range(500))
+    schedule = header["records"]
+    assert schedule[0] == [0, 1] and any(every > 1 for _, every in schedule), schedule  # what the record says
+    expected = [s for s in range(500) if s % next(e for start, e in reversed(schedule) if start <= s) == 0]
+    steps = [r["step"] for r in records]
+    assert steps[:FULL_RECORDS] == list(range(FULL_RECORDS))
+    assert steps == expected + ([499] if expected[-1] != 499 else []), (steps, schedule)
+    for record in records[:-1]:  # each record holds what a trace of every step holds at that step
+        alike = every_step[record["step"]]
+        assert {k: alike[k] for k in record} == record
+    last = records[-1]  # the final weights, always: a record of their own where the step had none
+    if expected[-1] != 499:
+        assert list(last) == ["step", "params_after"]
+    assert last["params_after"] == every_step[499]["params_after"]
+    assert header["cost"]["share"] < 0.5  # what it cost is measured as ever (loosely: a loaded machine)
+
+
+def test_a_thinned_trace_handed_its_schedules_back_is_the_same_bytes(thinned: Any, tmp_path: Path) -> None:
+    text, header, _ = thinned
+    given = {"schedule": header["schedule"], "records": header["records"]}
+    again, header_again = _traced(tmp_path, 0.02, given)
+    assert again == text and header_again["records"] == header["records"]
+
+
+def test_thinned_and_full_traces_compare_at_the_steps_both_recorded(thinned: Any, tmp_path: Path) -> None:
+    text, header, full = thinned
+    a, b = TraceRecords.from_text(text), TraceRecords.from_text(full)
+    cut_a, cut_b, ran = on_common_steps(a, b)
+    assert ran == (500, 500) and record_steps(cut_b) == record_steps(a) == record_steps(cut_a)
+    same = compare_traces(cut_a, cut_b, ran, gaps_bracket=True)
+    assert (same.step, same.steps_a, same.steps_b, same.compared) == (None, 500, 500, len(a))
+    # a weight written at a step without a record: seen at the next record, bracketed from the step
+    # after the last one whose weights both traces read
+    starts = [s for s, every in header["records"] if every > 1]
+    recorded = set(record_steps(a))
+    perturbed = next(s for s in range(starts[0], 500) if s not in recorded)
+    diverged, _ = _traced(tmp_path / "diverged", 0.0, perturb=perturbed)
+    cut_a, cut_b, ran = on_common_steps(a, TraceRecords.from_text(diverged))
+    found = compare_traces(cut_a, cut_b, ran, gaps_bracket=True)
+    seen_at = min(s for s in recorded if s > perturbed)
+    weights_agreed = max(r["step"] for r in map(json.loads, text.splitlines())
+                         if "params_after" in r and r["step"] <= perturbed)  # fmt: skip
+    assert found.step == seen_at and found.bracket_start == weights_agreed + 1 <= perturbed
+    unbracketed = compare_traces(cut_a, cut_b, ran)  # a --trace-interval trace's gaps: no bracket
+    assert unbracketed.step == seen_at and unbracketed.bracket_start is None
