@@ -1,6 +1,7 @@
 """`cascade verify` end to end against the number of steps (target: ≤ 2 s at 100k steps, and linear).
 
-For each size, two real runs of a tiny seeded script are recorded with the default step trace, then
+For each size, two real runs of a tiny seeded script are recorded with a record every step
+(`--trace-budget 0`: the default budget would thin the records of steps this short), then
 `cascade verify --no-record` compares them as a user runs it: resolving both runs, reading and
 parsing both `trace.jsonl` files, judging step by step. Each verdict must be BITWISE_IDENTICAL over
 every step before a time is printed. Beside it, the same runs' traces parsed with `json` alone (the
@@ -20,6 +21,7 @@ from common import CASCADE, HERE, clean_env, median, scratch_repo, verdict
 SIZES = (100, 10_000, 100_000)
 REPEATS = 3
 TARGET_S = 2.0
+EVERY_STEP = ("--trace-budget", "0")  # a record (and the weights) every step: 100k records at 100k steps
 
 
 def run(argv: list[str], cwd: object, expect: int = 0) -> subprocess.CompletedProcess[str]:
@@ -32,7 +34,7 @@ def run(argv: list[str], cwd: object, expect: int = 0) -> subprocess.CompletedPr
 def diverged_from_the_start(root: object, original: str, steps: int) -> float:
     """`verify` of `original` against a run of as many steps with another learning rate: DIVERGED at
     step 0, so no step is shared and every record of both traces is read."""
-    run([*CASCADE, "run", "train.py", str(steps), "0.2"], root)
+    run([*CASCADE, "run", *EVERY_STEP, "train.py", str(steps), "0.2"], root)
     other = json.loads(run([*CASCADE, "ls", "--json", "--limit", "1"], root).stdout)["data"][0]["run_id"]
     times = []
     for _ in range(REPEATS):
@@ -52,7 +54,7 @@ def main() -> None:
         for steps in SIZES:
             ids = []
             for _ in range(2):
-                run([*CASCADE, "run", "train.py", str(steps)], root)
+                run([*CASCADE, "run", *EVERY_STEP, "train.py", str(steps)], root)
                 ids.append(
                     json.loads(run([*CASCADE, "ls", "--json", "--limit", "1"], root).stdout)["data"][0]
                 )

@@ -67,6 +67,7 @@ class StepTracer:
         self.sampling = SamplingBudget(budget if self.interval == 1 else 0.0, schedule, records)
         self._recording = True  # the step about to begin gets a record (the budget's choice)
         self._last_optimizer: Any = None  # the last step's (its weights are read at exit)
+        self._stopped = False  # something the trace read failed: nothing more is read
         self._pending_sampled = True  # the pending step gets its weights (and gradients) read
         self._hash_s = 0.0  # what fingerprinting the pending step's tensors took so far
         self._spent_s = 0.0  # time inside the hooks since the last step began ...
@@ -416,7 +417,7 @@ class StepTracer:
     def _final_weights(self) -> None:
         """The last step had no record (the budget thinned them): its weights, read now, make one."""
         last = self._last_optimizer
-        if last is None or self._mode != "optimizer" or self._recording_of(self.step - 1):
+        if last is None or self._stopped or self._mode != "optimizer" or self._recording_of(self.step - 1):
             return
         self._wait_for_devices()
         self._writer.write({"step": self.step - 1, "params_after": self.tensors.params(_params_of(last))})
@@ -465,7 +466,7 @@ class StepTracer:
 
     def stop(self, exc: Exception) -> None:
         """Something the trace reads failed: the trace stops there, saying so; the training goes on."""
-        self.closed = True
+        self.closed = self._stopped = True
         self._pending = None
         sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
 
