@@ -65,7 +65,7 @@ class StepTracer:
         # a fixed --trace-interval N > 1 keeps every facet at those steps
         # (a restore hands back the recorded schedule: the same steps sampled, the same trace)
         self.sampling = SamplingBudget(budget if self.interval == 1 else 0.0, schedule, records)
-        self._recording = True  # the step about to begin gets a record (the budget's choice)
+        self._recording = True  # the step about to begin gets a record (the interval's, the budget's choice)
         self._last_optimizer: Any = None  # the last step's (its weights are read at exit)
         self._stopped = False  # something the trace read failed: nothing more is read
         self._pending_sampled = True  # the pending step gets its weights (and gradients) read
@@ -312,7 +312,7 @@ class StepTracer:
             self.sampling.step_began(time.perf_counter(), self._spent_s - self._hashing_s)
             self._spent_s = self._hashing_s = 0.0
             self._last_optimizer = optimizer
-            if self.step % self.interval != 0 or not self._recording:
+            if not self._recording:
                 return
             dumping = self._dumps(self.step)
             sampled = self.sampling.samples(self.step) or dumping
@@ -379,7 +379,7 @@ class StepTracer:
             pending = self._pending
             ended = self.step
             self.step += 1
-            self._recording = self.sampling.records_step(self.step)
+            self._recording = self.step % self.interval == 0 and self.sampling.records_step(self.step)
             if self._recording:
                 self._rng = self._rng_fingerprint()  # the next step starts now
             else:  # (nothing of it read: no batch of another step in its place either)

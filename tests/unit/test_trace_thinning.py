@@ -73,14 +73,23 @@ def test_a_records_schedule_handed_back_records_the_same_steps() -> None:
 PROGRAM = """
 import json, random, sys, numpy, torch
 from pathlib import Path
+from cascade_repro.child import step_values
 from cascade_repro.child.trace import StepTracer
 
 out, budget, given = Path(sys.argv[1]), float(sys.argv[2]), json.loads(sys.argv[3])
-perturb = int(sys.argv[4])
-tracer = StepTracer(torch, out / "trace.jsonl", grads=True, budget=budget,
+perturb, interval = int(sys.argv[4]), int(sys.argv[5])
+tracer = StepTracer(torch, out / "trace.jsonl", interval, grads=True, budget=budget,
                     schedule=None if given is None else [tuple(e) for e in given["schedule"]],
                     records=None if given is None else [tuple(e) for e in given["records"]])
 tracer.install()
+reads = {"rng": 0, "batch": 0}  # what the tracer read, counted
+def counted(name, read):
+    def count(*args, **kwargs):
+        reads[name] += 1
+        return read(*args, **kwargs)
+    return count
+tracer._rng_states = counted("rng", tracer._rng_states)
+step_values.batch_fingerprint = counted("batch", step_values.batch_fingerprint)
 torch.manual_seed(0), random.seed(0), numpy.random.seed(0)  # (their states are in the records too)
 data = torch.utils.data.TensorDataset(torch.randn(4000, 8), torch.randn(4000, 1))
 model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
@@ -95,15 +104,15 @@ for x, y in torch.utils.data.DataLoader(data, batch_size=8, shuffle=True):  # 50
             model[0].weight.view(-1)[0] += 0.5  # (the next loss shows it)
     step += 1
 tracer.close()
-(out / "header.json").write_text(json.dumps(tracer.header()))
+(out / "header.json").write_text(json.dumps({**tracer.header(), "reads": reads}))
 """
 
 
-def _traced(tmp_path: Path, budget: float, given: dict[str, Any] | None = None,
-            perturb: int = -1) -> tuple[str, dict[str, Any]]:  # fmt: skip
+def _traced(tmp_path: Path, budget: float, given: dict[str, Any] | None = None, perturb: int = -1,
+            interval: int = 1) -> tuple[str, dict[str, Any]]:  # fmt: skip
     tmp_path.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-c", textwrap.dedent(PROGRAM), str(tmp_path), str(budget),
-                    json.dumps(given), str(perturb)], check=True, timeout=120)  # fmt: skip
+                    json.dumps(given), str(perturb), str(interval)], check=True, timeout=120)  # fmt: skip
     return (tmp_path / "trace.jsonl").read_text(), json.loads((tmp_path / "header.json").read_text())
 
 
@@ -134,6 +143,12 @@ def test_short_steps_get_records_thinned_and_each_record_is_what_every_step_read
         assert list(last) == ["step", "params_after"]
     assert last["params_after"] == every_step[499]["params_after"]
     assert header["cost"]["share"] < 0.5  # what it cost is measured as ever (loosely: a loaded machine)
+    # nothing read for a step without a record (the RNG state is read as the step before ends: for a
+    # step 500 too, which never began, where it would have had one; and once more at the first
+    # backward, before any optimizer step says there is an optimizer)
+    after_the_last = 500 % schedule[-1][1] == 0
+    rng = len(expected) + after_the_last + 1
+    assert header["reads"] == {"rng": rng, "batch": len(expected)}, header["reads"]
 
 
 def test_a_thinned_trace_handed_its_schedules_back_is_the_same_bytes(thinned: Any, tmp_path: Path) -> None:
@@ -164,3 +179,21 @@ def test_thinned_and_full_traces_compare_at_the_steps_both_recorded(thinned: Any
     assert found.step == seen_at and found.bracket_start == weights_agreed + 1 <= perturbed
     unbracketed = compare_traces(cut_a, cut_b, ran)  # a --trace-interval trace's gaps: no bracket
     assert unbracketed.step == seen_at and unbracketed.bracket_start is None
+
+
+def test_a_fixed_interval_reads_nothing_at_the_steps_between(thinned: Any, tmp_path: Path) -> None:
+    """--trace-interval 7: records at every 7th step, each what a trace of every step holds there (the
+    RNG state and batch read for those steps only), no weights at exit for a step without one."""
+    _, _, full = thinned
+    every_step = {r["step"]: r for r in map(json.loads, full.splitlines())}
+    text, header = _traced(tmp_path, 0.02, interval=7)
+    records = [json.loads(line) for line in text.splitlines()]
+    assert [r["step"] for r in records] == list(range(0, 500, 7)) and header["interval"] == 7
+    assert header["reads"] == {"rng": len(records) + 1, "batch": len(records)}, header["reads"]  # (see above)
+    assert "budget" not in header  # a fixed interval: every facet at those steps
+    for record in records:
+        alike = every_step[record["step"]]
+        assert {k: alike[k] for k in ("rng", "batch", "loss", "grads")} == {k: record[k] for k in
+                                                                            ("rng", "batch", "loss", "grads")}
+    # the weights after step k are read when step k+1 begins, the next step's record or not
+    assert all(r["params_after"] == every_step[r["step"]]["params_after"] for r in records)
