@@ -304,6 +304,10 @@ class StepTracer:
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         hook_began = time.perf_counter()
+        skipped = not self._recording and self._pending is None and not self.stop_after
+        if skipped and self._mode == "optimizer":  # most steps where the budget thinned the records
+            self._skip_step(optimizer, hook_began)
+            return
         with self._lock:
             if self.closed:
                 return
@@ -335,6 +339,14 @@ class StepTracer:
             self._pending_sampled = sampled
             if self.step == 0:
                 self._count_as_setup(time.perf_counter() - hook_began)
+
+    def _skip_step(self, optimizer: Any, now: float) -> None:
+        """A step without a record begins (nothing pending, nothing to end): what `_step_begins` and the
+        budget's timing do for it, without the rest."""
+        self._in_step = True
+        self._last_optimizer = optimizer
+        self.sampling.step_began(now, self._spent_s - self._hashing_s)
+        self._spent_s = self._hashing_s = 0.0
 
     def _name_every_parameter(self, optimizer: Any, params: list[Any]) -> None:
         """An optimizer's parameters read for the first time: where the modules the script built do
