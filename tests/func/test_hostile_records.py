@@ -219,7 +219,8 @@ def test_show_diff_and_verify_print_hostile_text_inert_and_refuse_malformed_reco
     record["params"]["values"] = {"[bold red]key[/]": osc52 + "value", "lr": 0.1}
     record["command"]["argv"] = ["--note", "\x1b]0;retitled\x07"]
     hostile_cost = {"share": "\x1b[2J", "every_step": float("inf"), "sampled": -1, "step_ms": [1]}
-    record["trace"] = {**record["trace"], "budget": "\x1b[H", "cost": hostile_cost}
+    record["trace"] = {**record["trace"], "budget": "\x1b[H", "cost": hostile_cost,
+                       "records": [[0, 1], [5, "\x1b[2J"]]}  # fmt: skip
     record_file.write_text(json.dumps(record))
     for args in (("show", second), ("show", second, "--trace"), ("diff", first, second),
                  ("verify", first, second)):  # fmt: skip
@@ -230,6 +231,7 @@ def test_show_diff_and_verify_print_hostile_text_inert_and_refuse_malformed_reco
     assert "[bold red]key[/]" in shown and "value" in shown  # printed as it is, not as markup
     traced = json.loads(project.cascade("show", second, "--trace", "--json", check=True).stdout)["data"]
     assert traced["trace"]["cost"] is None and traced["trace"]["budget"] is None  # not numbers: not shown
+    assert traced["trace"]["records"] is None  # not a schedule: every step taken to have its record
 
     for malformed, named in (
         ({"git": "not an object"}, "git is str"),
