@@ -299,13 +299,7 @@ def _trace_summary(console: Any, t: Any) -> None:
             )
         )
         return
-    span = f", steps {t.first_step}..{t.last_step}" if t.steps else ""
-    recorded = f"  {t.steps} steps recorded (every {t.interval}, {t.algorithm}){span}"
-    console.print(_styled(("trace", "bold"), recorded))
-    if t.records:
-        thinned = ", ".join(f"every {every} from step {start}" for start, every in t.records if every > 1)
-        console.print(f"  records thinned by the budget ({thinned}), the steps being short: `cascade verify` "
-                      "brackets a divergence between two records, `--replay` pins its step")
+    _trace_steps(console, t)
     if t.grads is not None:
         hashed = "weights and gradients" if t.grads else "weights only (gradients: trace_grads)"
         console.print(f"  fingerprints of {hashed}")
@@ -325,6 +319,20 @@ def _trace_summary(console: Any, t: Any) -> None:
     if t.nonfinite_losses:
         parts.append(f"{t.nonfinite_losses} non-finite")
     console.print("  " + ", ".join(parts))
+
+
+def _trace_steps(console: Any, t: Any) -> None:
+    """How many steps have a record, and which where the budget thinned them."""
+    span = f", steps {t.first_step}..{t.last_step}" if t.steps else ""
+    if not t.records:
+        recorded = f"  {t.steps} steps recorded (every {t.interval}, {t.algorithm}){span}"
+        console.print(_styled(("trace", "bold"), recorded))
+        return
+    thinned = ", ".join(f"every {every} from step {start}" for start, every in t.records if every > 1)
+    recorded = f"  {t.steps} records ({t.algorithm}){span}: thinned by the budget, {thinned}"
+    console.print(_styled(("trace", "bold"), recorded))
+    console.print("  (the steps being short: `cascade verify` brackets a divergence between two records, "
+                  "`--replay` pins its step)")
 
 
 def _trace_cost(console: Any, cost: dict[str, float], budget: float | None) -> None:
