@@ -73,11 +73,13 @@ def compare(repo, env, epochs: tuple[str, ...],  # type: ignore[no-untyped-def]
             f"{name:32}: ratio of the best {ratio:.3f}, of the medians {median(ours) / median(bare):.3f}"
             f"  (target <= {target}: {verdict(ratio, target)})"
         )
-    costs = recorded_costs(repo, env, REPEATS)
+    traces = recorded_traces(repo, env, REPEATS)
+    costs = [t["cost"] for t in traces]
     share = median([c["share"] for c in costs])
     print(f"{'the trace, as it measured itself':32}: {share:.2%} of the training loop's time (median of "
           f"{len(costs)} runs; every step's facets {median([c['every_step'] for c in costs]):.2%}, steps "
-          f"of {median([c['step_ms'] for c in costs]):.2f} ms)")  # fmt: skip
+          f"of {median([c['step_ms'] for c in costs]):.2f} ms; {median([t['steps'] for t in traces]):.0f} "
+          f"records of {traces[0]['last_step'] + 1} steps, thinned: {traces[0]['records']})")  # fmt: skip
     noted = [float(line) for line in cpu_file.read_text().split()]
     if len(noted) != REPEATS:
         sys.exit(f"the parent's CPU was noted {len(noted)} times, for {REPEATS} runs")
@@ -86,9 +88,10 @@ def compare(repo, env, epochs: tuple[str, ...],  # type: ignore[no-untyped-def]
     print(f"{label:32}: {parent:.2f} s (median of {REPEATS}; target <= 1.5 s: {verdict(parent, 1.5)})")
 
 
-def recorded_costs(repo, env, count: int) -> list[dict[str, float]]:  # type: ignore[no-untyped-def]
-    """What the trace cost in the last `count` traced runs, as each recorded it (`show --trace`):
-    a measure inside the run, where the wall ratios above carry the machine's drift."""
+def recorded_traces(repo, env, count: int) -> list[dict]:  # type: ignore[no-untyped-def]
+    """The trace summaries of the last `count` traced runs (`show --trace`), with what the trace cost
+    as each run measured it: a measure inside the run, where the wall ratios above carry the
+    machine's drift."""
     listed = subprocess.run([*CASCADE, "ls", "--json", "--limit", "50"], cwd=repo, env=env, check=True,
                             capture_output=True, text=True)  # fmt: skip
     costs = []
@@ -97,7 +100,7 @@ def recorded_costs(repo, env, count: int) -> list[dict[str, float]]:  # type: ig
                                check=True, capture_output=True, text=True)  # fmt: skip
         trace = json.loads(shown.stdout)["data"]["trace"]
         if trace and trace.get("cost"):
-            costs.append(trace["cost"])
+            costs.append(trace)
         if len(costs) == count:
             return costs
     sys.exit(f"the traced runs recorded {len(costs)} costs, for {count} runs: is the trace on?")
