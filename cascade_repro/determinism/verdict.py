@@ -286,8 +286,9 @@ def with_replay(verdict: Verdict, magnitudes: Sequence[Magnitude], replay: Mappi
 
 def _where(comparison: TraceComparison, magnitudes: Sequence[Magnitude] = ()) -> str:
     first = comparison.differences[0]
-    of = (f"of {comparison.compared}" if comparison.compared == comparison.steps_a
-          else f"of {comparison.steps_a}, {comparison.compared} recorded by both")  # (records thinned)
+    overlap = min(comparison.steps_a, comparison.steps_b)
+    of = (f"of {comparison.compared}" if comparison.compared >= overlap
+          else f"of {overlap}, {comparison.compared} recorded by both")  # (records thinned)
     parts = [f"DIVERGED at step {comparison.step} ({of}): {FACET_WORDS[first.facet]} differ"]
     if first.names:
         parts.append(" in " + ", ".join(first.names[:4]) + (" …" if len(first.names) > 4 else ""))

@@ -187,3 +187,27 @@ def test_runs_that_read_no_dataloader_say_their_batches_are_not_compared() -> No
 def _as_text(records: list[dict[str, Any]]) -> TraceRecords:
     """The records as the child writes them, read back as `cascade verify` reads a trace."""
     return TraceRecords([json.dumps(r, separators=(",", ":")) for r in records])
+
+
+def test_traces_thinned_on_other_schedules_are_judged_at_the_steps_both_recorded() -> None:
+    """One run's budget kept every 4th record past step 3, the other's every 2nd: both ran 12 steps.
+    Compared where both have a record; a divergence after steps without one is bracketed."""
+    full = [_record(i) for i in range(12)]
+    final = {"step": 11, "params_after": {"w": "p11"}}  # the final weights' own record
+    a = [r for r in full if r["step"] < 4 or r["step"] % 4 == 0] + [final]
+    b = [r for r in full if r["step"] < 4 or r["step"] % 2 == 0] + [final]
+    for record in (*a, *b):
+        if record["step"] % 8 and record["step"] > 3:  # the weights at steps 0-3 and 8 (and at exit) only
+            record.pop("params_after", None)
+    texts = [TraceRecords([json.dumps(r) + "\n" for r in trace]) for trace in (a, b)]
+    same = judge(as_record(_manifest("a" * 32)), as_record(_manifest("b" * 32)), *texts)
+    assert same.verdict == "BITWISE_IDENTICAL" and same.comparison.compared == 7  # steps 0-4, 8, 11
+    assert same.summary == "the 7 steps both traces recorded (of 12) are bitwise identical"
+    diverged = copy.deepcopy(b)
+    for record in diverged:
+        if record["step"] >= 6 and "loss" in record:  # from a step without a record in a: seen at step 8
+            record["loss"]["bits"] += 1
+    verdict = judge(as_record(_manifest("a" * 32)), as_record(_manifest("b" * 32)), a, diverged)
+    assert (verdict.verdict, verdict.comparison.step, verdict.comparison.bracket_start) == ("DIVERGED", 8, 4)
+    assert verdict.summary.startswith("DIVERGED at step 8 (of 12, 7 recorded by both): the loss differ")
+    assert "from 4 to 8" in verdict.summary
