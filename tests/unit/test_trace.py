@@ -18,6 +18,7 @@ from cascade_repro.child.trace import StepTracer
 from cascade_repro.determinism.fingerprint import cpu_hash
 
 out = Path(sys.argv[1]); hidden = int(sys.argv[2]); grads = json.loads(sys.argv[3])
+torch.set_num_threads(1)  # two processes compared bit for bit: a BLAS free to pick its threads by load is not
 headers = []
 tracer = StepTracer(torch, out / "trace.jsonl", grads=grads, on_header=headers.append)
 tracer.install()
