@@ -137,8 +137,9 @@ def _bracket_start(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], ind
                    step: int, gaps_bracket: bool) -> int | None:  # fmt: skip
     """The first step the divergence seen at `step` (record `index`) can be at, if earlier than it:
     the step after the last one whose weights both traces fingerprinted (a weight that changed at
-    a step in between shows in a later loss, RNG state or batch, or not at all until then). A trace
-    of every Nth step (--trace-interval) finds a divergence within N steps, as it says: no bracket."""
+    a step in between shows in a later loss, RNG state or batch, or not at all until then; with
+    `gaps_bracket`, also a step without a record). A trace of every Nth step (--trace-interval) finds a
+    divergence within N steps, as it says: no bracket."""
     if index == 0 or (not gaps_bracket and step_of(a[index - 1], index - 1) != step - 1):
         return None
     start = 0
