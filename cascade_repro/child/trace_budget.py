@@ -28,6 +28,7 @@ Standard library only (this runs inside the training process).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 MAX_EVERY = 1024  # a divergence is bracketed within this many steps at worst
@@ -54,6 +55,9 @@ class SamplingBudget:
         self.records: list[tuple[int, int]] = list(records) if records is not None else [(0, 1)]
         self._window_s = 0.0  # the trace's work over the steps since `records_every` was last judged
         self._window_steps = 0
+        # when it is judged next: when step FULL_RECORDS begins (the window counts from step 1), then
+        # every WINDOW records; never for a replayed schedule
+        self._window_due = FULL_RECORDS - 1 if self.budget > 0 and records is None else math.inf
         self._step_s: float | None = None
         self._fixed_s: float | None = None
         self._last_start: float | None = None
@@ -78,24 +82,14 @@ class SamplingBudget:
         self.records_every = _scheduled(self.records, self.records_replayed, self.records_every, step)
         return step % self.records_every == 0
 
-    def thinned(self) -> bool:
-        """Whether some steps have no record."""
-        return any(every > 1 for _, every in self.records)
-
-    def _judge_records(self, overhead_s: float) -> None:
-        """Every WINDOW * `records_every` steps past the first FULL_RECORDS: fewer records while the
-        trace's average work per step takes more than THIN_ABOVE of the budget (as if it all scaled
-        with the records: the hooks' own calls at every step are left to the next window), more when
-        twice it would take less than THICKEN_BELOW."""
-        self._window_s += overhead_s
-        self._window_steps += 1
-        if self.records_replayed or self._began < FULL_RECORDS or not self._step_s:
-            return
-        if self._window_steps < WINDOW * self.records_every:
-            return
+    def _judge_records(self) -> None:
+        """At the end of a window (`_window_due`): fewer records while the trace's average work per step
+        took more than THIN_ABOVE of the budget (as if it all scaled with the records: the hooks' own
+        calls at every step are left to the next window), more when twice it would take less than
+        THICKEN_BELOW."""
         average = self._window_s / self._window_steps
         self._window_s, self._window_steps = 0.0, 0
-        allowed = self.budget * max(self._step_s - average, 1e-9)
+        allowed = self.budget * max((self._step_s or 0.0) - average, 1e-9)
         every = self.records_every
         while average * self.records_every / every > THIN_ABOVE * allowed and every < MAX_EVERY:
             every *= 2
@@ -103,6 +97,7 @@ class SamplingBudget:
             every //= 2
         self.records_every = every
         self.every = max(self.every, every)  # the weights at recorded steps only
+        self._window_due = WINDOW * every
 
     def step_began(self, now: float, overhead_s: float = 0.0) -> None:
         """An optimizer step began at `now` (perf_counter seconds); the trace's other work since the
@@ -114,8 +109,10 @@ class SamplingBudget:
             self.setup_s += overhead_s
         else:
             self.every_step_s += overhead_s
-            if self.budget > 0:
-                self._judge_records(overhead_s)
+            self._window_s += overhead_s
+            self._window_steps += 1
+            if self._window_steps >= self._window_due:
+                self._judge_records()
         self._fixed_s = overhead_s if fixed is None else (1 - SMOOTHING) * fixed + SMOOTHING * overhead_s
         if self._last_start is not None:
             took = now - self._last_start

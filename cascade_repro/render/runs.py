@@ -7,6 +7,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
+from cascade_repro.child.trace_budget import FULL_RECORDS
 from cascade_repro.redaction import redact_text
 from cascade_repro.render.console import _console, _num, _size, _styled, _time, error, notice
 from cascade_repro.settings import is_tracking_server
@@ -344,9 +345,9 @@ def _trace_cost(console: Any, cost: dict[str, float], budget: float | None) -> N
                   f"{cost['setup_ms']:.3g} ms")  # fmt: skip
     if budget and cost["every_step"] > budget:
         console.print("  the facets read at recorded steps (RNG state, batch, loss) and the hooks' calls "
-                      "at the others took more than the budget, the steps being short: the first 128 steps "
-                      "are recorded whole, then as rarely as the trace goes (trace_interval: 0 in "
-                      "cascade.yaml, or --trace-interval 0, turns it off)")
+                      "at the others took more than the budget, the steps being short: the first "
+                      f"{FULL_RECORDS} steps are recorded whole, then as rarely as the trace goes "
+                      "(trace_interval: 0 in cascade.yaml, or --trace-interval 0, turns it off)")
 
 
 def _dirty(git: GitSection) -> str:
