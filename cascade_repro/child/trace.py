@@ -67,6 +67,7 @@ class StepTracer:
         self.sampling = SamplingBudget(budget if self.interval == 1 else 0.0, schedule, records)
         self._recording = True  # the step about to begin gets a record (the interval's, the budget's choice)
         self._last_optimizer: Any = None  # the last step's (its weights are read at exit)
+        self._last_recorded = -1  # the last step that got a record
         self._stopped = False  # something the trace read failed: nothing more is read
         self._pending_sampled = True  # the pending step gets its weights (and gradients) read
         self._hash_s = 0.0  # what fingerprinting the pending step's tensors took so far
@@ -305,19 +306,18 @@ class StepTracer:
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         hook_began = time.perf_counter()
         skipped = not self._recording and self._pending is None and not self.stop_after
-        if skipped and self._mode == "optimizer":  # most steps where the budget thinned the records
-            self._skip_step(optimizer, hook_began)
+        if skipped and self._mode == "optimizer":  # most steps where the budget thinned the records:
+            self._in_step = True  # all `_step_begins` does for them (nothing pending, nothing to end)
+            self._step_timed(optimizer, hook_began)
             return
         with self._lock:
             if self.closed:
                 return
             self._step_begins()
-            # what the hooks took since the last step began, the weights' fingerprints apart
-            self.sampling.step_began(time.perf_counter(), self._spent_s - self._hashing_s)
-            self._spent_s = self._hashing_s = 0.0
-            self._last_optimizer = optimizer
+            self._step_timed(optimizer, time.perf_counter())
             if not self._recording:
                 return
+            self._last_recorded = self.step
             dumping = self._dumps(self.step)
             sampled = self.sampling.samples(self.step) or dumping
             # the parameter list only where it is read now: most steps read nothing of it
@@ -340,13 +340,12 @@ class StepTracer:
             if self.step == 0:
                 self._count_as_setup(time.perf_counter() - hook_began)
 
-    def _skip_step(self, optimizer: Any, now: float) -> None:
-        """A step without a record begins (nothing pending, nothing to end): what `_step_begins` and the
-        budget's timing do for it, without the rest."""
-        self._in_step = True
-        self._last_optimizer = optimizer
+    def _step_timed(self, optimizer: Any, now: float) -> None:
+        """A step begins at `now`: the budget is told what the hooks took since the last one began (the
+        weights' fingerprints apart); its optimizer's weights are the final ones if it is the last."""
         self.sampling.step_began(now, self._spent_s - self._hashing_s)
         self._spent_s = self._hashing_s = 0.0
+        self._last_optimizer = optimizer
 
     def _name_every_parameter(self, optimizer: Any, params: list[Any]) -> None:
         """An optimizer's parameters read for the first time: where the modules the script built do
@@ -427,19 +426,15 @@ class StepTracer:
                 self._on_header(self.header())  # the schedule as it ended, what the trace cost
 
     def _final_weights(self) -> None:
-        """The last step had no record (the budget thinned them): its weights, read now, make one."""
-        last = self._last_optimizer
-        if last is None or self._stopped or self._mode != "optimizer" or self._recording_of(self.step - 1):
+        """The last step had no record (the budget thinned them): its weights, read now, make one. The last
+        step is the last that began: one whose optimizer failed (its step hook never returned) too."""
+        last, final = self._last_optimizer, self.step if self._in_step else self.step - 1
+        # (--trace-interval N: records at every Nth step, as it says)
+        if last is None or self._last_recorded >= final or self._stopped or self._mode != "optimizer" \
+                or self.interval != 1:  # fmt: skip
             return
         self._wait_for_devices()
-        self._writer.write({"step": self.step - 1, "params_after": self.tensors.params(_params_of(last))})
-
-    def _recording_of(self, step: int) -> bool:
-        """Whether `step` got a record (the steps before the last one ended: decided)."""
-        if step % self.interval != 0:
-            return True  # (--trace-interval N: records at every Nth step, as it says; no weights at exit)
-        every = next((e for start, e in reversed(self.sampling.records) if start <= step), 1)
-        return self.sampling.budget <= 0 or step % every == 0
+        self._writer.write({"step": final, "params_after": self.tensors.params(_params_of(last))})
 
     def _stop_if_done(self) -> None:
         """`cascade restore --steps N`: steps 0..N-1 are complete, so end the script as a success.

@@ -77,7 +77,7 @@ from cascade_repro.child import step_values
 from cascade_repro.child.trace import StepTracer
 
 out, budget, given = Path(sys.argv[1]), float(sys.argv[2]), json.loads(sys.argv[3])
-perturb, interval = int(sys.argv[4]), int(sys.argv[5])
+perturb, interval, fail = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 tracer = StepTracer(torch, out / "trace.jsonl", interval, grads=True, budget=budget,
                     schedule=None if given is None else [tuple(e) for e in given["schedule"]],
                     records=None if given is None else [tuple(e) for e in given["records"]])
@@ -93,26 +93,35 @@ step_values.batch_fingerprint = counted("batch", step_values.batch_fingerprint)
 torch.manual_seed(0), random.seed(0), numpy.random.seed(0)  # (their states are in the records too)
 data = torch.utils.data.TensorDataset(torch.randn(4000, 8), torch.randn(4000, 1))
 model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
+class Failing(torch.optim.SGD):
+    def step(self, closure=None):
+        if step == fail:
+            raise RuntimeError("the optimizer failed")
+        return super().step(closure)
+opt = Failing(model.parameters(), lr=0.01)
 step = 0
-for x, y in torch.utils.data.DataLoader(data, batch_size=8, shuffle=True):  # 500 steps of ~0.1 ms
-    opt.zero_grad()
-    torch.nn.functional.mse_loss(model(x), y).backward()
-    opt.step()
-    if step == perturb:
-        with torch.no_grad():
-            model[0].weight.view(-1)[0] += 0.5  # (the next loss shows it)
-    step += 1
+try:
+    for x, y in torch.utils.data.DataLoader(data, batch_size=8, shuffle=True):  # 500 steps of ~0.1 ms
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        if step == perturb:
+            with torch.no_grad():
+                model[0].weight.view(-1)[0] += 0.5  # (the next loss shows it)
+        step += 1
+except RuntimeError:
+    pass
 tracer.close()
 (out / "header.json").write_text(json.dumps({**tracer.header(), "reads": reads}))
 """
 
 
 def _traced(tmp_path: Path, budget: float, given: dict[str, Any] | None = None, perturb: int = -1,
-            interval: int = 1) -> tuple[str, dict[str, Any]]:  # fmt: skip
+            interval: int = 1, fail: int = -1) -> tuple[str, dict[str, Any]]:  # fmt: skip
     tmp_path.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-c", textwrap.dedent(PROGRAM), str(tmp_path), str(budget),
-                    json.dumps(given), str(perturb), str(interval)], check=True, timeout=120)  # fmt: skip
+                    json.dumps(given), str(perturb), str(interval), str(fail)], check=True,
+                   timeout=120)  # fmt: skip
     return (tmp_path / "trace.jsonl").read_text(), json.loads((tmp_path / "header.json").read_text())
 
 
@@ -197,3 +206,21 @@ def test_a_fixed_interval_reads_nothing_at_the_steps_between(thinned: Any, tmp_p
                                                                             ("rng", "batch", "loss", "grads")}
     # the weights after step k are read when step k+1 begins, the next step's record or not
     assert all(r["params_after"] == every_step[r["step"]]["params_after"] for r in records)
+
+
+@pytest.mark.parametrize("fail", [301, 256])  # odd: no record there; 256: a record (every <= 256 by then)
+def test_an_optimizer_that_fails_leaves_its_weights_as_the_last_step(thinned: Any, tmp_path: Path,
+                                                                     fail: int) -> None:  # fmt: skip
+    """The optimizer raises at step `fail` (its step hook never returns): the last record is that step's,
+    with the weights as they are at exit (those after the step before), after every other record."""
+    _, _, full = thinned
+    every_step = {r["step"]: r for r in map(json.loads, full.splitlines())}
+    text, header = _traced(tmp_path, 0.02, fail=fail)
+    records = [json.loads(line) for line in text.splitlines()]
+    steps = [r["step"] for r in records]
+    assert steps == sorted(set(steps)) and steps[-1] == fail, (steps[-5:], header["records"])
+    assert records[-1]["params_after"] == every_step[fail - 1]["params_after"]
+    if fail % 2:
+        assert list(records[-1]) == ["step", "params_after"]  # its own record: the step had none
+    else:
+        assert records[-1]["loss"] == every_step[fail]["loss"]  # the step's record, completed at exit
