@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 import torch
@@ -140,6 +141,25 @@ def test_a_restore_samples_the_recorded_steps_so_its_trace_is_the_same_bytes(pro
     rerun = json.loads(restored.stdout)["data"]["run"]["run_id"]
     assert project.manifest(rerun)["trace"]["schedule"] == header["schedule"]
     assert _trace(project, rerun) == _trace(project, original)  # bit for bit, sampled steps alike
+
+
+def test_a_restore_records_the_steps_its_record_names(project: Project) -> None:
+    """A record (from someone else: its schedule is not one this machine's timing would give) that
+    names which steps have a record: the restore records those, and is judged at the common steps."""
+    original = project.record("train.py")  # 20 steps: every one recorded here
+    artifacts = Path(urlparse(project.client().get_run(original).info.artifact_uri).path)
+    record_file = artifacts / "cascade" / "run.json"
+    record = json.loads(record_file.read_text())
+    record["trace"]["records"] = [[0, 1], [3, 4]]
+    record_file.write_text(json.dumps(record))
+    restored = project.cascade("restore", original, "--json")
+    assert restored.returncode == 0, restored.stderr
+    data = json.loads(restored.stdout)["data"]
+    rerun = data["run"]["run_id"]
+    assert [r["step"] for r in _trace(project, rerun)] == [0, 1, 2, 4, 8, 12, 16, 19]  # 19: the final weights
+    assert project.manifest(rerun)["trace"]["records"] == [[0, 1], [3, 4]]
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL", data["verdict"]["summary"]
+    assert data["verdict"]["summary"] == "the 8 steps both traces recorded (of 20) are bitwise identical"
 
 
 def test_replay_that_does_not_reproduce_its_run_measures_nothing(project: Project, tmp_path: Path) -> None:
