@@ -187,17 +187,16 @@ def judge(
         scope = (
             f"the first {comparison.compared} steps (--steps)"
             if steps is not None
-            else (f"all {comparison.compared} steps" if comparison.compared == comparison.steps_a else
-                  f"the {comparison.compared} steps both traces recorded (of {comparison.steps_a})")
+            else (f"the {comparison.compared} steps both traces recorded (of {comparison.steps_a})"
+                  if _thinned(comparison) else f"all {comparison.compared} steps")
         )
         return verdict(BITWISE_IDENTICAL, f"{scope} are bitwise identical", comparison)
     where = _where(comparison) if comparison.step is not None else ""
     if not comparison.same_length:
-        overlap = (
-            f"the first {comparison.compared} are bitwise identical"
-            if comparison.step is None
-            else f"within them, {where}"
-        )
+        first, count = min(comparison.steps_a, comparison.steps_b), comparison.compared
+        shared = f"the {count} steps both recorded in the first {first}" if _thinned(comparison) else \
+            f"the first {count}"  # fmt: skip
+        overlap = f"{shared} are bitwise identical" if comparison.step is None else f"within them, {where}"
         summary = f"the runs have {comparison.steps_a} and {comparison.steps_b} steps; {overlap}"
         return verdict(INCOMPARABLE, summary, comparison, causes)
     class_a = [d for d in differences if d.klass == "A"]
@@ -240,6 +239,11 @@ def _compare(trace_a: Sequence[dict[str, Any]], trace_b: Sequence[dict[str, Any]
         return compare_traces(trace_a, trace_b)
     trace_a, trace_b, ran = on_common_steps(trace_a, trace_b)
     return compare_traces(trace_a, trace_b, ran, gaps_bracket=True)
+
+
+def _thinned(comparison: TraceComparison) -> bool:
+    """Whether fewer steps were compared than both runs had: a budget thinned their records."""
+    return comparison.compared < min(comparison.steps_a, comparison.steps_b)
 
 
 def _earliest_failure(verdicts: Sequence[Verdict]) -> int | None:
@@ -286,9 +290,8 @@ def with_replay(verdict: Verdict, magnitudes: Sequence[Magnitude], replay: Mappi
 
 def _where(comparison: TraceComparison, magnitudes: Sequence[Magnitude] = ()) -> str:
     first = comparison.differences[0]
-    overlap = min(comparison.steps_a, comparison.steps_b)
-    of = (f"of {comparison.compared}" if comparison.compared >= overlap
-          else f"of {overlap}, {comparison.compared} recorded by both")  # (records thinned)
+    of = (f"of {min(comparison.steps_a, comparison.steps_b)}, {comparison.compared} recorded by both"
+          if _thinned(comparison) else f"of {comparison.compared}")
     parts = [f"DIVERGED at step {comparison.step} ({of}): {FACET_WORDS[first.facet]} differ"]
     if first.names:
         parts.append(" in " + ", ".join(first.names[:4]) + (" …" if len(first.names) > 4 else ""))

@@ -203,6 +203,9 @@ def test_traces_thinned_on_other_schedules_are_judged_at_the_steps_both_recorded
     same = judge(as_record(_manifest("a" * 32)), as_record(_manifest("b" * 32)), *texts)
     assert same.verdict == "BITWISE_IDENTICAL" and same.comparison.compared == 7  # steps 0-4, 8, 11
     assert same.summary == "the 7 steps both traces recorded (of 12) are bitwise identical"
+    stopped = judge(as_record(_manifest("a" * 32)), as_record(_manifest("b" * 32)), a, b[:7])  # b: to step 8
+    assert stopped.summary == "the runs have 12 and 9 steps; the 6 steps both recorded in the first 9 are " \
+        "bitwise identical"  # fmt: skip
     diverged = copy.deepcopy(b)
     for record in diverged:
         if record["step"] >= 6 and "loss" in record:  # from a step without a record in a: seen at step 8
