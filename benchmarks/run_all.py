@@ -15,7 +15,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = (
-    "bench_packages.py", "bench_startup.py", "bench_log_metrics.py", "bench_trace.py", "bench_wall.py",
+    "bench_packages.py", "bench_startup.py", "bench_log_metrics.py", "bench_trace.py", "bench_trace_floor.py",
+    "bench_wall.py",
     "bench_checkpoints.py", "bench_restore.py", "bench_diff.py", "bench_read_commands.py",
     "bench_verify.py", "bench_replay.py", "bench_docker_restore.py", "bench_server_logging.py",
     "bench_second_clone_restore.py", "bench_device_fingerprint.py",

@@ -15,8 +15,10 @@ The weights and gradients are fingerprinted as often as the trace's cost budget 
 (`budget`, child/trace_budget.py; 0: every step), the RNG state, batch and loss every step: a record
 without "params_after" (or "grads") is a step that was not sampled. Where those every-step facets
 alone exceed half the budget (steps of a few milliseconds or less), the budget thins the records
-themselves past the first steps: a step without a record has nothing read, its hooks return at once
-(which steps have records: the header's "records" schedule). The last step's weights are always read
+themselves past the first steps: a step without a record has nothing read (which steps have
+records: the header's "records" schedule). Between two records, once the last one is written, the
+tracer coasts: its hooks only count the steps up to the next record (`step_hooks`), a few µs a step
+where the full path took ~15 (benchmarks/bench_trace_floor.py). The last step's weights are always read
 (at exit): where that step has no record, a record of its own holds them ({"step", "params_after"}).
 Scripts without an optimizer (below) get every facet every step.
 
@@ -66,6 +68,12 @@ class StepTracer:
         # (a restore hands back the recorded schedule: the same steps sampled, the same trace)
         self.sampling = SamplingBudget(budget if self.interval == 1 else 0.0, schedule, records)
         self._recording = True  # the step about to begin gets a record (the interval's, the budget's choice)
+        # Between two records, nothing pending: the hooks only count the steps (`step_hooks`), up to
+        # the step before `_coast_until` (the next with a record, or --steps' end); the budget is told
+        # of them as a whole when the next step is timed
+        self.coasting = False
+        self._coast_until = 0
+        self._timed_step = -1  # the step the budget was last told began
         self._last_optimizer: Any = None  # the last step's (its weights are read at exit)
         self._last_recorded = -1  # the last step that got a record
         self._stopped = False  # something the trace read failed: nothing more is read
@@ -104,8 +112,29 @@ class StepTracer:
         trace_install.install(self)
 
     def step_hooks(self) -> tuple[Callable[[Any, Any, Any], None], Callable[[Any, Any, Any], None]]:
-        """The optimizer step's global pre- and post-hook."""
-        return self._guarded(self._before_step), self._guarded(self._after_step)
+        """The optimizer step's global pre- and post-hook. While coasting (most steps, where the budget
+        thinned the records) they count the step and note its optimizer, nothing else: a few
+        attribute writes, no clock read, no lock (the hooks' own cost at such a step is then not in
+        the trace's measure of itself, only in benchmarks/bench_trace.py's)."""
+        before, after = self._guarded(self._before_step), self._guarded(self._after_step)
+
+        def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if self.coasting:
+                self._in_step = True
+                self._last_optimizer = optimizer
+                return
+            before(optimizer, args, kwargs)
+
+        def post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if self.coasting:
+                if self.step + 1 < self._coast_until:
+                    self._in_step = False
+                    self.step += 1
+                    return
+                self.coasting = False  # the next step has a record: this one ends the full way
+            after(optimizer, args, kwargs)
+
+        return pre_hook, post_hook
 
     def backward_begins(self, tensors: Any) -> None:
         started = time.perf_counter()
@@ -341,9 +370,11 @@ class StepTracer:
                 self._count_as_setup(time.perf_counter() - hook_began)
 
     def _step_timed(self, optimizer: Any, now: float) -> None:
-        """A step begins at `now`: the budget is told what the hooks took since the last one began (the
-        weights' fingerprints apart); its optimizer's weights are the final ones if it is the last."""
-        self.sampling.step_began(now, self._spent_s - self._hashing_s)
+        """A step begins at `now`: the budget is told what the hooks took since the last step it was told
+        of (the weights' fingerprints apart), and how many steps that was (more than one after
+        coasting); its optimizer's weights are the final ones if it is the last."""
+        steps, self._timed_step = self.step - self._timed_step, self.step
+        self.sampling.step_began(now, self._spent_s - self._hashing_s, steps)
         self._spent_s = self._hashing_s = 0.0
         self._last_optimizer = optimizer
 
@@ -408,13 +439,26 @@ class StepTracer:
                         self._save_dump(ended, "grads", self._params_pending(), grads=True)
             self._backward_in_step = False
             self._loss = None
+            if not self._recording and self._pending is None and self.dump is None and not self.closed:
+                self._coast()
+
+    def _coast(self) -> None:
+        """The step about to begin has no record and nothing is pending: coast up to the next with one."""
+        if self.interval > 1:
+            until = -(-self.step // self.interval) * self.interval
+        else:
+            until = self.sampling.next_record(self.step)
+        if self.stop_after is not None:
+            until = min(until, self.stop_after)
+        self._coast_until = until
+        self.coasting = until > self.step
 
     def close(self) -> None:
         """At exit: the last step's parameters-after are the final weights."""
         with self._lock:
             if self._writer.closed:
                 return
-            self.closed = True
+            self.closed, self.coasting = True, False
             try:
                 self._finish_pending(final=True)
                 self._final_weights()
@@ -474,6 +518,7 @@ class StepTracer:
     def stop(self, exc: Exception) -> None:
         """Something the trace reads failed: the trace stops there, saying so; the training goes on."""
         self.closed = self._stopped = True
+        self.coasting = False
         self._pending = None
         sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
 

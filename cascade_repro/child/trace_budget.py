@@ -82,6 +82,23 @@ class SamplingBudget:
         self.records_every = _scheduled(self.records, self.records_replayed, self.records_every, step)
         return step % self.records_every == 0
 
+    def next_record(self, step: int) -> int:
+        """The first step from `step` on that gets a record, as the schedule stands (a measured one
+        changes only when a window is judged, at a step with a record or the one after it)."""
+        if self.budget <= 0:
+            return step
+        if not self.records_replayed:
+            return -(-step // self.records_every) * self.records_every
+        entries = self.records
+        for i, (start, every) in enumerate(entries):
+            end = entries[i + 1][0] if i + 1 < len(entries) else math.inf
+            if end <= step:
+                continue
+            first = -(-max(step, start) // every) * every
+            if first < end:
+                return first
+        return step  # (not reached: the last entry holds every step past its start)
+
     def _judge_records(self) -> None:
         """At the end of a window (`_window_due`): fewer records while the trace's average work per step
         took more than THIN_ABOVE of the budget (as if it all scaled with the records: the hooks' own
@@ -99,23 +116,25 @@ class SamplingBudget:
         self.every = max(self.every, every)  # the weights at recorded steps only
         self._window_due = WINDOW * every
 
-    def step_began(self, now: float, overhead_s: float = 0.0) -> None:
-        """An optimizer step began at `now` (perf_counter seconds); the trace's other work since the
-        last one (RNG state, loss, records: every step's, whatever is sampled) took `overhead_s`."""
-        fixed, overhead_s = self._fixed_s, max(overhead_s, 0.0)  # (a first backward's guess is not timed)
-        self._began += 1
+    def step_began(self, now: float, overhead_s: float = 0.0, steps: int = 1) -> None:
+        """An optimizer step began at `now` (perf_counter seconds), `steps` steps after the last one
+        it was told of (more than one after steps that read nothing); the trace's other work since
+        then (RNG state, loss, records: every step's, whatever is sampled) took `overhead_s`."""
+        fixed, overhead_s, steps = self._fixed_s, max(overhead_s, 0.0), max(steps, 1)
+        self._began += steps
         if self._first_start is None:  # what came before the first step (the first batch, backward): once
             self._first_start = now
             self.setup_s += overhead_s
         else:
             self.every_step_s += overhead_s
             self._window_s += overhead_s
-            self._window_steps += 1
+            self._window_steps += steps
             if self._window_steps >= self._window_due:
                 self._judge_records()
-        self._fixed_s = overhead_s if fixed is None else (1 - SMOOTHING) * fixed + SMOOTHING * overhead_s
+        per_step = overhead_s / steps
+        self._fixed_s = per_step if fixed is None else (1 - SMOOTHING) * fixed + SMOOTHING * per_step
         if self._last_start is not None:
-            took = now - self._last_start
+            took = (now - self._last_start) / steps
             if self._step_s is None:
                 self._step_s = took
             elif took < OUTLIER * self._step_s:  # not an evaluation or a checkpoint between two steps

@@ -33,6 +33,8 @@ def _wrap_backward(tracer: StepTracer) -> None:
 
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         # Tensor.backward() calls torch.autograd.backward(), so this sees both spellings.
+        if tracer.coasting:  # a step without a record: nothing of it is read
+            return original_backward(tensors, *args, **kwargs)
         tracer.backward_begins(tensors)
         result = original_backward(tensors, *args, **kwargs)
         tracer.backward_ended()
@@ -49,7 +51,7 @@ def _wrap_dataloader(tracer: StepTracer) -> None:
     def __iter__(self: Any) -> Any:  # noqa: N807 - replaces DataLoader.__iter__
         tracer.start()  # before the sampler draws the epoch's order
         for batch in original_iter(self):
-            if not tracer.closed:
+            if not tracer.coasting and not tracer.closed:
                 read_batch(batch)
             yield batch
 

@@ -82,7 +82,7 @@ tracer = StepTracer(torch, out / "trace.jsonl", interval, grads=True, budget=bud
                     schedule=None if given is None else [tuple(e) for e in given["schedule"]],
                     records=None if given is None else [tuple(e) for e in given["records"]])
 tracer.install()
-reads = {"rng": 0, "batch": 0}  # what the tracer read, counted
+reads = {"rng": 0, "batch": 0, "backward": 0}  # what the tracer read, and its backward hook's calls, counted
 def counted(name, read):
     def count(*args, **kwargs):
         reads[name] += 1
@@ -90,6 +90,7 @@ def counted(name, read):
     return count
 tracer._rng_states = counted("rng", tracer._rng_states)
 step_values.batch_fingerprint = counted("batch", step_values.batch_fingerprint)
+tracer.backward_begins = counted("backward", tracer.backward_begins)
 torch.manual_seed(0), random.seed(0), numpy.random.seed(0)  # (their states are in the records too)
 data = torch.utils.data.TensorDataset(torch.randn(4000, 8), torch.randn(4000, 1))
 model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
@@ -157,7 +158,10 @@ def test_short_steps_get_records_thinned_and_each_record_is_what_every_step_read
     # backward, before any optimizer step says there is an optimizer)
     after_the_last = 500 % schedule[-1][1] == 0
     rng = len(expected) + after_the_last + 1
-    assert header["reads"] == {"rng": rng, "batch": len(expected)}, header["reads"]
+    # the tracer is called at a step with a record and the step after it (its record is written
+    # then) only: the others coast, their hooks count the step
+    called = len({s for r in expected for s in (r, r + 1) if s < 500})
+    assert header["reads"] == {"rng": rng, "batch": len(expected), "backward": called}, header["reads"]
 
 
 def test_a_thinned_trace_handed_its_schedules_back_is_the_same_bytes(thinned: Any, tmp_path: Path) -> None:
@@ -198,7 +202,9 @@ def test_a_fixed_interval_reads_nothing_at_the_steps_between(thinned: Any, tmp_p
     text, header = _traced(tmp_path, 0.02, interval=7)
     records = [json.loads(line) for line in text.splitlines()]
     assert [r["step"] for r in records] == list(range(0, 500, 7)) and header["interval"] == 7
-    assert header["reads"] == {"rng": len(records) + 1, "batch": len(records)}, header["reads"]  # (see above)
+    called = 2 * len(records) - (499 in range(0, 500, 7))  # (see above)
+    reads = {"rng": len(records) + 1, "batch": len(records), "backward": called}
+    assert header["reads"] == reads, header["reads"]
     assert "budget" not in header  # a fixed interval: every facet at those steps
     for record in records:
         alike = every_step[record["step"]]
@@ -224,3 +230,26 @@ def test_an_optimizer_that_fails_leaves_its_weights_as_the_last_step(thinned: An
         assert list(records[-1]) == ["step", "params_after"]  # its own record: the step had none
     else:
         assert records[-1]["loss"] == every_step[fail]["loss"]  # the step's record, completed at exit
+
+
+def test_the_next_step_with_a_record_is_the_one_the_schedule_names() -> None:
+    """Where the hooks coast to: the first step from a given one that records_step would record."""
+    replayed = SamplingBudget(0.02, records=[(0, 1), (3, 4), (10, 8), (21, 2)])
+    measured = SamplingBudget(0.02)
+    measured.records_every = 16
+    for budget in (replayed, measured, SamplingBudget(0.0)):
+        recorded = [s for s in range(80) if budget.records_step(s)]
+        assert [budget.next_record(s) for s in range(56)] == [min(r for r in recorded if r >= s)
+                                                              for s in range(56)]  # fmt: skip
+    assert replayed.next_record(3) == 4 and replayed.next_record(9) == 16 and replayed.next_record(17) == 22
+
+
+def test_steps_told_of_as_a_whole_count_as_that_many_steps() -> None:
+    """After coasting, the budget hears of several steps at once: the time per step and the steps
+    begun are what they were, told one at a time."""
+    one_by_one, at_once = SamplingBudget(0.02), SamplingBudget(0.02)
+    for step in range(9):
+        one_by_one.step_began(step * 0.002, 10e-6 if step in (0, 8) else 0.0)
+    at_once.step_began(0.0, 10e-6)
+    at_once.step_began(8 * 0.002, 10e-6, steps=8)
+    assert at_once.cost() == one_by_one.cost() and at_once._step_s == pytest.approx(0.002)
