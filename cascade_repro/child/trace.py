@@ -74,6 +74,7 @@ class StepTracer:
         self.coasting = False
         self._coast_until = 0
         self._timed_step = -1  # the step the budget was last told began
+        self.last_backward: tuple[int, Any] = (-1, None)  # (step, tensors) of the last backward()
         self._last_optimizer: Any = None  # the last step's (its weights are read at exit)
         self._last_recorded = -1  # the last step that got a record
         self._stopped = False  # something the trace read failed: nothing more is read
@@ -470,15 +471,20 @@ class StepTracer:
                 self._on_header(self.header())  # the schedule as it ended, what the trace cost
 
     def _final_weights(self) -> None:
-        """The last step had no record (the budget thinned them): its weights, read now, make one. The last
-        step is the last that began: one whose optimizer failed (its step hook never returned) too."""
+        """The last step had no record (the budget thinned them): its weights, read now, and its loss (that
+        of its last backward, if any) make one. The last step is the last that began: one whose
+        optimizer failed (its step hook never returned) too."""
         last, final = self._last_optimizer, self.step if self._in_step else self.step - 1
         # (--trace-interval N: records at every Nth step, as it says)
         if last is None or self._last_recorded >= final or self._stopped or self._mode != "optimizer" \
                 or self.interval != 1:  # fmt: skip
             return
         self._wait_for_devices()
-        self._writer.write({"step": final, "params_after": self.tensors.params(_params_of(last))})
+        record = {"step": final, "params_after": self.tensors.params(_params_of(last))}
+        step, loss = self.last_backward  # the step's loss too (`show --trace` ends the curve with it)
+        if step == final and isinstance(loss, self.torch.Tensor) and loss.numel() == 1:
+            record["loss"] = step_values.loss_now(self.torch, loss)
+        self._writer.write(record)
 
     def _stop_if_done(self) -> None:
         """`cascade restore --steps N`: steps 0..N-1 are complete, so end the script as a success.

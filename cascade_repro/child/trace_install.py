@@ -33,6 +33,7 @@ def _wrap_backward(tracer: StepTracer) -> None:
 
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         # Tensor.backward() calls torch.autograd.backward(), so this sees both spellings.
+        tracer.last_backward = (tracer.step, tensors)  # (no copy: the last step's loss is read at exit)
         if tracer.coasting:  # a step without a record: nothing of it is read
             return original_backward(tensors, *args, **kwargs)
         tracer.backward_begins(tensors)

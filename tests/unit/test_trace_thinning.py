@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from cascade_repro.api.records import _summarize_trace
 from cascade_repro.child.trace_budget import FULL_RECORDS, MAX_EVERY, SamplingBudget
 from cascade_repro.determinism.compare import compare_traces
 from cascade_repro.determinism.trace_file import TraceRecords, on_common_steps, record_steps
@@ -148,10 +149,11 @@ def test_short_steps_get_records_thinned_and_each_record_is_what_every_step_read
     for record in records[:-1]:  # each record holds what a trace of every step holds at that step
         alike = every_step[record["step"]]
         assert {k: alike[k] for k in record} == record
-    last = records[-1]  # the final weights, always: a record of their own where the step had none
-    if expected[-1] != 499:
-        assert list(last) == ["step", "params_after"]
-    assert last["params_after"] == every_step[499]["params_after"]
+    last = records[-1]  # the final weights, always: a record of their own where the step had none,
+    if expected[-1] != 499:  # with the step's loss
+        assert list(last) == ["step", "params_after", "loss"]
+    assert last["params_after"] == every_step[499]["params_after"] and last["loss"] == every_step[499]["loss"]
+    assert _summarize_trace(records, header).loss_last == every_step[499]["loss"]["value"]  # show --trace's
     assert header["cost"]["share"] < 0.5  # what it cost is measured as ever (loosely: a loaded machine)
     # nothing read for a step without a record (the RNG state is read as the step before ends: for a
     # step 500 too, which never began, where it would have had one; and once more at the first
@@ -226,10 +228,10 @@ def test_an_optimizer_that_fails_leaves_its_weights_as_the_last_step(thinned: An
     steps = [r["step"] for r in records]
     assert steps == sorted(set(steps)) and steps[-1] == fail, (steps[-5:], header["records"])
     assert records[-1]["params_after"] == every_step[fail - 1]["params_after"]
+    # the step's loss: its backward ran before its optimizer failed
+    assert records[-1]["loss"] == every_step[fail]["loss"]
     if fail % 2:
-        assert list(records[-1]) == ["step", "params_after"]  # its own record: the step had none
-    else:
-        assert records[-1]["loss"] == every_step[fail]["loss"]  # the step's record, completed at exit
+        assert list(records[-1]) == ["step", "params_after", "loss"]  # its own record: the step had none
 
 
 def test_the_next_step_with_a_record_is_the_one_the_schedule_names() -> None:
