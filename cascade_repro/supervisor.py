@@ -71,12 +71,9 @@ class Child:
         second, so forwarding is always safe. The third signal kills the child outright.
         """
         with forwarding_signals(self._forward, self._notify) as self._previous_handlers:
-            while True:
-                try:
-                    code = self.process.wait(timeout=0.2)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            # a blocking waitpid: the forwarding handlers run while it waits (PEP 475 retries it), and
+            # the child's exit is seen at once (a wait with a timeout polls, up to 50 ms late)
+            code = self.process.wait()
         for pump in self._pumps:
             pump.join(timeout=10)
         log_error = self._output.close()
