@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from cascade_repro import __version__, distributed, versions
+from cascade_repro import __version__, distributed
 from cascade_repro.api.spooled import finish_dead_runs
 from cascade_repro.capture.git import is_dirty
 from cascade_repro.errors import CascadeError, DirtyTreeRefused, UsageError
@@ -25,7 +25,6 @@ from cascade_repro.settings import (
 )
 from cascade_repro.store import git_repo, mlflow_store, sqlite_store
 from cascade_repro.store.git_repo import head_commit
-from cascade_repro.store.run_store import RunStore
 
 if TYPE_CHECKING:
     from cascade_repro.images.prepare import PreparedImage
@@ -259,6 +258,9 @@ def _tagged(result: RunResult, request: RunRequest, settings: Settings) -> RunRe
         later = f"`cascade sync`, then `cascade tag {result.run_id[:8]} {request.version}`"
         message = f"not tagged {request.version}: the record is incomplete; {later}"
         return replace(result, warnings=(*result.warnings, message))
+    from cascade_repro import versions
+    from cascade_repro.store.run_store import RunStore
+
     store = RunStore.open(settings, fast_reads=True)  # the embedded store: tagged without MLflow
     tagged = versions.tag_run(store, settings.root, store.resolve(result.run_id), request.version,
                               force=request.force_version, git_tag=request.git_tag)  # fmt: skip
@@ -309,6 +311,8 @@ def _after_usage_error(result: RunResult, settings: Settings, restore: bool) -> 
         return result
     try:
         why = f"argparse usage error before the first step: {usage}"
+        from cascade_repro.store.run_store import RunStore
+
         RunStore(settings.tracking_uri, settings.experiment).discard(result.run_id, why)
     except Exception as exc:  # the FAILED run stays, as it would have without this
         message = f"the run of a script that stopped in argument parsing is kept: deleting it failed: {exc}"
@@ -350,6 +354,9 @@ def _check_version_free(settings: Settings, root: Path, request: RunRequest) -> 
     """`--tag`: refuse a taken version before the script runs (read from the embedded store's tables
     where it can be, otherwise through MLflow)."""
     assert request.version is not None
+    from cascade_repro import versions
+    from cascade_repro.store.run_store import RunStore
+
     versions.validate_version(request.version, root)
     store = RunStore.open(settings, fast_reads=True)
     versions.check_free(store, root, request.version, store.experiment_id(),
