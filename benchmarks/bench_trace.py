@@ -49,7 +49,8 @@ HOOKS = ("_before_step", "_after_step", "_guarded_next_step_begins")
 
 
 def main() -> None:
-    for batch in [int(b) for b in sys.argv[sys.argv.index("--batch") + 1:][:1]] or (64, 256):
+    batches = [int(sys.argv[sys.argv.index("--batch") + 1])] if "--batch" in sys.argv else [64, 256]
+    for batch in batches:
         print(f"-- batch {batch}")
         measure(batch)
 
