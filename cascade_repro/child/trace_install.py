@@ -30,10 +30,12 @@ def install(tracer: StepTracer) -> None:
 def _wrap_backward(tracer: StepTracer) -> None:
     autograd = importlib.import_module("torch.autograd")
     original_backward = autograd.backward
+    tensor = importlib.import_module("torch").Tensor
 
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         # Tensor.backward() calls torch.autograd.backward(), so this sees both spellings.
-        tracer.last_backward = (tracer.step, tensors)  # (no copy: the last step's loss is read at exit)
+        if isinstance(tensors, tensor) and tensors.numel() == 1:  # a loss (no copy: read at exit, if
+            tracer.last_backward = (tracer.step, tensors)  # the last step has no record; nothing larger kept)
         if tracer.coasting:  # a step without a record: nothing of it is read
             return original_backward(tensors, *args, **kwargs)
         tracer.backward_begins(tensors)
