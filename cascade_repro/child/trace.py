@@ -116,7 +116,7 @@ class StepTracer:
         """The optimizer step's global pre- and post-hook. While coasting (most steps, where the budget
         thinned the records) they count the step and note its optimizer, nothing else: a few
         attribute writes, no clock read, no lock (the hooks' own cost at such a step is then not in
-        the trace's measure of itself, only in benchmarks/bench_trace.py's)."""
+        the trace's measure of itself, only in benchmarks/bench_trace_floor.py's)."""
         before, after = self._guarded(self._before_step), self._guarded(self._after_step)
 
         def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
