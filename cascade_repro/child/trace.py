@@ -3,7 +3,8 @@
 
 A step is one `optimizer.step()` of any torch.optim optimizer (global step hooks), numbered from 0.
 For step k the record holds, in causal order: the RNG fingerprints at the step's start, the
-fingerprint of the last batch a DataLoader yielded, the loss of the last
+fingerprint of the last batch a DataLoader yielded (by a loader that fetches one ahead: the one it
+handed out), the loss of the last
 `backward()` (exact bits), the gradients and the parameters after the step. "After step k" is read
 when step k+1 begins, that is at its first `backward()` (while the forward pass has just read the
 weights, so they are still in cache), or at its optimizer step when no backward comes first (an
@@ -75,6 +76,7 @@ class StepTracer:
         self._coast_until = 0
         self._timed_step = -1  # the step the budget was last told began
         self.last_backward: tuple[int, Any] = (-1, None)  # (step, tensors) of the last backward()
+        self.backwards = 0  # backward() calls so far
         self._last_optimizer: Any = None  # the last step's (its weights are read at exit)
         self._last_recorded = -1  # the last step that got a record
         self._stopped = False  # something the trace read failed: nothing more is read

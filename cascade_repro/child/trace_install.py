@@ -34,6 +34,7 @@ def _wrap_backward(tracer: StepTracer) -> None:
 
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         # Tensor.backward() calls torch.autograd.backward(), so this sees both spellings.
+        tracer.backwards += 1  # (a loader that yields twice with none between fetches ahead)
         if isinstance(tensors, tensor) and tensors.numel() == 1:  # a loss (no copy: read at exit, if
             tracer.last_backward = (tracer.step, tensors)  # the last step has no record; nothing larger kept)
         if tracer.coasting:  # a step without a record: nothing of it is read
@@ -52,11 +53,20 @@ def _wrap_dataloader(tracer: StepTracer) -> None:
     read_batch = tracer.read_batch
 
     def __iter__(self: Any) -> Any:  # noqa: N807 - replaces DataLoader.__iter__
+        """Each batch as the training loop gets it. A loader whose second batch is asked for before
+        any backward() (Accelerate's DataLoaderShard, under the HF Trainer) fetches one ahead: the
+        loop trains on the batch before the one yielded, and on the last one once the loader has
+        ended."""
         tracer.start()  # before the sampler draws the epoch's order
-        for batch in original_iter(self):
+        backwards, ahead, previous = tracer.backwards, False, None
+        for yielded, batch in enumerate(original_iter(self), 1):
+            ahead = ahead or (yielded == 2 and tracer.backwards == backwards)
             if not tracer.coasting and not tracer.closed:
-                read_batch(batch)
+                read_batch(previous if ahead else batch)
+            previous = batch
             yield batch
+        if ahead and not tracer.coasting and not tracer.closed:
+            read_batch(previous)  # the last batch, handed out now
 
     loader.__iter__ = __iter__
 
