@@ -94,3 +94,45 @@ def test_two_batches_a_step_with_a_backward_each_is_no_fetching_ahead(tmp_path: 
     # them batches the plain loop trained on at some step, each record's own
     assert all(r["batch"] in plain_batches for r in records)
     assert len({r["batch"] for r in records}) == len(records)
+
+
+ACCELERATE = """
+import json, sys, torch
+from pathlib import Path
+from cascade_repro.child import step_values
+from cascade_repro.child.trace import StepTracer
+
+out = Path(sys.argv[1])
+tracer = StepTracer(torch, out / "trace.jsonl", budget=0.0)
+tracer.install()
+from accelerate import Accelerator
+
+accelerator = Accelerator(cpu=True)
+x = torch.randn(96, 8, generator=torch.Generator().manual_seed(0))
+y = x.sum(1, keepdim=True)
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+model, opt, loader = accelerator.prepare(model, opt, torch.utils.data.DataLoader(
+    torch.utils.data.TensorDataset(x, y), batch_size=16))
+for epoch in range(2):
+    for xb, yb in loader:
+        opt.zero_grad()
+        accelerator.backward(torch.nn.functional.mse_loss(model(xb), yb))
+        opt.step()
+tracer.close()
+rows = [slice(16 * (k % 6), 16 * (k % 6) + 16) for k in range(12)]  # in order, 6 batches an epoch
+own = [step_values.batch_fingerprint(torch, [x[r], y[r]], {}) for r in rows]
+(out / "batches.json").write_text(json.dumps(own))
+"""
+
+
+def test_accelerates_loader_has_each_step_record_its_own_batch(tmp_path: Path) -> None:
+    """Accelerate's DataLoaderShard itself (what the HF Trainer iterates): 2 epochs of 6 batches in
+    order, each step's record the fingerprint of the batch it trained on."""
+    pytest.importorskip("accelerate", reason="accelerate is not installed (`make install-dev` installs it)")
+    program = textwrap.dedent(ACCELERATE)
+    subprocess.run([sys.executable, "-c", program, str(tmp_path)], check=True, timeout=180)
+    records = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    own = json.loads((tmp_path / "batches.json").read_text())
+    assert [r["step"] for r in records] == list(range(12))
+    assert [r["batch"] for r in records] == own
