@@ -50,7 +50,7 @@ from typing import Any, Callable
 
 from cascade_repro.child import step_values, trace_install
 from cascade_repro.child.step_tensors import StepTensors
-from cascade_repro.child.trace_budget import SamplingBudget
+from cascade_repro.child.trace_budget import SamplingBudget, round_up
 from cascade_repro.child.trace_dump import TensorDump
 from cascade_repro.child.trace_writer import TraceWriter
 from cascade_repro.determinism import fingerprint
@@ -448,7 +448,7 @@ class StepTracer:
     def _coast(self) -> None:
         """The step about to begin has no record and nothing is pending: coast up to the next with one."""
         if self.interval > 1:
-            until = -(-self.step // self.interval) * self.interval
+            until = round_up(self.step, self.interval)
         else:
             until = self.sampling.next_record(self.step)
         if self.stop_after is not None:

@@ -13,12 +13,12 @@ schedules still share every multiple of the larger. A budget of 0 samples every 
 Where the every-step facets alone take more than half the budget (steps of a few milliseconds
 or less: on a fast GPU, a small model), whole records are thinned too: past the first
 FULL_RECORDS steps, only every `records_every`-th step (a power of two, up to MAX_EVERY) gets a
-record, and the steps between cost the hooks' calls alone. It is judged over windows of steps, from
-the trace's average cost per step: doubled (or more) while that exceeds half the budget, halved
-when a quarter of it would do. The weights are then read at a multiple of it (`every` >=
-`records_every`). The last step's weights are read at exit whatever the schedule, a record of their
-own where that step has none. `verify` compares the steps both traces recorded and brackets a
-divergence seen after steps without records; `--replay` pins it.
+record, and the steps between cost the hooks' calls alone (they coast: child/trace.py). It is
+judged over windows of steps, from the trace's average cost per step: doubled (or more) while that
+exceeds half the budget, halved when a quarter of it would do. The weights are then read at a
+multiple of it (`every` >= `records_every`). The last step's weights are read at exit whatever
+the schedule, a record of their own where that step has none. `verify` compares the steps both
+traces recorded and brackets a divergence seen after steps without records; `--replay` pins it.
 
 The schedules (the step each `every` and each `records_every` began at) are in the trace's header;
 a restore hands them back, so a run that reproduces writes the same trace, byte for byte.
@@ -88,13 +88,13 @@ class SamplingBudget:
         if self.budget <= 0:
             return step
         if not self.records_replayed:
-            return -(-step // self.records_every) * self.records_every
+            return round_up(step, self.records_every)
         entries = self.records
         for i, (start, every) in enumerate(entries):
             end = entries[i + 1][0] if i + 1 < len(entries) else math.inf
             if end <= step:
                 continue
-            first = -(-max(step, start) // every) * every
+            first = round_up(max(step, start), every)
             if first < end:
                 return first
         return step  # (not reached: the last entry holds every step past its start)
@@ -170,6 +170,11 @@ class SamplingBudget:
             "step_ms": round(1000 * span / (self._began - 1), 4),
             "setup_ms": round(1000 * self.setup_s, 3),
         }
+
+
+def round_up(step: int, every: int) -> int:
+    """The first multiple of `every` from `step` on."""
+    return -(-step // every) * every
 
 
 def _scheduled(schedule: list[tuple[int, int]], replayed: bool, every: int, step: int) -> int:

@@ -344,8 +344,8 @@ def _trace_cost(console: Any, cost: dict[str, float], budget: float | None) -> N
                   f"steps{within}), steps of {cost['step_ms']:.3g} ms; once, at the first step: "
                   f"{cost['setup_ms']:.3g} ms")  # fmt: skip
     if budget and cost["every_step"] > budget:
-        console.print("  the facets read at recorded steps (RNG state, batch, loss) and the hooks' calls "
-                      "at the others took more than the budget, the steps being short: the first "
+        console.print("  the facets read at recorded steps (RNG state, batch, loss) took more than the "
+                      "budget, the steps being short: the first "
                       f"{FULL_RECORDS} steps are recorded whole, then as rarely as the trace goes "
                       "(trace_interval: 0 in cascade.yaml, or --trace-interval 0, turns it off)")
 
