@@ -1,6 +1,6 @@
 """The parent half of `cascade run`: start the child first, record everything around it, close the run.
 
-    main thread            start child ──────────────────────────── wait (forward signals) ── finish
+    main thread            start child, forward signals from here ─────────────────── wait ── finish
     capture thread            git, packages, system, environment ──┐
     store thread              import mlflow, open run, run id file ┴─ params, tags, manifest v0
     metrics thread                                    events.jsonl → MLflow, ≤ 1000 points a request
@@ -23,21 +23,18 @@ from typing import TYPE_CHECKING, Any
 
 from cascade_repro import __version__, distributed
 from cascade_repro.capture.files import redirected_outputs
-from cascade_repro.capture.snapshot import capture_snapshot
 from cascade_repro.child import protocol
 from cascade_repro.errors import CascadeError, StoreError
 from cascade_repro.redaction import redact_argv
 from cascade_repro.run_output import RunOutput
 from cascade_repro.run_plan import Notify, RunPlan, RunResult
-from cascade_repro.run_store_side import UNTRACKED_DIR, Recording, Worker
 from cascade_repro.settings import OWN_DIR, Settings, sqlite_path
 from cascade_repro.store import spool
-from cascade_repro.store.checkpoint_keeper import CheckpointKeeper
-from cascade_repro.store.dvc_store import Cache
 from cascade_repro.supervisor import Child, RunningChild
 
 if TYPE_CHECKING:
     from cascade_repro.distributed import Distributed
+    from cascade_repro.run_store_side import Recording, Worker
 
 log = logging.getLogger(__name__)
 
@@ -140,10 +137,15 @@ def _deliver_node(plan: RunPlan, layout: Distributed, job_dir: Path, notify: Not
 
 def _start_recording(plan: RunPlan, notify: Notify, child: RunningChild, env: dict[str, str], run_dir: Path,
                      start_ms: int) -> tuple[Recording, Worker]:  # fmt: skip
-    """Capture, the checkpoint keeper and the store side, started while the child runs. (Their modules
-    are imported before the child starts: Ctrl-C is forwarded to the child only from `Child.wait` on,
-    and importing them here, at the lowered priority, widened the time before it under load.)"""
+    """Capture, the checkpoint keeper and the store side, started while the child runs. Their modules
+    are imported only now, while the script imports its own: it starts sooner. (A Ctrl-C meanwhile is
+    the script's: the child forwards signals from its start.)"""
     _yield_cpu_to_the_child()
+    from cascade_repro.capture.snapshot import capture_snapshot
+    from cascade_repro.run_store_side import UNTRACKED_DIR, Recording, Worker
+    from cascade_repro.store.checkpoint_keeper import CheckpointKeeper
+    from cascade_repro.store.dvc_store import Cache
+
     log.debug("child pid %d: %s %s (cwd %s)", child.pid, plan.script_rel, " ".join(redact_argv(plan.args)),
               plan.cwd)  # fmt: skip
     log.debug("child environment adds %s", {k: env[k] for k in sorted(set(env) - set(plan.environ))})

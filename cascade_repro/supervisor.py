@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -10,7 +9,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import IO, Callable, Iterator, Mapping, Protocol, Sequence
+from typing import IO, Callable, Mapping, Protocol, Sequence
 
 from cascade_repro.run_output import STDERR, STDOUT, RunOutput
 
@@ -46,34 +45,33 @@ class Child:
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, output: RunOutput,
                  notify: Callable[[str], None]) -> None:  # fmt: skip
         self._output = output  # closed in wait()
-        self._notify = notify
+        self._received: int | None = None
+        self._signal_count = 0
         self.process = subprocess.Popen(
             list(argv), env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
+        # from the spawn on, not from wait(): the run is being recorded meanwhile, and a Ctrl-C then
+        # is the script's to unwind from, as during the wait
+        self._signals = ForwardedSignals(self._forward, notify)
         self._pumps = [
             threading.Thread(target=self._pump, args=(self.process.stdout, STDOUT), daemon=True),
             threading.Thread(target=self._pump, args=(self.process.stderr, STDERR), daemon=True),
         ]
         for pump in self._pumps:
             pump.start()
-        self._received: int | None = None
-        self._signal_count = 0
-        self._previous_handlers: dict[int, object] = {}  # restored by restore_signals()
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
     def wait(self) -> ChildExit:
-        """Wait for the child, forwarding Ctrl-C/SIGTERM/SIGHUP so it can unwind and flush.
-
-        A terminal's Ctrl-C reaches both processes; the child's bootstrap ignores a repeat within a
-        second, so forwarding is always safe. The third signal kills the child outright.
-        """
-        with forwarding_signals(self._forward, self._notify) as self._previous_handlers:
+        """Wait for the child; Ctrl-C/SIGTERM/SIGHUP are forwarded to it meanwhile (ForwardedSignals)."""
+        try:
             # a blocking waitpid: the forwarding handlers run while it waits (PEP 475 retries it), and
             # the child's exit is seen at once (a wait with a timeout polls, up to 50 ms late)
             code = self.process.wait()
+        finally:
+            self._signals.child_ended()
         for pump in self._pumps:
             pump.join(timeout=10)
         log_error = self._output.close()
@@ -81,8 +79,7 @@ class Child:
         return ChildExit(128 + killed if killed else code, self._received, killed, log_error)
 
     def restore_signals(self) -> None:
-        for sig, handler in self._previous_handlers.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._signals.restore()
 
     def terminate(self, timeout_s: float = 10.0) -> None:
         """Stop the child (used when the run cannot be recorded at all)."""
@@ -118,25 +115,32 @@ class Child:
         source.close()
 
 
-@contextlib.contextmanager
-def forwarding_signals(handler: Callable[[int, FrameType | None], None],
-                       notify: Callable[[str], None]) -> Iterator[dict[int, object]]:  # fmt: skip
-    """While the child runs, Ctrl-C/SIGTERM/SIGHUP go to `handler`; once it ended they only warn
-    through `notify` (nothing may cut the record short). Yields the handlers they replaced, for
-    `restore_signals`."""
+class ForwardedSignals:
+    """Ctrl-C/SIGTERM/SIGHUP go to `handler` from the child's start (it forwards them to the child);
+    once the child ended (`child_ended`) they only warn through `notify`: nothing may cut the record
+    short. `restore` puts back the handlers they replaced.
 
-    def finishing(signum: int, frame: FrameType | None) -> None:
-        notify("finishing the run record, one moment...")
+    A terminal's Ctrl-C reaches both processes; the child's bootstrap ignores a repeat within a
+    second, so forwarding is always safe. The third signal kills the child outright (the handler's
+    choice). Signal handlers belong to the main thread: elsewhere (a test's thread) nothing changes.
+    """
 
-    previous: dict[int, object] = {}
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    if in_main_thread:
-        previous.update({sig: signal.getsignal(sig) for sig in FORWARDED})
-        for sig in FORWARDED:
-            signal.signal(sig, handler)
-    try:
-        yield previous
-    finally:
-        if in_main_thread:
+    def __init__(self, handler: Callable[[int, FrameType | None], None],
+                 notify: Callable[[str], None]) -> None:  # fmt: skip
+        self._notify = notify
+        self._previous: dict[int, object] = {}
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.getsignal(sig) for sig in FORWARDED}
             for sig in FORWARDED:
-                signal.signal(sig, finishing)
+                signal.signal(sig, handler)
+
+    def child_ended(self) -> None:
+        for sig in self._previous:
+            signal.signal(sig, self._finishing)
+
+    def restore(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)  # type: ignore[arg-type]
+
+    def _finishing(self, signum: int, frame: FrameType | None) -> None:
+        self._notify("finishing the run record, one moment...")

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from cascade_repro.errors import DockerError
 from cascade_repro.run_output import STDERR, STDOUT, RunOutput
-from cascade_repro.supervisor import ChildExit, forwarding_signals
+from cascade_repro.supervisor import ChildExit, ForwardedSignals
 
 log = logging.getLogger(__name__)
 
@@ -133,11 +133,12 @@ class ContainerChild:
         self._pump_thread = threading.Thread(target=self._pump, daemon=True)
         self._pump_thread.start()
         self._exit: dict[str, Any] = {}
-        self._waiter = threading.Thread(target=self._wait_exit, daemon=True)
-        self._waiter.start()
         self._received: int | None = None
         self._signal_count = 0
-        self._previous_handlers: dict[int, object] = {}
+        self._waiter = threading.Thread(target=self._wait_exit, daemon=True)
+        self._waiter.start()
+        # from the start on, not from wait(): Ctrl-C while the run is being recorded is the script's
+        self._signals = ForwardedSignals(self._forward, notify)
 
     @property
     def pid(self) -> int:
@@ -150,9 +151,11 @@ class ContainerChild:
 
     def wait(self) -> ChildExit:
         """Wait for the container, forwarding Ctrl-C/SIGTERM/SIGHUP; the third signal kills it."""
-        with forwarding_signals(self._forward, self._notify) as self._previous_handlers:
+        try:
             while self._waiter.is_alive():
                 self._waiter.join(timeout=0.2)
+        finally:
+            self._signals.child_ended()
         self._pump_thread.join(timeout=10)
         log_error = self._output.close()
         self.remove()
@@ -168,8 +171,7 @@ class ContainerChild:
         return ChildExit(code, self._received, killed, log_error)
 
     def restore_signals(self) -> None:
-        for sig, handler in self._previous_handlers.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._signals.restore()
 
     def terminate(self, timeout_s: float = 10.0) -> None:
         """Stop the container (used when the run cannot be recorded at all)."""
