@@ -40,6 +40,20 @@ def loss_now(torch: Any, loss: Any) -> Any:
     return loss.detach().clone()
 
 
+class LossParts(NamedTuple):
+    """The losses one step backpropagated, more than one (gradient accumulation), each as `loss_now`
+    gave it: recorded as their sum, each one's bits kept (`loss_record`)."""
+
+    parts: list[Any]
+
+
+def losses_now(torch: Any, losses: list[Any]) -> Any:
+    """A step's losses as they are now: the one (`loss_now`), or all of them (`LossParts`)."""
+    if len(losses) == 1:
+        return loss_now(torch, losses[0])
+    return LossParts([loss_now(torch, loss) for loss in losses])
+
+
 def read_losses(torch: Any, records: list[dict[str, Any]]) -> None:
     """The records' float32/float64 losses still held as tensors (on an accelerator: copies not read
     yet) as bits, copied back at once per device and dtype: one wait for the device per flush of the
@@ -64,6 +78,12 @@ def loss_record(torch: Any, loss: Any) -> dict[str, Any] | None:
         return None
     if isinstance(loss, LossBits):
         return _from_bits(loss.bits, loss.width)
+    if isinstance(loss, LossParts):  # the sum in their order (as the gradients were), each one's bits
+        parts = [loss_record(torch, part) for part in loss.parts]
+        dtypes = {part["dtype"] for part in parts if part}
+        return {"bits": [part["bits"] if part else None for part in parts],
+                "value": sum(part["value"] for part in parts if part),
+                "dtype": dtypes.pop() if len(dtypes) == 1 else "mixed", "parts": len(parts)}  # fmt: skip
     flat = loss.reshape(1)
     dtype = str(loss.dtype).replace("torch.", "")
     if flat.dtype in (torch.float32, torch.float64):  # one read: value from the bits
@@ -214,6 +234,20 @@ def _started_on(torch: Any, checksums: DeviceChecksums, tensors: list[Any], indi
         for i in set(indices) - set(dense):
             values[i] = fingerprint.sparse_device_checksum(torch, tensors[i])
         return [(dense, checksums.start([tensors[i] for i in dense]))] if dense else []
+
+
+def both_batches(first: str | fingerprint.Later | None,
+                 then: str | fingerprint.Later) -> str | fingerprint.Later:  # fmt: skip
+    """One step's batches, `first` (those so far) then `then`: `joined`, or once read from a device."""
+    if first is None:
+        return then
+    if isinstance(first, str) and isinstance(then, str):
+        return joined([first, then])
+    head = first if isinstance(first, fingerprint.Later) else fingerprint.Later([first], [])
+    tail = then if isinstance(then, fingerprint.Later) else fingerprint.Later([then], [])
+    offset = len(head.values)
+    shifted = [([index + offset for index in indices], entry) for indices, entry in tail.pending]
+    return fingerprint.Later(head.values + tail.values, head.pending + shifted)
 
 
 def joined(hashes: list[str]) -> str:

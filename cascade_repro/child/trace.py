@@ -75,7 +75,10 @@ class StepTracer:
         self.coasting = False
         self._coast_until = 0
         self._timed_step = -1  # the step the budget was last told began
-        self.last_backward: tuple[int, Any] = (-1, None)  # (step, tensors) of the last backward()
+        # (step, its one-element losses backpropagated, in order: several with gradient accumulation,
+        # an optimizer closure's last only) for the last step that had one, and the one before
+        self.last_backward: tuple[int, list[Any]] = (-1, [])
+        self.backward_before: tuple[int, list[Any]] = (-1, [])
         self.backwards = 0  # backward() calls so far
         self._last_optimizer: Any = None  # the last step's (its weights are read at exit)
         self._last_recorded = -1  # the last step that got a record
@@ -96,8 +99,11 @@ class StepTracer:
         self._pending_params: list[Any] | None = []  # None: read from `_pending_optimizer` if needed
         self._pending_optimizer: Any = None
         self._optimizers_named: set[int] = set()  # optimizers whose parameters were checked for names
-        self._loss: Any = None
+        # the batches the step trained on so far (gradient accumulation: several, `both_batches`)
         self.batch: str | fingerprint.Later | None = None  # Later: on a device, read at the flush
+        self._batch_last: str | fingerprint.Later | None = None  # the last one read, alone
+        self._batch_open = False  # the next batch read adds to `batch` (same loader, same step)
+        self._batch_source: object = None  # the loader's iteration that read the last one
         self.batch_sums: dict[Any, Any] = {}  # a device's checksums of the batches, kept (their plan)
         self._started = False  # step 0 has started: its RNG state is read (see the docstring)
         self._rng: dict[str, Any] | None = None
@@ -106,7 +112,7 @@ class StepTracer:
         self._mode = "undecided"  # "optimizer" or "manual" once known
         self._manual: list[Any] = []
         self._rng_next: dict[str, Any] | None = self._rng
-        self._in_step = False  # between an optimizer step's pre- and post-hook
+        self.in_step = False  # between an optimizer step's pre- and post-hook
         self._backward_in_step = False  # the step ran a closure: its loss and gradients come after
         self.dump: TensorDump | None = None  # `cascade verify --replay`: steps whose tensors are saved
 
@@ -123,7 +129,7 @@ class StepTracer:
 
         def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
             if self.coasting:
-                self._in_step = True
+                self.in_step = True
                 self._last_optimizer = optimizer
                 return
             before(optimizer, args, kwargs)
@@ -131,7 +137,7 @@ class StepTracer:
         def post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
             if self.coasting:
                 if self.step + 1 < self._coast_until:
-                    self._in_step = False
+                    self.in_step = False
                     self.step += 1
                     return
                 self.coasting = False  # the next step has a record: this one ends the full way
@@ -143,23 +149,27 @@ class StepTracer:
         started = time.perf_counter()
         if not self._started:
             self.start()
-        torch = self.torch
-        if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
-            self._loss = tensors  # copied when the step ends (`_after_step`)
         if self._mode == "optimizer":
             self._guarded_next_step_begins()
         else:
             self._guarded_manual(self._before_backward)
         self._spent_s += time.perf_counter() - started
 
-    def read_batch(self, batch: Any) -> None:
-        """A DataLoader yielded `batch`: its fingerprint (the last one before a step is the step's),
-        timed as part of what every step costs."""
+    def read_batch(self, batch: Any, source: object = None) -> None:
+        """A DataLoader's iteration `source` handed out `batch` to be trained on: its fingerprint, timed
+        as part of what every step costs. The step's batch is every batch one iteration handed out
+        since the last step's record (gradient accumulation: several); another iteration's batch
+        (validation between steps, the next epoch's loader) starts it again."""
         if not self._recording:
             return
         started = time.perf_counter()
         try:  # a failing fingerprint never reaches the training loop
-            self.batch = step_values.batch_fingerprint(self.torch, batch, self.batch_sums)
+            taken = step_values.batch_fingerprint(self.torch, batch, self.batch_sums)
+            if self._batch_open and source is self._batch_source and taken is not None:
+                self.batch = step_values.both_batches(self.batch, taken)
+            else:
+                self.batch = taken
+            self._batch_last, self._batch_open, self._batch_source = taken, True, source
         except Exception as exc:
             self.stop(exc)
         self._spent_s += time.perf_counter() - started
@@ -197,7 +207,7 @@ class StepTracer:
             with self._lock:
                 if not self._started:
                     return 0  # step 0's state is read when it starts
-                if self._in_step:  # a closure reseeding: the next step's start follows it
+                if self.in_step:  # a closure reseeding: the next step's start follows it
                     return self.step + 1
                 fresh = self._rng_fingerprint()
                 if self._mode != "optimizer" and self._pending is not None:
@@ -236,7 +246,7 @@ class StepTracer:
             self.stop(exc)
 
     def _guarded_next_step_begins(self) -> None:
-        if self._in_step:  # a closure's backward(), inside the optimizer step
+        if self.in_step:  # a closure's backward(), inside the optimizer step
             self._backward_in_step = True
             return
         pending = self._pending
@@ -256,8 +266,8 @@ class StepTracer:
         """Step k's parameters-after, read when step k+1 begins (or at exit: the final weights, always),
         if step k is sampled; the record is complete then."""
         if self._pending is not None:
-            if final and self._in_step and self._pending["loss"] is None:
-                self._pending["loss"] = self._loss_copy()  # an optimizer step that never returned
+            if final and self.in_step and self._pending["loss"] is None:
+                self._pending["loss"] = self._loss_copy(self._pending["step"])  # a step that never returned
             if self._pending_sampled or final:
                 self._wait_for_devices()
                 started = time.perf_counter()
@@ -339,7 +349,7 @@ class StepTracer:
         hook_began = time.perf_counter()
         skipped = not self._recording and self._pending is None and not self.stop_after
         if skipped and self._mode == "optimizer":  # most steps where the budget thinned the records:
-            self._in_step = True  # all `_step_begins` does for them (nothing pending, nothing to end)
+            self.in_step = True  # all `_step_begins` does for them (nothing pending, nothing to end)
             self._step_timed(optimizer, hook_began)
             return
         with self._lock:
@@ -412,7 +422,7 @@ class StepTracer:
             self._start()
         if not self.tensors.named:  # once: a script with no nn.Module must not rescan every step
             self.tensors.look_up_names()
-        self._in_step = True
+        self.in_step = True
         if self._pending is not None:
             self._finish_pending()
         if self.stop_after is not None:
@@ -420,7 +430,7 @@ class StepTracer:
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         with self._lock:
-            self._in_step = False
+            self.in_step = False
             pending = self._pending
             ended = self.step
             self.step += 1
@@ -428,12 +438,13 @@ class StepTracer:
             if self._recording:
                 self._rng = self._rng_fingerprint()  # the next step starts now
             else:  # (nothing of it read: no batch of another step in its place either)
-                self._rng = self.batch = None
+                self._rng = self.batch = self._batch_last = None
+                self._batch_open = False
             if pending is not None and pending["step"] == ended:
                 # the step's loss is read here, beside the RNG state, rather than in the pre-step hook:
                 # a second read in one hook costs a fraction of the first (the step has evicted the
                 # code from cache)
-                pending["loss"] = self._loss_copy()  # a closure's: its last
+                pending["loss"] = self._loss_copy(ended)  # a closure's: its last
                 if self._backward_in_step:  # the closure's gradients
                     if self._pending_sampled:
                         params = self._params_pending()
@@ -441,7 +452,6 @@ class StepTracer:
                     if self._dumps(ended):
                         self._save_dump(ended, "grads", self._params_pending(), grads=True)
             self._backward_in_step = False
-            self._loss = None
             if not self._recording and self._pending is None and self.dump is None and not self.closed:
                 self._coast()
 
@@ -476,16 +486,17 @@ class StepTracer:
         """The last step had no record (the budget thinned them): its weights, read now, and its loss (that
         of its last backward, if any) make one. The last step is the last that began: one whose
         optimizer failed (its step hook never returned) too."""
-        last, final = self._last_optimizer, self.step if self._in_step else self.step - 1
+        last, final = self._last_optimizer, self.step if self.in_step else self.step - 1
         # (--trace-interval N: records at every Nth step, as it says)
         if last is None or self._last_recorded >= final or self._stopped or self._mode != "optimizer" \
                 or self.interval != 1:  # fmt: skip
             return
         self._wait_for_devices()
         record = {"step": final, "params_after": self.tensors.params(_params_of(last))}
-        step, loss = self.last_backward  # the step's loss too (`show --trace` ends the curve with it)
-        if step == final and isinstance(loss, self.torch.Tensor) and loss.numel() == 1:
-            record["loss"] = step_values.loss_now(self.torch, loss)
+        for step, losses in (self.last_backward, self.backward_before):  # (the last step's backward, or
+            if step == final and losses:  # the next's, begun and cut short: Ctrl-C before its optimizer)
+                record["loss"] = step_values.losses_now(self.torch, losses)  # (`show --trace` ends on it)
+                break
         self._writer.write(record)
 
     def _stop_if_done(self) -> None:
@@ -508,12 +519,15 @@ class StepTracer:
 
     def _new_record(self, params: list[Any], sampled: bool = True) -> dict[str, Any]:
         """Step k up to its gradients (a sampled step's); "params_after" is added when step k+1 begins."""
+        manual = self._mode != "optimizer"  # (a backward is a step: its batch and loss alone)
         record = {
             "step": self.step,
             "rng": self._rng,
-            "batch": self.batch,
-            "loss": self._loss_copy() if self._mode != "optimizer" else None,  # optimizer: `_after_step`
+            "batch": self._batch_last if self._mode == "manual" else self.batch,
+            "loss": self._manual_loss() if manual else None,  # optimizer: `_after_step`
         }
+        if self._mode != "undecided":  # (undecided: the first optimizer step may be yet to come)
+            self._batch_open = False
         self._hash_s = 0.0
         if sampled:
             self._wait_for_devices()
@@ -542,9 +556,16 @@ class StepTracer:
         self.tensors.wait_for_devices()
         self._hashing_s += time.perf_counter() - started
 
-    def _loss_copy(self) -> Any:
-        """The loss as it is now: a script may reuse its memory (a buffer of losses) later."""
-        return None if self._loss is None else step_values.loss_now(self.torch, self._loss)
+    def _loss_copy(self, step: int) -> Any:
+        """Step `step`'s loss as it is now (a script may reuse its memory, a buffer of losses, later):
+        the sum of those it backpropagated, each one's bits kept (`step_values.losses_now`)."""
+        recorded, losses = self.last_backward
+        return step_values.losses_now(self.torch, losses) if recorded == step and losses else None
+
+    def _manual_loss(self) -> Any:
+        """Without an optimizer, each backward() is a step: its loss alone (or none)."""
+        losses = self.last_backward[1]
+        return step_values.loss_now(self.torch, losses[-1]) if losses else None
 
     def _rng_fingerprint(self) -> dict[str, Any]:
         """torch's generators every step; Python's and numpy's (slower to read: ~50 µs together

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from cascade_repro.child.trace import StepTracer
 
+MAX_LOSSES = 4096  # losses kept for one step (a script that never steps an optimizer: bounded)
+
 
 def install(tracer: StepTracer) -> None:
     optim = importlib.import_module("torch.optim.optimizer")  # not loaded by `import torch` alone
@@ -35,8 +37,14 @@ def _wrap_backward(tracer: StepTracer) -> None:
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         # Tensor.backward() calls torch.autograd.backward(), so this sees both spellings.
         tracer.backwards += 1  # (a loader that yields twice with none between fetches ahead)
-        if isinstance(tensors, tensor) and tensors.numel() == 1:  # a loss (no copy: read at exit, if
-            tracer.last_backward = (tracer.step, tensors)  # the last step has no record; nothing larger kept)
+        if isinstance(tensors, tensor) and tensors.numel() == 1:  # a loss: the step's (no copy; read
+            step, losses = tracer.last_backward  # when the step ends or, if it has no record, at exit)
+            if step != tracer.step:
+                tracer.backward_before, tracer.last_backward = tracer.last_backward, (tracer.step, [tensors])
+            elif tracer.in_step:  # an optimizer's closure, evaluated again: its last loss is the step's
+                losses[-1:] = [tensors]
+            elif len(losses) < MAX_LOSSES:  # gradient accumulation: each micro-batch's, in order
+                losses.append(tensors)
         if tracer.coasting:  # a step without a record: nothing of it is read
             return original_backward(tensors, *args, **kwargs)
         tracer.backward_begins(tensors)
@@ -58,15 +66,16 @@ def _wrap_dataloader(tracer: StepTracer) -> None:
         loop trains on the batch before the one yielded, and on the last one once the loader has
         ended."""
         tracer.start()  # before the sampler draws the epoch's order
-        backwards, ahead, previous = tracer.backwards, False, None
+        backwards, ahead, previous, source = tracer.backwards, False, None, object()
         for yielded, batch in enumerate(original_iter(self), 1):
-            ahead = ahead or (yielded == 2 and tracer.backwards == backwards)
-            if not tracer.coasting and not tracer.closed:
-                read_batch(previous if ahead else batch)
+            if yielded == 2 and tracer.backwards == backwards:
+                ahead = True  # (the first batch, read as it was yielded, is the one handed out now)
+            elif not tracer.coasting and not tracer.closed:
+                read_batch(previous if ahead else batch, source)
             previous = batch
             yield batch
         if ahead and not tracer.coasting and not tracer.closed:
-            read_batch(previous)  # the last batch, handed out now
+            read_batch(previous, source)  # the last batch, handed out now
 
     loader.__iter__ = __iter__
 

@@ -18,7 +18,7 @@ from typing import Any, overload
 from cascade_repro.errors import CascadeError
 
 LOSS_KEY = ',"loss":'
-LOSS_FIELDS = {"bits", "value", "dtype"}
+LOSS_FIELDS = {"bits", "value", "dtype", "parts"}  # parts: a step with several (their bits a list)
 
 
 class TraceRecords(Sequence[dict[str, Any]]):
