@@ -1,4 +1,5 @@
-"""Checkpoints in the child: `cascade_repro.checkpoint(...)` with top-k, and the `torch.save` hook.
+"""Checkpoints in the child: `cascade_repro.checkpoint(...)` with top-k, and the `torch.save` hook
+(framework_checkpoints.py puts the same hook on `safetensors.torch.save_file`).
 
 Each save is announced to the parent as one line of `checkpoints.jsonl` (path, step, metrics, and
 the file's inode/size/mtime so the parent can tell the bytes it hashes are the ones announced).
@@ -155,16 +156,23 @@ def _to_prune(saved: list[_Saved], policy: Policy) -> list[_Saved]:
 
 def install_torch_save_hook(torch: Any, log: CheckpointLog) -> None:
     """Every `torch.save(obj, path)` is announced with the step it happened at."""
-    original = torch.save
+    wrap_save_function(torch, "save", "f", log, source="torch.save")
 
-    def save_and_announce(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+
+def wrap_save_function(owner: Any, name: str, keyword: str, log: CheckpointLog, source: str) -> None:
+    """`owner.name(obj, path, ...)` (the path second, or passed as `keyword`) announces the file it
+    wrote, with the step it happened at, unless a checkpoint API it is part of announces it."""
+    original = getattr(owner, name)
+
+    def save_and_announce(*args: Any, **kwargs: Any) -> Any:
+        f = args[1] if len(args) > 1 else kwargs.get(keyword)
         path = Path(os.fspath(f)).absolute() if isinstance(f, (str, os.PathLike)) else None
         if path is not None:
             log.make_room(path)  # a new inode: the cache may hold the old one by hardlink
-        result = original(obj, f, *args, **kwargs)
+        result = original(*args, **kwargs)
         if path is not None and not getattr(log.inside_api, "active", False):
-            log.announce("saved", path, step=log.current_step(), metrics={}, source="torch.save")
+            log.announce("saved", path, step=log.current_step(), metrics={}, source=source)
         return result
 
     save_and_announce.__wrapped__ = original  # type: ignore[attr-defined]
-    torch.save = save_and_announce
+    setattr(owner, name, save_and_announce)

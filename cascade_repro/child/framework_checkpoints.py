@@ -1,9 +1,10 @@
 """Checkpoints that frameworks write without `torch.save(obj, path)`, announced like ours.
 
 Lightning writes `.ckpt` files through fsspec (`torch.save` into a buffer), so the `torch.save` hook
-never sees a path; the Hugging Face Trainer writes a directory (`checkpoint-500/`: safetensors,
-config, trainer state and, with torch.save, optimizer and RNG state). Installed when the script
-imports Lightning's Trainer or ModelCheckpoint, or transformers' Trainer:
+never sees a path; the Hugging Face Trainer and Accelerate's `save_state` write a directory
+(`checkpoint-500/`: safetensors, config, trainer state and, with torch.save, optimizer and RNG state).
+Installed when the script imports Lightning's Trainer or ModelCheckpoint, transformers' Trainer,
+Accelerate or safetensors:
 
 - `Trainer.save_checkpoint(path)` announces the file once written, with the step; inside
   `ModelCheckpoint` also the monitored metric, its mode and score, so `cascade checkout
@@ -12,6 +13,11 @@ imports Lightning's Trainer or ModelCheckpoint, or transformers' Trainer:
 - `transformers.Trainer._save_checkpoint` announces the directory once complete, as one checkpoint
   (its files are not announced one by one), with the step and `metric_for_best_model`'s last value;
   directories its rotation (`save_total_limit`) removed are announced pruned.
+- `Accelerator.save_state` announces the directory it wrote once complete, as one checkpoint, with
+  the step it happened at (the step trace's, as for `torch.save`: Accelerate keeps no step of its
+  own); directories `ProjectConfiguration(total_limit=...)` removed are announced pruned.
+- `safetensors.torch.save_file` (and `save_model`, which calls it) announces the file it wrote, as
+  the `torch.save` hook does; inside one of the directory saves above, it is a file of that one.
 
 A path written again is unlinked first (a new inode), as for `torch.save`: the DVC cache may hold the
 old bytes by hardlink. Nothing here may break the script.
@@ -27,7 +33,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from cascade_repro.child.checkpoints import CheckpointLog
+from cascade_repro.child.checkpoints import CheckpointLog, wrap_save_function
 
 LIGHTNING_TRAINER_MODULES = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
 LIGHTNING_CALLBACK_MODULES = (
@@ -36,6 +42,8 @@ LIGHTNING_CALLBACK_MODULES = (
 )
 
 TRANSFORMERS_TRAINER_MODULES = ("transformers.trainer",)
+ACCELERATE_MODULES = ("accelerate.accelerator",)
+SAFETENSORS_MODULES = ("safetensors.torch",)
 
 _saving = threading.local()  # the ModelCheckpoint whose save is under way, if any
 
@@ -47,6 +55,8 @@ def import_hooks(log: CheckpointLog) -> dict[str, Callable[[ModuleType], None]]:
         **dict.fromkeys(LIGHTNING_TRAINER_MODULES, _class_hook("Trainer", _wrap_lightning_trainer, log)),
         **dict.fromkeys(LIGHTNING_CALLBACK_MODULES, lightning_callback),
         **dict.fromkeys(TRANSFORMERS_TRAINER_MODULES, _class_hook("Trainer", _wrap_hf_trainer, log)),
+        **dict.fromkeys(ACCELERATE_MODULES, _class_hook("Accelerator", _wrap_accelerator, log)),
+        **dict.fromkeys(SAFETENSORS_MODULES, lambda module: _guarded(lambda: _wrap_safetensors(module, log))),
     }
 
 
@@ -60,6 +70,11 @@ def _class_hook(name: str, wrap: Callable[[Any, CheckpointLog], None],
             _guarded(lambda: wrap(found, log))
 
     return after_import
+
+
+def _wrap_safetensors(module: ModuleType, log: CheckpointLog) -> None:
+    """Before transformers and Accelerate import `save_file` by name, so theirs is this one too."""
+    wrap_save_function(module, "save_file", "filename", log, source="safetensors")
 
 
 def _wrap_hf_trainer(trainer_class: Any, log: CheckpointLog) -> None:
@@ -94,10 +109,38 @@ def _announce_hf(trainer: Any, trial: Any, log: CheckpointLog, announced: list[P
         if values:
             mode = "max" if getattr(trainer.args, "greater_is_better", False) else "min"
             fields.update(metrics={name: float(values[-1])}, monitor=name, mode=mode)
+    _announce_directory(directory, fields, log, announced)
+
+
+def _wrap_accelerator(accelerator_class: Any, log: CheckpointLog) -> None:
+    original = accelerator_class.save_state
+    announced: list[Path] = []
+
+    @functools.wraps(original)
+    def save_state(self: Any, *args: Any, **kwargs: Any) -> Any:
+        outer = getattr(log.inside_api, "active", False)  # inside a save that announces itself
+        log.inside_api.active = True  # its safetensors and torch.save files are files of this one checkpoint
+        try:
+            result = original(self, *args, **kwargs)
+        finally:
+            log.inside_api.active = outer
+        directory = _local_path(result)  # where it saved: output_dir, or the name it chose
+        if not outer and directory is not None and getattr(self, "is_main_process", True):
+            fields: dict[str, Any] = {"step": log.current_step(), "metrics": {}, "source": "accelerate"}
+            _guarded(lambda: _announce_directory(directory, fields, log, announced))
+        return result
+
+    accelerator_class.save_state = save_state
+
+
+def _announce_directory(directory: Path, fields: dict[str, Any], log: CheckpointLog,
+                        announced: list[Path]) -> None:  # fmt: skip
+    """A directory written whole is one checkpoint; those announced before and since removed (the
+    framework's rotation) are pruned."""
     if directory.is_dir():
         log.announce("saved", directory, **fields)
         announced.append(directory)
-    for gone in [d for d in announced if not d.exists()]:  # save_total_limit's rotation
+    for gone in [d for d in announced if not d.exists()]:
         announced.remove(gone)
         log.announce("pruned", gone)
 
