@@ -165,10 +165,15 @@ def _from_the_trace(a: Manifest, b: Manifest, comparison: TraceComparison, first
             "check the data files (DVC md5s) and DataLoader worker seeding",
         )))  # fmt: skip
     if first in ("loss", "grads") and not kinds & {*_INPUTS, *_NONDETERMINISM}:
+        other = "a different loss" if first == "loss" else "different gradients"
+        bracket = comparison.bracket_start
         out.append(("nondeterministic", Cause(
-            f"nondeterministic computation: the same batch and weights gave another {FACET_WORDS[first]} "
-            f"at step {step}",
-            "the RNG state, the batch and the weights before the step are equal",
+            f"nondeterministic computation: the same batch and weights gave {other} at step {step}"
+            + ("" if bracket is None else f", or at a step from {bracket} on, where the weights were not "
+               "compared"),
+            "the RNG state, the batch and the weights before the step are equal" if bracket is None else
+            f"the RNG state and the batch are equal at step {step}; the weights were last compared (equal) "
+            f"before step {bracket}: `cascade verify --replay` compares them at every step between",
             "rerun with --deterministic strict (it stops at an op without a deterministic implementation) "
             "and pin the thread count",
         )))  # fmt: skip

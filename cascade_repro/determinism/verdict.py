@@ -292,7 +292,7 @@ def _where(comparison: TraceComparison, magnitudes: Sequence[Magnitude] = ()) ->
     first = comparison.differences[0]
     of = (f"of {min(comparison.steps_a, comparison.steps_b)}, {comparison.compared} recorded by both"
           if _thinned(comparison) else f"of {comparison.compared}")
-    parts = [f"DIVERGED at step {comparison.step} ({of}): {FACET_WORDS[first.facet]} differ"]
+    parts = [f"DIVERGED at step {comparison.step} ({of}): {FACET_WORDS[first.facet]} {_differ(first.facet)}"]
     if first.names:
         parts.append(" in " + ", ".join(first.names[:4]) + (" …" if len(first.names) > 4 else ""))
     measured = [m for m in magnitudes if m.facet == first.facet]
@@ -301,10 +301,12 @@ def _where(comparison: TraceComparison, magnitudes: Sequence[Magnitude] = ()) ->
         parts.append(f" ({'; '.join(details)})")
     if first.facet == "loss":
         parts.append(f" ({first.detail})")
-    others = [FACET_WORDS[d.facet] for d in comparison.differences[1:]]
+    loss = comparison.loss_first_difference
+    loss_said = first.facet != "loss" and loss is not None and loss.step == comparison.step  # (below)
+    others = [FACET_WORDS[d.facet] for d in comparison.differences[1:]
+              if not (loss_said and d.facet == "loss")]  # fmt: skip
     if others:
         parts.append("; also " + ", ".join(others))
-    loss = comparison.loss_first_difference
     if first.facet != "loss":
         if loss is None:
             parts.append("; the losses are bitwise equal at every compared step")
@@ -320,6 +322,10 @@ def _where(comparison: TraceComparison, magnitudes: Sequence[Magnitude] = ()) ->
                      f"began at a step from {comparison.bracket_start} to {comparison.step}: `cascade verify "
                      "--replay` re-runs both with every facet to pin it")  # fmt: skip
     return "".join(parts)
+
+
+def _differ(facet: str) -> str:
+    return "differs" if facet in ("rng", "batch", "loss") else "differ"  # (gradients, parameters)
 
 
 def _without_grads(trace: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

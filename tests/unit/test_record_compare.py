@@ -266,4 +266,25 @@ def test_loss_first_with_equal_inputs_ranks_nondeterminism_then_class_a() -> Non
     assert causes[2] == "torch stack differs: cpu_capability AVX2 → DEFAULT"
     assert causes[3] == "params differ: optimizer.lr 0.1 → 0.05"
     same = _causes(a, _record("c"), _diverged("loss"))
-    assert same[0].startswith("nondeterministic computation: the same batch and weights gave another")
+    assert same[0] == (
+        "nondeterministic computation: the same batch and weights gave a different loss at step 0"
+    )
+
+
+def test_where_the_weights_were_not_compared_before_the_step_no_evidence_says_they_were_equal() -> None:
+    """A thinned trace: the weights were last compared before step 2, the loss differs first at step 6.
+    The cause may not rest on "the weights before the step are equal" (it said so, beside "the
+    weights were last compared before step 2")."""
+    a, b = _record("a"), _record("b")
+    bracketed = TraceComparison(20, 20, 20, 6, (FacetDifference("loss", (), ""),), bracket_start=2)
+    causes = likely_causes(as_record(a), as_record(b), bracketed,
+                           manifest_differences(as_record(a), as_record(b)))  # fmt: skip
+    cause = next(c for c in causes if c.summary.startswith("nondeterministic computation"))
+    assert "weights before the step are equal" not in cause.evidence
+    assert "last compared (equal) before step 2" in cause.evidence
+    assert cause.summary.endswith("at step 6, or at a step from 2 on, where the weights were not compared")
+    differences = manifest_differences(as_record(a), as_record(b))
+    exact = likely_causes(as_record(a), as_record(b), _diverged("loss"), differences)
+    assert next(c for c in exact if c.summary.startswith("nondeterministic")).evidence == (
+        "the RNG state, the batch and the weights before the step are equal"
+    )

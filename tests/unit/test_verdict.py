@@ -212,5 +212,5 @@ def test_traces_thinned_on_other_schedules_are_judged_at_the_steps_both_recorded
             record["loss"]["bits"] += 1
     verdict = judge(as_record(_manifest("a" * 32)), as_record(_manifest("b" * 32)), a, diverged)
     assert (verdict.verdict, verdict.comparison.step, verdict.comparison.bracket_start) == ("DIVERGED", 8, 4)
-    assert verdict.summary.startswith("DIVERGED at step 8 (of 12, 7 recorded by both): the loss differ")
+    assert verdict.summary.startswith("DIVERGED at step 8 (of 12, 7 recorded by both): the loss differs")
     assert "from 4 to 8" in verdict.summary
