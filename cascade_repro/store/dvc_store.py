@@ -143,16 +143,19 @@ class Cache:
             return None
         if expect and expect[0] is not None and (before.st_ino, before.st_size, before.st_mtime_ns) != expect:
             return None
-        md5, size = md5_of(path)
-        after = os.stat(path)
-        if (after.st_ino, after.st_size, after.st_mtime_ns) != (
-            before.st_ino,
-            before.st_size,
-            before.st_mtime_ns,
-        ):
+        try:  # (a checkpoint its framework pruned meanwhile, Lightning's top k: gone, not an error)
+            md5, size = md5_of(path)
+            after = os.stat(path)
+            if (after.st_ino, after.st_size, after.st_mtime_ns) != (
+                before.st_ino,
+                before.st_size,
+                before.st_mtime_ns,
+            ):
+                return None
+            target = self.object_path(md5)
+            link = "present" if target.exists() else _place(path, target, hardlink)
+        except FileNotFoundError:
             return None
-        target = self.object_path(md5)
-        link = "present" if target.exists() else _place(path, target, hardlink)
         if link == "hardlink":
             info = repo.fs.info(str(path))  # chmod of the shared inode changed its ctime only
         repo.state.save(str(path), repo.fs, HashInfo("md5", md5), info=info)

@@ -134,3 +134,32 @@ def test_a_directory_listing_from_a_shared_remote_cannot_lead_out(tmp_path: Path
         assert cache.directory_entries(good) == [("sub/model.safetensors", "a" * 32)]
     finally:
         cache.close()
+
+
+def test_a_checkpoint_pruned_while_it_is_hashed_is_gone_not_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning's top-k deletes a checkpoint it saved moments before: deleted while the parent hashed
+    it, it raised FileNotFoundError, shown as a warning at the run's end, where `show --checkpoints`
+    listed it as pruned. (The deletion is made to fall inside the hashing: its timing cannot be.)"""
+    import subprocess
+    import sys
+
+    from cascade_repro.store import dvc_store
+
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
+    checkpoint = tmp_path / "epoch=0-step=8.ckpt"
+    checkpoint.write_bytes(b"weights" * 1000)
+    hashing = dvc_store.md5_of
+
+    def pruned_meanwhile(path: Path) -> Any:
+        result = hashing(path)
+        checkpoint.unlink()
+        return result
+
+    monkeypatch.setattr(dvc_store, "md5_of", pruned_meanwhile)
+    cache = dvc_store.Cache(tmp_path)
+    try:
+        assert cache.add(checkpoint, hardlink=True) is None
+    finally:
+        cache.close()
