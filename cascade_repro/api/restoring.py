@@ -88,6 +88,11 @@ def restore(
         raise UsageError("--steps must be a positive number of optimizer steps")
     if steps is not None and not manifest.trace_header.get("steps"):
         raise UsageError(f"run {run_id[:12]} has no step trace, so --steps has nothing to compare")
+    if steps is None:
+        steps = _steps_a_killed_run_ran(manifest)
+        if steps is not None:
+            notify(f"the recorded run was KILLED after {steps} steps: re-running those "
+                   "(--steps N re-runs another number)")  # fmt: skip
     label = (version or run_id[:12]).replace("/", "_")
     workdir = (workdir or settings.paths.restores / label).absolute()
     plan = restoring.plan_restore(manifest, version, workdir, steps, os.environ, settings.env_allow_prefixes,
@@ -113,6 +118,15 @@ def restore(
     verdict = _crash_told(verdict, store, manifest, result)
     record_verdict(store, verdict, result.run_id, run_id)
     return RestoreResult(plan, tree, result, verdict, image, tuple(drift))
+
+
+def _steps_a_killed_run_ran(manifest: Manifest) -> int | None:
+    """A run stopped from outside (Ctrl-C, SIGTERM, its parent lost) ended at a step nothing in the
+    script chose: the re-run stops there too, and the verdict is about the steps it ran."""
+    steps = manifest.trace_header.get("steps")
+    if manifest.outcome.status != "KILLED" or type(steps) is not int or steps < 1:  # (untrusted)
+        return None
+    return steps
 
 
 def _refuse_what_cannot_run(plan: RestorePlan, execute: bool) -> None:

@@ -235,3 +235,28 @@ def test_restore_refuses_tampered_and_unsafe_records_before_writing(
     assert code == 1 and "does not apply" in stderr
     assert not worktree.exists() and len(git(project.root, "worktree", "list").splitlines()) == 1
     record_file.write_text(original_record)
+
+
+def test_restore_of_a_killed_run_reruns_the_steps_it_ran(project: Project) -> None:
+    """A run stopped by Ctrl-C after step 8 of 20: its restore re-ran all 20 steps and said INCOMPARABLE
+    ("the runs have 9 and 20 steps"), exit 3. The re-run stops where the recorded one did, and the
+    verdict is about those steps."""
+    import signal
+
+    from tests.faults.helpers import Background, add_faults_script, marker
+
+    add_faults_script(project)
+    run = Background(project, "faults.py", "--steps", "20", "--hold-at", "8", "--hold-s", "3")
+    run.wait_for(lambda: marker(project, "hold").exists(), "step 8")
+    run.process.send_signal(signal.SIGINT)
+    assert run.finish() == 130, run.stderr
+    killed = project.only_run()
+    recorded = project.manifest(killed.info.run_id)
+    assert recorded["outcome"]["status"] == "KILLED" and recorded["trace"]["steps"] == 9
+    code, data, stderr = _restore(project, killed.info.run_id[:12])
+    assert code == 0, stderr
+    assert "KILLED after 9 steps" in stderr
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL"
+    assert data["verdict"]["steps"] == {"a": 9, "b": 9, "compared": 9}
+    restored = project.manifest(data["run"]["run_id"])
+    assert restored["trace"]["steps"] == 9 and restored["outcome"]["status"] == "FINISHED"
