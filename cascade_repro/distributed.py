@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping
 
 from cascade_repro.child import protocol
 from cascade_repro.errors import UsageError
+from cascade_repro.record_sections import error_line
 from cascade_repro.settings import ProjectPaths
 from cascade_repro.store.spool import read_json
 
@@ -262,9 +263,9 @@ def rank_warnings(section: Mapping[str, Any]) -> list[str]:
         if entry.get("missing"):
             lines.append(f"rank {rank}: {entry['missing']}")
         elif entry.get("exit_code") or entry.get("error"):
-            error = entry.get("error") if isinstance(entry.get("error"), dict) else {}
             how = f"exited with code {entry['exit_code']}" if entry.get("exit_code") else "failed"
-            said = f": {error.get('type')}: {str(error.get('message'))[:200]}" if error.get("type") else ""
+            said = error_line(entry.get("error"), limit=200)
+            said = f": {said}" if said else ""
             lines.append(f"rank {rank} {how}{said}")
     return lines
 

@@ -49,6 +49,15 @@ def _text(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
+def error_line(error: Any, limit: int | None = None) -> str:
+    """`RuntimeError: boom` for a recorded exception (`{type, message}`, untrusted), the type alone where
+    its message is empty (Ctrl-C's `KeyboardInterrupt`), "" for none; `limit` cuts a long message."""
+    if not isinstance(error, Mapping) or not error.get("type"):
+        return ""
+    message = "" if error.get("message") is None else str(error["message"]).strip()
+    return f"{error['type']}: {message[:limit]}" if message else str(error["type"])
+
+
 def _int(value: Any) -> int | None:
     if isinstance(value, bool):
         return None

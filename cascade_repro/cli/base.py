@@ -68,7 +68,8 @@ def _guard(fn: Callable[[], int | None], ctx: click.Context, fast_exit: bool = F
         from cascade_repro import render
 
         first = str(exc).splitlines()[0] if str(exc) else ""
-        render.error(f"{type(exc).__name__}: {first}", then="run with -v for the traceback")
+        said = f"{type(exc).__name__}: {first}" if first.strip() else type(exc).__name__
+        render.error(said, then="run with -v for the traceback")
         ctx.exit(EXIT_ERROR)
     ctx.exit(code or 0)
 

@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 from cascade_repro.child.trace_budget import FULL_RECORDS
+from cascade_repro.record_sections import error_line
 from cascade_repro.redaction import redact_text
 from cascade_repro.render.console import _console, _num, _size, _styled, _time, error, notice
 from cascade_repro.settings import is_tracking_server
@@ -181,7 +182,7 @@ def run_record(record: RunRecord) -> None:
         ("command", " ".join(["cascade run", m.command.get("script", ""), *m.command.get("argv", [])])),
         ("cwd", m.command.get("cwd", "")),
         ("outcome", f"exit {outcome.get('exit_code')} after {outcome.get('duration_s')}s"),
-        ("error", _error(outcome.get("error"))),
+        ("error", error_line(outcome.get("error"))),
         ("recovered", str(outcome.get("recovered") or "")),
         ("missing", "; ".join(outcome.missing)),
         ("not stored", "; ".join(map(str, outcome.get("undelivered") or []))),
@@ -223,16 +224,32 @@ def run_record(record: RunRecord) -> None:
         _trace_summary(console, record.trace)
     elif m.trace:
         console.print(f"trace: {m.trace.get('steps')} steps (cascade show --trace for the loss curve)")
-    summary = m.metrics.get("keys", {})
-    if summary:
-        metrics = Table(title="metrics", box=None, header_style="bold", title_justify="left")
-        for column in ("key", "last", "min", "max", "points"):
-            metrics.add_column(column)
-        for key, stats in summary.items():
-            metrics.add_row(
-                key, _num(stats["last"]), _num(stats["min"]), _num(stats["max"]), str(stats["count"])
-            )
-        console.print(metrics)
+    _metrics(console, m.metrics.get("keys") or {}, record.metrics)
+
+
+def _metrics(console: Any, summary: dict[str, Any], last: dict[str, float]) -> None:
+    """Every metric of the run, the script's before cascade's own: with cascade's summary (last, min,
+    max, points) of those logged through `cascade_repro.log_metrics`, and the store's last value of
+    those the script logged to MLflow itself (a framework's logger: HF's MLflowCallback, Lightning's
+    MLFlowLogger), which never pass cascade's writer, so its summary has none of them."""
+    from rich.table import Table
+
+    keys = sorted({*summary, *last}, key=lambda k: (k.startswith("cascade."), k))
+    if not keys:
+        return
+    metrics = Table(title="metrics", box=None, header_style="bold", title_justify="left")
+    for column in ("key", "last", "min", "max", "points"):
+        metrics.add_column(column)
+    for key in keys:
+        stats = summary.get(key)
+        if stats:
+            cells = (_num(stats["last"]), _num(stats["min"]), _num(stats["max"]), str(stats["count"]))
+            metrics.add_row(key, *cells)
+        elif key in last:
+            metrics.add_row(key, _num(last[key]))
+    console.print(metrics)
+    if not set(last) <= set(summary):
+        console.print("(min, max, points: only for metrics logged with cascade_repro.log_metrics)")
 
 
 def checkpoints(entries: Sequence[CheckpointEntry]) -> None:
@@ -405,10 +422,6 @@ def _gpus(gpus: Any) -> str:
     if isinstance(gpus, str):
         return gpus
     return ", ".join(f"{g.get('name')} (cc {g.get('compute_capability')})" for g in gpus)
-
-
-def _error(error: dict[str, Any] | None) -> str:
-    return f"{error['type']}: {error['message']}" if error else ""
 
 
 def _seed(record: Manifest) -> str:

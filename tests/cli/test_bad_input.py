@@ -238,3 +238,20 @@ def test_the_largest_seed_reaches_torch_and_numeric_keys_reach_the_script(projec
     assert seen["torch_initial_seed"] == 2**64 - 1
     assert seen["params"]["layers"] == {"1": 64, "all": 3}
     assert project.manifest(run_id)["params"]["seed"] == 2**64 - 1
+
+
+@pytest.mark.parametrize(
+    ("raised", "said"), [(RuntimeError(), "RuntimeError"), (KeyError("k"), "KeyError: 'k'")]
+)
+def test_an_unexpected_error_is_one_line_without_a_colon_where_it_has_no_message(
+    project: Project, monkeypatch: pytest.MonkeyPatch, raised: Exception, said: str
+) -> None:
+    from cascade_repro import api
+
+    def fails(**_: object) -> None:
+        raise raised
+
+    monkeypatch.setattr(api, "list_runs", fails)
+    result = project.invoke("ls")
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[0] == f"cascade: error: {said}", result.stderr

@@ -96,3 +96,52 @@ def test_help_names_every_command() -> None:
     ).stdout
     for command in ("init", "run", "ls", "show", "verify", "restore", "image", "diff", "check", "ui"):
         assert f"  {command}" in out
+
+
+LOGS_THROUGH_MLFLOW = """\
+import mlflow
+
+import cascade_repro
+
+for step, value in enumerate([0.9, 0.7, 0.8]):
+    cascade_repro.log_metrics({"loss": 2 * value}, step=step)
+    mlflow.log_metric("eval_loss", value, step=step)  # as HF's MLflowCallback: into the cascade run
+mlflow.log_metrics({"epoch": 2.5, "grad_norm": 0.25}, step=3)
+"""
+
+
+def _metrics_table(shown: str) -> dict[str, list[str]]:
+    """The rows of `cascade show`'s metrics table: key → its cells (last, min, max, points)."""
+    lines = shown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "metrics")
+    assert lines[start + 1].split() == ["key", "last", "min", "max", "points"]
+    rows = {}
+    for line in lines[start + 2 :]:
+        cells = line.split()
+        if not cells or not (cells[0][0].isalpha()) or len(cells) > 5:
+            break
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+@pytest.mark.slow
+def test_show_lists_the_metrics_the_script_logged_through_mlflow_itself(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A framework's own MLflow logger (HF's MLflowCallback, Lightning's MLFlowLogger) writes into the
+    cascade run past `cascade_repro.log_metrics`: `show` lists its metrics with their last values,
+    read from the embedded store's tables as through MLflow's client (a server, a file store)."""
+    project.write("logs.py", LOGS_THROUGH_MLFLOW)
+    project.commit("a script logging through mlflow")
+    run_id = project.record("logs.py")
+    fast = project.invoke("show", run_id, check=True).stdout
+    rows = _metrics_table(fast)
+    assert rows["loss"] == ["1.6", "1.4", "1.8", "3"]  # through cascade: its summary
+    assert (rows["eval_loss"][0], rows["epoch"][0], rows["grad_norm"][0]) == ("0.8", "2.5", "0.25")
+    assert "cascade.peak_rss_mb" in rows
+    assert list(rows)[-1] == "cascade.peak_rss_mb"  # the script's own metrics first
+    from cascade_repro.store import local_record
+
+    monkeypatch.setattr(local_record.LocalStore, "open", classmethod(lambda cls, uri, environ: None))
+    through_mlflow = project.invoke("show", run_id, check=True).stdout
+    assert _metrics_table(through_mlflow) == rows

@@ -70,6 +70,11 @@ def test_signal_is_killed_with_everything_recorded(
     assert manifest["outcome"]["status"] == "KILLED"
     assert manifest["outcome"]["signal"] == sig
     assert manifest["git"]["commit"]  # the capture made before the signal is kept
+    if sig == signal.SIGINT:  # the script unwound through KeyboardInterrupt, an exception with no message
+        assert manifest["outcome"]["error"] == {"type": "KeyboardInterrupt", "message": ""}
+        shown = project.invoke("show", run.info.run_id, check=True).stdout
+        (error,) = [line.split(None, 1)[1] for line in shown.splitlines() if line.split()[:1] == ["error"]]
+        assert error.strip() == "KeyboardInterrupt"  # not "KeyboardInterrupt:"
 
 
 def test_script_mlflow_calls_land_in_the_same_run(project: Project) -> None:

@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 
 from cascade_repro.determinism.verdict import judge_ranks
-from cascade_repro.distributed import LAUNCHED, Distributed, is_launcher_variable, joined, launched
+from cascade_repro.distributed import (
+    LAUNCHED,
+    Distributed,
+    is_launcher_variable,
+    joined,
+    launched,
+    rank_warnings,
+)
 from cascade_repro.errors import CascadeError, UsageError
 from cascade_repro.manifest import check_shape
 from tests.plugin import as_record
@@ -186,3 +193,11 @@ def test_torchruns_variables_are_the_jobs_not_causes() -> None:
 def test_a_malformed_distributed_section_is_refused(section: Any, named: str) -> None:
     with pytest.raises(CascadeError, match=f"{named} is"):
         check_shape({**_manifest("a"), "distributed": section}, "a")
+
+
+def test_a_rank_stopped_by_an_exception_without_a_message_is_named_without_a_colon() -> None:
+    ranks = [{"rank": 1, "exit_code": 130, "error": {"type": "KeyboardInterrupt", "message": ""}},
+             {"rank": 2, "exit_code": 1, "error": {"type": "RuntimeError", "message": "boom"}}]
+    assert rank_warnings({"ranks": ranks}) == [
+        "rank 1 exited with code 130: KeyboardInterrupt", "rank 2 exited with code 1: RuntimeError: boom"
+    ]

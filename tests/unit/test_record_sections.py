@@ -12,7 +12,7 @@ import pytest
 
 from cascade_repro.errors import CascadeError
 from cascade_repro.manifest import SCHEMA, Manifest
-from cascade_repro.record_sections import CheckpointEntry, DataEntry, GitSection, TorchSection
+from cascade_repro.record_sections import CheckpointEntry, DataEntry, GitSection, TorchSection, error_line
 from tests.sources import matching_lines
 
 RECORD: dict[str, Any] = {
@@ -107,6 +107,22 @@ def test_the_one_way_in_checks_schema_and_shape() -> None:
         Manifest.from_dict({**RECORD, "schema": "cascade.run/2"})
     with pytest.raises(CascadeError, match="git is str"):
         Manifest.from_dict({**RECORD, "git": "c" * 40}, "r1")
+
+
+@pytest.mark.parametrize(
+    ("error", "line"),
+    [
+        ({"type": "RuntimeError", "message": "boom at half time"}, "RuntimeError: boom at half time"),
+        ({"type": "KeyboardInterrupt", "message": ""}, "KeyboardInterrupt"),  # Ctrl-C: no message
+        ({"type": "StopIteration", "message": None}, "StopIteration"),
+        ({"type": "ValueError", "message": " \n"}, "ValueError"),
+        ({"type": "OSError"}, "OSError"),
+        (None, ""),
+        ({}, ""),
+    ],
+)
+def test_an_error_line_has_no_colon_without_a_message(error: Any, line: str) -> None:
+    assert error_line(error) == line
 
 
 # Modules that complete and deliver cascade's own spooled record as JSON, field by field: a dead
