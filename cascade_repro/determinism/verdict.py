@@ -18,6 +18,7 @@ from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from cascade_repro.determinism.trace_file import has_batches, on_common_steps
 from cascade_repro.errors import EXIT_NOT_REPRODUCED, EXIT_OK
 from cascade_repro.manifest import Manifest
+from cascade_repro.record_sections import error_line
 
 BITWISE_IDENTICAL = "BITWISE_IDENTICAL"
 NUMERICALLY_EQUIVALENT = "NUMERICALLY_EQUIVALENT"
@@ -197,7 +198,9 @@ def judge(
         shared = f"the {count} steps both recorded in the first {first}" if _thinned(comparison) else \
             f"the first {count}"  # fmt: skip
         overlap = f"{shared} are bitwise identical" if comparison.step is None else f"within them, {where}"
-        summary = f"the runs have {comparison.steps_a} and {comparison.steps_b} steps; {overlap}"
+        ended = [f"run {m.run_id[:12]} {how}" for m in (manifest_a, manifest_b) if (how := crashed(m))]
+        why = f" ({'; '.join(ended)})" if ended else ""  # (a run stopped short says why it is short)
+        summary = f"the runs have {comparison.steps_a} and {comparison.steps_b} steps{why}; {overlap}"
         return verdict(INCOMPARABLE, summary, comparison, causes)
     class_a = [d for d in differences if d.klass == "A"]
     if class_a and losses_within(trace_a, trace_b, rtol, atol):
@@ -270,10 +273,9 @@ def crashed(manifest: Manifest) -> str | None:
     status = outcome.status
     if status in (None, "FINISHED", "RUNNING"):
         return None
-    error = outcome.get("error")
-    error = error if isinstance(error, dict) else {}
-    cause = f" ({error.get('type')}: {str(error.get('message'))[:300]})" if error.get("type") else ""
-    return f"{status} with exit code {outcome.get('exit_code')}{cause}"
+    error = error_line(outcome.get("error"), limit=300)
+    code = outcome.exit_code  # (none: its parent was lost before the script ended)
+    return status + (f" with exit code {code}" if code is not None else "") + (f" ({error})" if error else "")
 
 
 def with_replay(verdict: Verdict, magnitudes: Sequence[Magnitude], replay: Mapping[str, Any],

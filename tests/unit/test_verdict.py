@@ -214,3 +214,19 @@ def test_traces_thinned_on_other_schedules_are_judged_at_the_steps_both_recorded
     assert (verdict.verdict, verdict.comparison.step, verdict.comparison.bracket_start) == ("DIVERGED", 8, 4)
     assert verdict.summary.startswith("DIVERGED at step 8 (of 12, 7 recorded by both): the loss differs")
     assert "from 4 to 8" in verdict.summary
+
+
+def test_runs_of_different_length_name_the_one_that_was_killed() -> None:
+    """A whole run against one stopped by Ctrl-C after 4 steps: "the runs have 6 and 4 steps" said
+    nothing of why; the shorter one's end is named (no exit code where none was recorded)."""
+    interrupted = {"type": "KeyboardInterrupt", "message": ""}
+    killed = {**_manifest("b" * 32), "outcome": {"status": "KILLED", "exit_code": 130, "error": interrupted}}
+    a, b = [_record(i) for i in range(6)], [_record(i) for i in range(4)]
+    verdict = judge(as_record(_manifest("a" * 32)), as_record(killed), a, b)
+    assert verdict.verdict == "INCOMPARABLE"
+    assert verdict.summary == (
+        f"the runs have 6 and 4 steps (run {'b' * 12} KILLED with exit code 130 (KeyboardInterrupt)); "
+        "the first 4 are bitwise identical"
+    )
+    lost = {**_manifest("b" * 32), "outcome": {"status": "KILLED"}}
+    assert f"(run {'b' * 12} KILLED);" in judge(as_record(_manifest("a" * 32)), as_record(lost), a, b).summary
