@@ -178,29 +178,36 @@ def run_record(record: RunRecord) -> None:
     console = _console()
     outcome = m.outcome
     console.print(_styled((f"run {m.run_id}", "bold"), f"  {record.status}  experiment {m.experiment}"))
+    recovered = str(outcome.get("recovered") or "")
+    error = outcome.get("error")
+    if isinstance(error, dict) and recovered and error.get("message") == recovered:  # (said once, below)
+        error = {"type": error.get("type")}
+    # the parent died before it captured the repository and the machine: none of it was looked at
+    uncaptured = "not captured (the cascade process died first)" \
+        if any(item.startswith("capture:") for item in outcome.missing) else None  # fmt: skip
     rows: list[tuple[str, str]] = [
         ("command", " ".join(["cascade run", m.command.get("script", ""), *m.command.get("argv", [])])),
         ("cwd", m.command.get("cwd", "")),
-        ("outcome", f"exit {outcome.get('exit_code')} after {outcome.get('duration_s')}s"),
-        ("error", error_line(outcome.get("error"))),
-        ("recovered", str(outcome.get("recovered") or "")),
+        ("outcome", f"{_exit(outcome.exit_code, recovered)} after {outcome.get('duration_s')}s"),
+        ("error", error_line(error)),
+        ("recovered", recovered),
         ("missing", "; ".join(outcome.missing)),
         ("not stored", "; ".join(map(str, outcome.get("undelivered") or []))),
-        ("commit", f"{m.git.commit} ({m.git.branch or 'detached'})"),
-        ("dirty", _dirty(m.git)),
+        ("commit", uncaptured or f"{m.git.commit} ({m.git.branch or 'detached'})"),
+        ("dirty", uncaptured or _dirty(m.git)),
         ("inputs", _files(m.inputs, "not tracked by git or DVC")),
         ("outputs", _files(m.outputs, "written by the run")),
         ("remotes", ", ".join(f"{k} {v}" for k, v in m.git.get("remotes", {}).items())),
         ("seed", _seed(m)),
         ("params", f"{m.params.get('source') or '(none)'}" + _overrides(m.params.get("overrides") or {})),
         ("determinism", f"{m.determinism.get('mode')}"),
-        ("python", f"{m.python.version} · {len(m.python.packages)} packages"),
+        ("python", uncaptured or f"{m.python.version} · {len(m.python.packages)} packages"),
         ("torch", _torch(m.torch)),
-        ("cpu", f"{m.hardware.cpu_model} · {m.hardware.cpu_count} cores"),
+        ("cpu", uncaptured or f"{m.hardware.cpu_model} · {m.hardware.cpu_count} cores"),
         ("gpus", _gpus(m.gpus or m.hardware.get("gpus"))),  # "unavailable: ..." says why there are none
-        ("os", f"{m.hardware.get('os', {}).get('system')} {m.hardware.get('os', {}).get('release')}"),
+        ("os", uncaptured or _os(m.hardware.get("os") or {})),
         ("container", _container(m.container)),
-        ("env vars", f"{len(m.environment)} recorded"),
+        ("env vars", uncaptured or f"{len(m.environment)} recorded"),
         ("artifacts", record.artifact_uri),
     ]
     table = Table(box=None, show_header=False)
@@ -367,6 +374,16 @@ def _trace_cost(console: Any, cost: dict[str, float], budget: float | None) -> N
                       "(trace_interval: 0 in cascade.yaml, or --trace-interval 0, turns it off)")
 
 
+def _os(system: dict[str, Any]) -> str:
+    return f"{system.get('system')} {system.get('release')}"
+
+
+def _exit(code: int | None, recovered: str) -> str:
+    if code is not None:
+        return f"exit {code}"
+    return "no exit code seen" + (" (the cascade process died first)" if recovered else "")
+
+
 def _dirty(git: GitSection) -> str:
     if not git.dirty:
         return "no"
@@ -393,6 +410,8 @@ def _overrides(overrides: dict[str, Any]) -> str:
 
 
 def _torch(torch: TorchSection) -> str:
+    if torch.version is None:  # (the script never imported torch, or the run ended first)
+        return ""
     parts = [str(torch.version)]
     for key in ("cuda", "cudnn", "cpu_capability", "num_threads"):
         if torch.get(key) is not None:

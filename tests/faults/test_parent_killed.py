@@ -132,8 +132,17 @@ def test_sigkill_of_the_parent_is_recovered_by_the_next_command(project: Project
     assert not spool.exists(), "a delivered spool is removed"
     shown = project.cascade("show", run_id[:8])
     assert shown.returncode == 0, shown.stderr
+    rows = {line.split(None, 1)[0]: line.split(None, 1)[1].strip() for line in shown.stdout.splitlines()
+            if line.strip() and len(line.split(None, 1)) == 2}  # fmt: skip
+    assert "None" not in shown.stdout  # (it said "commit None (detached)", "exit None", "python None")
+    if expected_status == "KILLED":  # its parent never saw the script end: no exit code to tell
+        assert rows["outcome"].startswith("no exit code seen (the cascade process died first) after ")
+        # the recovered note says how it ended; the error row does not repeat the sentence
+        assert rows["error"] == "CascadeProcessDied" and rows["recovered"].startswith("the cascade process died")
     if moment in ("before-the-run-opens", "during-capture"):
         assert any("capture" in item for item in manifest["outcome"]["missing"])
+        for row in ("commit", "dirty", "python", "cpu", "os", "env"):  # not "dirty no": never looked
+            assert rows[row].endswith("not captured (the cascade process died first)"), (row, rows[row])
     if moment == "mid-training":
         assert manifest["git"]["commit"]  # the early record's capture is kept
         assert manifest["trace"]["steps"] >= 9
