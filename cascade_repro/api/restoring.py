@@ -89,7 +89,7 @@ def restore(
     if steps is not None and not manifest.trace_header.get("steps"):
         raise UsageError(f"run {run_id[:12]} has no step trace, so --steps has nothing to compare")
     if steps is None:
-        steps = _steps_a_killed_run_ran(manifest)
+        steps = _steps_a_killed_run_ran(store, manifest)
         if steps is not None:
             notify(f"the recorded run was KILLED after {steps} steps: re-running those "
                    "(--steps N re-runs another number)")  # fmt: skip
@@ -120,13 +120,18 @@ def restore(
     return RestoreResult(plan, tree, result, verdict, image, tuple(drift))
 
 
-def _steps_a_killed_run_ran(manifest: Manifest) -> int | None:
+def _steps_a_killed_run_ran(store: RunStore, manifest: Manifest) -> int | None:
     """A run stopped from outside (Ctrl-C, SIGTERM, its parent lost) ended at a step nothing in the
-    script chose: the re-run stops there too, and the verdict is about the steps it ran."""
-    steps = manifest.trace_header.get("steps")
-    if manifest.outcome.status != "KILLED" or type(steps) is not int or steps < 1:  # (untrusted)
+    script chose: the re-run stops there too, and the verdict is about the steps it ran (its trace's
+    last record's step + 1: a budget may have thinned the records)."""
+    from cascade_repro.api.judging import trace_records
+    from cascade_repro.determinism.trace_file import record_steps
+
+    if manifest.outcome.status != "KILLED" or not manifest.trace_header.get("steps"):
         return None
-    return steps
+    records = trace_records(store, manifest.run_id, manifest.trace_header.get("artifact"))
+    ran = max(record_steps(records), default=-1) + 1
+    return ran if ran > 0 else None
 
 
 def _refuse_what_cannot_run(plan: RestorePlan, execute: bool) -> None:

@@ -482,11 +482,13 @@ class StepTracer:
             if self._on_header is not None:
                 self._on_header(self.header())  # the schedule as it ended, what the trace cost
 
-    def _final_weights(self) -> None:
+    def _final_weights(self, final: int | None = None) -> None:
         """The last step had no record (the budget thinned them): its weights, read now, and its loss (that
         of its last backward, if any) make one. The last step is the last that began: one whose
         optimizer failed (its step hook never returned) too."""
-        last, final = self._last_optimizer, self.step if self.in_step else self.step - 1
+        last = self._last_optimizer
+        if final is None:
+            final = self.step if self.in_step else self.step - 1
         # (--trace-interval N: records at every Nth step, as it says)
         if last is None or self._last_recorded >= final or self._stopped or self._mode != "optimizer" \
                 or self.interval != 1:  # fmt: skip
@@ -508,6 +510,7 @@ class StepTracer:
         if self.stop_after is None or self.step < self.stop_after:
             return
         self.closed = True
+        self._final_weights(self.step - 1)  # as at exit: the last step's, where it has no record
         self._writer.close()
         sys.stderr.write(f"cascade: stopped after {self.step} steps, as asked (--steps)\n")
         raise SystemExit(0)
