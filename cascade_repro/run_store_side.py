@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from cascade_repro import distributed
+from cascade_repro.capture import earlier_outputs
 from cascade_repro.capture.files import RunFiles, inputs_warning, read_opened, redirected_outputs, sort_files
-from cascade_repro.capture.git import GitState
+from cascade_repro.capture.git import GitState, excluded
 from cascade_repro.capture.snapshot import empty_snapshot
 from cascade_repro.child import protocol
 from cascade_repro.errors import CascadeError
@@ -139,6 +140,9 @@ class Recording:
         delivery.do(tags_op("git", {"cascade.dirty": str(git.dirty).lower(),
                                     "mlflow.source.git.repoURL": git.remotes.get("origin")}))  # fmt: skip
         self._log_dirty_state(git)
+        if git.earlier_outputs:
+            self.notify(f"left out {len(git.earlier_outputs)} file(s) earlier runs wrote, unchanged since "
+                        "(not uncommitted changes; the record's git.earlier_outputs names them)")  # fmt: skip
         early = build_manifest(
             self.plan, self.opened, self.start_ms, self.run_dir, captured, facts={}
         )  # kept if the parent dies before finish()
@@ -216,6 +220,7 @@ class Recording:
             captured = empty_snapshot()
         files = self._run_files(captured)
         checkpoints = self._checkpoints(captured, files)
+        self._remember_outputs(files, checkpoints)
         for name in (protocol.OUTPUT_LOG, protocol.TRACE_FILE):  # before the record, which says if stored
             if (self.run_dir / name).exists():
                 self.delivery.do(file_op(self.run_dir / name, "cascade"))
@@ -225,7 +230,7 @@ class Recording:
             outcome, metrics=metrics, checkpoints=checkpoints.entries, inputs=files.inputs,
             outputs=files.outputs, distributed=layout,
         )  # fmt: skip
-        closing_tags = {**end_tags(manifest), **checkpoints.tags}
+        closing_tags = {**end_tags(manifest), **checkpoints.tags, **_dirty_tag(captured["git"])}
         missing = self.delivery.conclude(manifest.to_dict(), ARTIFACT_PATH, metrics["pending"], closing_tags,
                                          status, end_ms)  # fmt: skip
         self.warnings.extend(dict.fromkeys(self.delivery.warnings))
@@ -340,6 +345,20 @@ class Recording:
             self.warnings.append(warning)
         return files
 
+    def _remember_outputs(self, files: RunFiles, checkpoints: CheckpointsRecorded) -> None:
+        """This run's outputs and checkpoints, as it left them, noted for the next run's capture: left
+        out of its dirty state while unchanged (capture/earlier_outputs.py)."""
+        assert self.opened is not None
+        written = [str(o["path"]) for o in files.outputs]
+        written += [str(c.get("path")) for c in checkpoints.entries if c.get("status") != "pruned"]
+        written = [p for p in written if not excluded(p, self.plan.exclude)]
+        if not written:
+            return
+        try:
+            earlier_outputs.remember(self.plan.settings.root, self.opened.run_id, written)
+        except OSError as exc:  # the next run then records them as untracked files, as it would have
+            self.warnings.append(f"this run's outputs are not noted for the next run's capture: {exc}")
+
     def _track_inputs(self, inputs: list[dict[str, Any]]) -> None:
         """`--track-inputs`: each input into the DVC cache (reflinked where it can be, else copied)."""
         cache = self.keeper.cache
@@ -375,6 +394,12 @@ class Recording:
         for key, value in (facts.get("gpu_memory") or {}).items():
             values[f"cascade.{key}"] = round(float(value), 1)
         return values
+
+
+def _dirty_tag(git: GitState) -> dict[str, str]:
+    """`cascade.dirty` again at the end: the run's own outputs may have left the dirty state since
+    capture set it (`_run_files`). Nothing when capture failed (the tag was never set)."""
+    return {} if git.commit == "unavailable" else {"cascade.dirty": str(bool(git.dirty)).lower()}
 
 
 def _vm_hwm_mb(pid: int) -> float:

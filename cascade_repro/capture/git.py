@@ -7,7 +7,10 @@ import os
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
+from cascade_repro.capture import earlier_outputs
+from cascade_repro.capture.earlier_outputs import Written
 from cascade_repro.store import git_repo
 from cascade_repro.store.git_repo import head_commit
 
@@ -23,6 +26,18 @@ class UntrackedFile:
 
 
 @dataclass(frozen=True)
+class EarlierOutput:
+    """An untracked file an earlier run of this checkout wrote, unchanged since: left out."""
+
+    path: str
+    size: int
+    run_id: str
+
+
+MAX_EARLIER_LISTED = 1000  # in the record; beyond it, only their number
+
+
+@dataclass(frozen=True)
 class GitState:
     commit: str
     branch: str | None
@@ -30,6 +45,7 @@ class GitState:
     dirty: bool
     patch: bytes = field(repr=False)
     untracked: tuple[UntrackedFile, ...]
+    earlier_outputs: tuple[EarlierOutput, ...] = ()  # not part of the dirty state (earlier_outputs.py)
 
     @property
     def patch_sha256(self) -> str:
@@ -48,21 +64,41 @@ class GitState:
                 {k: v for k, v in vars(u).items() if v is not None or k in ("stored",)}
                 for u in self.untracked
             ],
+            **self._earlier_dict(),
         }
+
+    def _earlier_dict(self) -> dict[str, object]:
+        if not self.earlier_outputs:
+            return {}
+        listed = [vars(e) for e in self.earlier_outputs[:MAX_EARLIER_LISTED]]
+        more = len(self.earlier_outputs) - len(listed)
+        return {"earlier_outputs": listed, **({"earlier_outputs_more": more} if more else {})}
 
 
 def is_dirty(root: Path, exclude: tuple[str, ...] = ()) -> list[str]:
-    """Paths that differ from HEAD (tracked changes and untracked, non-ignored files)."""
+    """Paths that differ from HEAD (tracked changes and untracked, non-ignored files), less the
+    untracked files earlier runs of this checkout wrote and left unchanged (as capture leaves them out)."""
     listing = git_repo.output(root, "status", "--porcelain=v1", "-z", "--untracked-files=all")
-    paths = [entry[3:] for entry in git_repo.names(listing) if len(entry) > 3]
+    earlier = earlier_outputs.load(root)
+    paths = [
+        entry[3:] for entry in git_repo.names(listing)
+        if len(entry) > 3 and not (entry.startswith("?? ") and _left_out(root, entry[3:], earlier))
+    ]  # fmt: skip
     return [p for p in paths if not excluded(p, exclude)]
 
 
-def capture_git(root: Path, exclude: tuple[str, ...], max_untracked_bytes: int,
-                keep: Path | None = None) -> GitState:  # fmt: skip
+def _left_out(root: Path, rel: str, earlier: Mapping[str, Written]) -> bool:
+    written = earlier.get(rel)
+    return written is not None and earlier_outputs.unchanged(root, rel, written)
+
+
+def capture_git(root: Path, exclude: tuple[str, ...], max_untracked_bytes: int, keep: Path | None = None,
+                earlier: Mapping[str, Written] | None = None) -> GitState:  # fmt: skip
     """`exclude`: root-relative paths of cascade's own files (store, run dirs), never recorded.
     `keep`: a directory that receives a copy of each untracked file small enough to store, written
-    from the same single read that hashes it (a file still being written is recorded as read)."""
+    from the same single read that hashes it (a file still being written is recorded as read).
+    `earlier`: the files earlier runs of this checkout wrote (earlier_outputs.load); an untracked one
+    still as its run left it is listed as left out, never read."""
     commit = head_commit(root)
     branch = git_repo.output(root, "rev-parse", "--abbrev-ref", "HEAD").decode().strip()
     # --binary (implies --full-index) makes binary changes round-trip through `git apply`.
@@ -70,10 +106,10 @@ def capture_git(root: Path, exclude: tuple[str, ...], max_untracked_bytes: int,
         root, "diff", "HEAD", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames"
     )
     listed = git_repo.names(git_repo.output(root, "ls-files", "--others", "--exclude-standard", "-z"))
-    found = (
-        _untracked(root, rel, max_untracked_bytes, keep)
-        for rel in sorted(p for p in listed if not excluded(p, exclude))
-    )
+    earlier = earlier or {}
+    candidates = sorted(p for p in listed if not excluded(p, exclude))
+    left_out = {p: earlier[p] for p in candidates if _left_out(root, p, earlier)}
+    found = (_untracked(root, rel, max_untracked_bytes, keep) for rel in candidates if rel not in left_out)
     untracked = tuple(u for u in found if u is not None)
     return GitState(
         commit=commit,
@@ -82,6 +118,7 @@ def capture_git(root: Path, exclude: tuple[str, ...], max_untracked_bytes: int,
         dirty=bool(patch) or bool(untracked),
         patch=patch,
         untracked=untracked,
+        earlier_outputs=tuple(EarlierOutput(p, w.size, w.run_id) for p, w in left_out.items()),
     )
 
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from cascade_repro.capture import earlier_outputs
 from cascade_repro.capture.data import capture_data
 from cascade_repro.capture.environment import capture_environment
 from cascade_repro.capture.git import GitState, capture_git
@@ -21,9 +22,10 @@ def capture_snapshot(root: Path, exclude: tuple[str, ...], untracked_max_bytes: 
                      env_allow_prefixes: Iterable[str],
                      python_here: bool = True, keep: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """`python_here=False`: the script runs elsewhere (a container), whose Python the caller reads.
-    `keep`: where the untracked files are copied, from the read that hashes them."""
+    `keep`: where the untracked files are copied, from the read that hashes them. Files earlier runs
+    of this checkout wrote, unchanged since, are left out of the dirty state (earlier_outputs.py)."""
     started = time.perf_counter()
-    git = capture_git(root, exclude, untracked_max_bytes, keep)
+    git = capture_git(root, exclude, untracked_max_bytes, keep, earlier_outputs.load(root))
     python = capture_python() if python_here else {"packages": {}}
     system = capture_system(env)
     environment = capture_environment(env, env_allow_prefixes)
@@ -34,6 +36,8 @@ def capture_snapshot(root: Path, exclude: tuple[str, ...], untracked_max_bytes: 
         data = []
     for item in git.untracked:
         log.debug("untracked %s: %d bytes, %s", item.path, item.size, "kept" if item.stored else item.reason)
+    for earlier in git.earlier_outputs:
+        log.debug("left out %s: %d bytes, written by run %s", earlier.path, earlier.size, earlier.run_id)
     log.debug(
         "captured in %.0f ms: commit %s (%s), %d packages, %d env vars, %d untracked files, %d DVC outputs",
         (time.perf_counter() - started) * 1000, git.commit[:12], "dirty" if git.dirty else "clean",

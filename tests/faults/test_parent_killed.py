@@ -138,7 +138,8 @@ def test_sigkill_of_the_parent_is_recovered_by_the_next_command(project: Project
     if expected_status == "KILLED":  # its parent never saw the script end: no exit code to tell
         assert rows["outcome"].startswith("no exit code seen (the cascade process died first) after ")
         # the recovered note says how it ended; the error row does not repeat the sentence
-        assert rows["error"] == "CascadeProcessDied" and rows["recovered"].startswith("the cascade process died")
+        assert rows["error"] == "CascadeProcessDied"
+        assert rows["recovered"].startswith("the cascade process died")
     if moment in ("before-the-run-opens", "during-capture"):
         assert any("capture" in item for item in manifest["outcome"]["missing"])
         for row in ("commit", "dirty", "python", "cpu", "os", "env"):  # not "dirty no": never looked
