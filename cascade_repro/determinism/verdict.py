@@ -191,7 +191,8 @@ def judge(
             else (f"the {comparison.compared} steps both traces recorded (of {comparison.steps_a})"
                   if _thinned(comparison) else f"all {comparison.compared} steps")
         )
-        return verdict(BITWISE_IDENTICAL, f"{scope} are bitwise identical", comparison)
+        return verdict(BITWISE_IDENTICAL, f"{scope} are bitwise identical{_ends(manifest_a, manifest_b)}",
+                       comparison)  # fmt: skip
     where = _where(comparison) if comparison.step is not None else ""
     if not comparison.same_length:
         first, count = min(comparison.steps_a, comparison.steps_b), comparison.compared
@@ -265,6 +266,16 @@ def _earliest_failure(verdicts: Sequence[Verdict]) -> int | None:
         return (c.step, FACETS.index(c.differences[0].facet), rank)
 
     return min(failed, key=order)[0]
+
+
+def _ends(a: Manifest, b: Manifest) -> str:
+    """How runs that did not finish ended, beside a verdict on their steps: a crash both had alike is
+    part of what reproduced."""
+    ends = [crashed(a), crashed(b)]
+    if ends[0] is not None and ends[0] == ends[1]:
+        return f"; both runs ended {ends[0]}: the end reproduced too"
+    said = [f"run {m.run_id[:12]} ended {end}" for m, end in zip((a, b), ends, strict=True) if end]
+    return f"; {', '.join(said)}" if said else ""
 
 
 def crashed(manifest: Manifest) -> str | None:

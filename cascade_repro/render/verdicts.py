@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from cascade_repro.diff import Diff
 
 
+MAGNITUDES_SHOWN = 12  # tensors measured by --replay, one line each
+
+
 def verdict(result: Verdict) -> None:
     """`cascade verify`: the verdict, each rank's, the first divergence, the likely causes."""
     console = _console()
@@ -21,13 +24,7 @@ def verdict(result: Verdict) -> None:
     console.print(f"  {result.summary}")
     for rank in result.ranks:
         console.print(f"  rank {rank.rank}: {rank.verdict} ({rank.steps} steps compared)")
-    c = result.comparison
-    if c.step is not None:
-        for difference in c.differences:
-            names = f" {', '.join(difference.names[:6])}" if difference.names else ""
-            console.print(f"  step {c.step} · {difference.facet}:{names} ({difference.detail})")
-        for magnitude in result.magnitudes:
-            console.print(f"  step {c.step} · {magnitude.facet} {magnitude.name}: {magnitude.detail}")
+    _first_divergence(console, result)
     _replay(console, result.replay)
     if result.causes:
         console.print("  Likely causes, most likely first:")
@@ -38,8 +35,23 @@ def verdict(result: Verdict) -> None:
     for record_difference in result.differences:
         if not any(record_difference.summary == cause.summary for cause in result.causes):
             console.print(f"  also differs (class {record_difference.klass}): {record_difference.summary}")
-    for note in c.notes:
+    for note in result.comparison.notes:
         console.print(f"  note: {note}")
+
+
+def _first_divergence(console: Any, result: Verdict) -> None:
+    """The facets that differ at the first divergent step, and the tensors --replay measured there."""
+    c = result.comparison
+    if c.step is None:
+        return
+    for difference in c.differences:
+        names = f" {', '.join(difference.names[:6])}" if difference.names else ""
+        console.print(f"  step {c.step} · {difference.facet}:{names} ({difference.detail})")
+    for magnitude in result.magnitudes[:MAGNITUDES_SHOWN]:
+        console.print(f"  step {c.step} · {magnitude.facet} {magnitude.name}: {magnitude.detail}")
+    if len(result.magnitudes) > MAGNITUDES_SHOWN:  # (a step where every tensor differs: a model's worth)
+        console.print(f"  step {c.step} · … and {len(result.magnitudes) - MAGNITUDES_SHOWN} more tensors "
+                      "measured (--json lists every one)")  # fmt: skip
 
 
 def _replay(console: Any, replay: Mapping[str, Any] | None) -> None:

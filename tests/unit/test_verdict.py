@@ -6,6 +6,8 @@ import copy
 import json
 from typing import Any
 
+import pytest
+
 from cascade_repro.determinism.trace_file import TraceRecords
 from cascade_repro.determinism.verdict import NO_BATCHES, judge
 from tests.plugin import as_record
@@ -230,3 +232,38 @@ def test_runs_of_different_length_name_the_one_that_was_killed() -> None:
     )
     lost = {**_manifest("b" * 32), "outcome": {"status": "KILLED"}}
     assert f"(run {'b' * 12} KILLED);" in judge(as_record(_manifest("a" * 32)), as_record(lost), a, b).summary
+
+
+def test_verify_prints_at_most_a_dozen_measured_tensors(capsys: pytest.CaptureFixture[str]) -> None:
+    """`verify --replay` at a step where every tensor differs printed one line each (82 for a small
+    BERT); the rest are counted, and --json keeps them all."""
+    from dataclasses import replace
+
+    from cascade_repro.determinism.magnitude import Magnitude
+    from cascade_repro.render import verdicts
+
+    trace = [_record(i) for i in range(3)]
+    other = [dict(r) for r in trace]
+    other[1] = {**other[1], "params_after": {"w": "changed"}}
+    result = judge(as_record(_manifest("a" * 32)), as_record(_manifest("b" * 32)), trace, other)
+    measured = tuple(Magnitude("params_after", f"layer{k}.weight", 3, 10, 0.5) for k in range(30))
+    verdicts.verdict(replace(result, magnitudes=measured))
+    printed = capsys.readouterr().out
+    assert printed.count("params_after layer") == 12 and "layer11.weight" in printed
+    assert "… and 18 more tensors measured (--json lists every one)" in printed
+    assert len(replace(result, magnitudes=measured).to_dict()["first_divergence"]["magnitudes"]) == 30
+
+
+def test_a_crash_both_runs_had_alike_is_said_beside_their_identical_steps() -> None:
+    """Restoring a run that crashed at step 15 said BITWISE_IDENTICAL and no more."""
+    failed = {"status": "FAILED", "exit_code": 1, "error": {"type": "RuntimeError", "message": "step 15"}}
+    a = {**_manifest("a" * 32), "outcome": failed}
+    b = {**_manifest("b" * 32), "outcome": failed}
+    trace = [_record(i) for i in range(3)]
+    verdict = judge(as_record(a), as_record(b), trace, trace)
+    assert verdict.verdict == "BITWISE_IDENTICAL"
+    assert verdict.summary == ("all 3 steps are bitwise identical; both runs ended FAILED with exit code 1 "
+                               "(RuntimeError: step 15): the end reproduced too")  # fmt: skip
+    finished = judge(as_record(_manifest("a" * 32)), as_record(b), trace, trace)
+    ended = f"; run {'b' * 12} ended FAILED with exit code 1 (RuntimeError: step 15)"
+    assert finished.summary == f"all 3 steps are bitwise identical{ended}"
