@@ -48,9 +48,12 @@ class Diff:
 
 
 def diff_records(a: Manifest, b: Manifest, only: tuple[str, ...] = (),
-                 code_stat: str | None = None, trace_note: str | None = None) -> Diff:  # fmt: skip
+                 code_stat: str | None = None, trace_note: str | None = None,
+                 latest: tuple[Mapping[str, float], Mapping[str, float]] = ({}, {})) -> Diff:  # fmt: skip
     """`only`: section names to keep (all when empty). `code_stat`: `git diff --stat` between the
-    commits, computed by the caller (this module runs nothing)."""
+    commits, computed by the caller (this module runs nothing). `latest`: each run's metrics as the
+    store holds them (their last values): those the script logged to MLflow itself (a framework's
+    logger) are in no record's summary."""
     unknown = sorted(set(only) - set(SECTIONS))
     if unknown:
         raise ValueError(f"unknown section(s) {', '.join(unknown)}; sections: {', '.join(SECTIONS)}")
@@ -60,7 +63,7 @@ def diff_records(a: Manifest, b: Manifest, only: tuple[str, ...] = (),
     if code is not None:
         sections[code] = _with_stat(sections[code], code_stat)
     results: dict[str, Callable[[], Section]] = {
-        "metrics": lambda: _metrics(a, b),
+        "metrics": lambda: _metrics(a, b, latest),
         "checkpoints": lambda: _mapping("checkpoints", _checkpoints(a), _checkpoints(b)),
         "trace": lambda: _trace(trace_note),
     }
@@ -96,20 +99,24 @@ def _with_stat(section: Section, stat: str | None) -> Section:
     return Section(section.name, changes, section.equal)
 
 
-def _metrics(a: Manifest, b: Manifest) -> Section:
-    def view(m: Manifest) -> dict[str, Any]:
+def _metrics(a: Manifest, b: Manifest, latest: tuple[Mapping[str, float], Mapping[str, float]]) -> Section:
+    def view(m: Manifest, stored: Mapping[str, float]) -> dict[str, Any]:
         keys = m.metrics.get("keys") or {}
         out = {}
         for key, stats in keys.items():
-            if key.startswith("cascade."):
+            if key.startswith("cascade.") or not isinstance(stats, Mapping):
                 continue
             out[f"{key} (last)"] = stats.get("last")
             out[f"{key} (min)"] = stats.get("min")
+        for key, value in stored.items():  # logged past cascade's writer: the store's last value only
+            if not key.startswith("cascade.") and key not in keys:
+                out[f"{key} (last)"] = value
         return out
 
-    if not all(m.metrics.get("keys") for m in (a, b)):
+    views = (view(a, latest[0]), view(b, latest[1]))
+    if not all(views):
         return Section("metrics", (), 0)  # `current`, or a run that logged nothing: nothing to compare
-    section = _mapping("metrics", view(a), view(b))
+    section = _mapping("metrics", *views)
     changes = tuple(
         Change(c.key, c.a, c.b, c.klass, f"Δ {c.b - c.a:+.4g}")
         if isinstance(c.a, (int, float)) and isinstance(c.b, (int, float))

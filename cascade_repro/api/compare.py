@@ -55,13 +55,17 @@ def diff(ref_a: str, ref_b: str, only: tuple[str, ...] = (), cwd: Path | None = 
             )
         only = only or tuple(name for name in SECTIONS if name not in RESULT_SECTIONS)
     store = None
-    records = []
+    records: list[Manifest] = []
+    latest: list[dict[str, float]] = []
     for ref in (ref_a, ref_b):
         if ref == CURRENT:
             records.append(current_record(settings))
+            latest.append({})
             continue
         store = store or RunStore.open(settings, fast_reads=True)
-        records.append(store.record(store.resolve(ref).run_id))
+        found = store.resolve(ref)
+        records.append(store.record(found.run_id))
+        latest.append(dict(found.metrics))  # (with those a framework's own MLflow logger wrote)
     a, b = records
     trace_note = None
     both_traced = all(m.trace_header.get("steps") for m in (a, b))
@@ -70,7 +74,7 @@ def diff(ref_a: str, ref_b: str, only: tuple[str, ...] = (), cwd: Path | None = 
         summary = verdict.summary
         trace_note = summary if summary.startswith(verdict.verdict) else f"{verdict.verdict}: {summary}"
     try:
-        result = diff_records(a, b, only, _code_stat(settings.root, a, b), trace_note)
+        result = diff_records(a, b, only, _code_stat(settings.root, a, b), trace_note, (latest[0], latest[1]))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if against_current:

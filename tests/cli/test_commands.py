@@ -110,6 +110,24 @@ mlflow.log_metrics({"epoch": 2.5, "grad_norm": 0.25}, step=3)
 """
 
 
+def test_diff_compares_the_metrics_the_script_logged_through_mlflow_itself(project: Project) -> None:
+    """`cascade diff` compared only cascade's summary: a framework logger's eval_loss never showed."""
+    scaled = LOGS_THROUGH_MLFLOW.replace("value, step=step)", "value * SCALE, step=step)")
+    # (SCALE from the environment: the same commit, clean, for both runs)
+    scale = "import os\nimport mlflow\n\nSCALE = float(os.environ['SCALE'])\n"
+    scaled = scaled.replace("import mlflow\n", scale)
+    project.write("logs.py", scaled)
+    project.commit("a script logging through mlflow")
+    a = project.record("logs.py", env={"SCALE": "1"})
+    b = project.record("logs.py", env={"SCALE": "2"})
+    data = json.loads(project.cascade("diff", a, b, "--json", check=True).stdout)["data"]
+    (metrics,) = [s for s in data["sections"] if s["name"] == "metrics"]
+    changes = {c["key"]: (c["a"], c["b"]) for c in metrics["changes"]}
+    assert changes == {"eval_loss (last)": (0.8, 1.6)}  # epoch and grad_norm equal, loss through cascade too
+    shown = project.cascade("diff", a, b, check=True).stdout
+    assert "eval_loss (last)" in shown
+
+
 def _metrics_table(shown: str) -> dict[str, list[str]]:
     """The rows of `cascade show`'s metrics table: key → its cells (last, min, max, points)."""
     lines = shown.splitlines()
