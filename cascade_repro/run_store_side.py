@@ -356,7 +356,7 @@ class Recording:
             return
         try:
             earlier_outputs.remember(self.plan.settings.root, self.opened.run_id, written)
-        except OSError as exc:  # the next run then records them as untracked files, as it would have
+        except Exception as exc:  # the next run then records them as untracked files, as it would have
             self.warnings.append(f"this run's outputs are not noted for the next run's capture: {exc}")
 
     def _track_inputs(self, inputs: list[dict[str, Any]]) -> None:

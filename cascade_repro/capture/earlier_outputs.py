@@ -6,12 +6,13 @@ recorded them (checkpoints in DVC), and storing them again with every later run 
 would make two runs of one clean commit differ, and cost their size per run.
 
 When a run has recorded its outputs, `remember` notes each one still as the run left it in an index
-of this checkout, `.cascade/outputs.json` (git ignores `.cascade/`): path → size, mtime (ns), inode
-and run id. The next capture reads that one small file (`load`) and leaves out an untracked file only
-while `lstat` still gives the same size, mtime and inode (`unchanged`), the test DVC's own state
-database trusts: no file is read again, whatever its size. A file edited since, replaced, or that no
-run of this checkout wrote is captured as before. Runs recorded elsewhere (a shared tracking server)
-wrote into other checkouts: they never vouch for a file here.
+of this checkout, `.cascade/outputs.json` (git ignores `.cascade/`): path → size, mtime and ctime
+(ns), inode and run id. The next capture reads that one small file (`load`) and leaves out an
+untracked file only while `lstat` still gives the same size, mtime, ctime and inode (`unchanged`:
+the test DVC's own state database trusts, with the ctime no `utime` can put back): no file is read
+again, whatever its size. A file edited since, replaced, or that no run of this checkout wrote is
+captured as before. Runs recorded elsewhere (a shared tracking server) wrote into other checkouts:
+they never vouch for a file here.
 
 The index is untrusted input all the same (it is a file in the tree): an entry that is not a
 relative path with the expected fields is dropped, and one can only ever leave out a file whose
@@ -49,10 +50,12 @@ class Written:
     size: int
     mtime_ns: int
     ino: int
+    ctime_ns: int  # (set by the kernel on any change: an edit whose mtime was put back shows here)
     run_id: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"size": self.size, "mtime_ns": self.mtime_ns, "ino": self.ino, "run_id": self.run_id}
+        return {"size": self.size, "mtime_ns": self.mtime_ns, "ino": self.ino, "ctime_ns": self.ctime_ns,
+                "run_id": self.run_id}  # fmt: skip
 
 
 def load(root: Path) -> dict[str, Written]:
@@ -68,8 +71,8 @@ def load(root: Path) -> dict[str, Written]:
         data = json.loads(raw)
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as exc:
-        log.warning("%s unreadable, ignored: %s", path, exc)
+    except (OSError, ValueError, RecursionError) as exc:  # (nested past the parser's depth: not ours)
+        log.warning("%s unreadable, ignored: %s", path, type(exc).__name__)
         return {}
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("files"), dict):
         return {}
@@ -142,20 +145,20 @@ def _under(root: Path, rel: str) -> Iterator[str]:
 
 
 def _stat_of(now: os.stat_result, run_id: str) -> Written:
-    return Written(now.st_size, now.st_mtime_ns, now.st_ino, run_id)
+    return Written(now.st_size, now.st_mtime_ns, now.st_ino, now.st_ctime_ns, run_id)
 
 
 def _entry(rel: Any, entry: Any) -> Written | None:
     if not _relative(rel) or not isinstance(entry, dict):
         return None
-    fields = [entry.get(key) for key in ("size", "mtime_ns", "ino")]
+    fields = [entry.get(key) for key in ("size", "mtime_ns", "ino", "ctime_ns")]
     numbers = [v for v in fields if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
     if len(numbers) != len(fields):
         return None
     run_id = entry.get("run_id")
     if not isinstance(run_id, str) or not 0 < len(run_id) <= _RUN_ID_CHARS:
         return None
-    return Written(numbers[0], numbers[1], numbers[2], run_id)
+    return Written(numbers[0], numbers[1], numbers[2], numbers[3], run_id)
 
 
 def _relative(rel: Any) -> bool:

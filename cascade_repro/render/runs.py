@@ -385,10 +385,24 @@ def _exit(code: int | None, recovered: str) -> str:
 
 
 def _dirty(git: GitSection) -> str:
+    left_out = _earlier_outputs(git)
     if not git.dirty:
-        return "no"
+        return "no" + (f" ({left_out})" if left_out else "")
     patch = git.patch or {}
-    return f"yes: patch {patch.get('size', 0)} bytes, {len(git.untracked)} untracked file(s)"
+    said = f"yes: patch {patch.get('size', 0)} bytes, {len(git.untracked)} untracked file(s)"
+    return said + (f"; {left_out}" if left_out else "")
+
+
+def _earlier_outputs(git: GitSection) -> str:
+    """The untracked files left out of the dirty state as earlier runs' outputs, named (untrusted)."""
+    entries = git.get("earlier_outputs")
+    if not isinstance(entries, list) or not entries:
+        return ""
+    more = git.get("earlier_outputs_more")
+    count = len(entries) + (more if type(more) is int and more > 0 else 0)
+    named = [str(e.get("path"))[:80] for e in entries[:3] if isinstance(e, dict)]
+    return f"{count} file(s) earlier runs wrote left out, unchanged: {', '.join(named)}" + (
+        " …" if count > len(named) else "")  # fmt: skip
 
 
 def _files(entries: Sequence[FileEntry], what: str) -> str:

@@ -87,6 +87,9 @@ def test_two_runs_of_one_clean_commit_are_both_clean(writer: Project) -> None:
     assert left_out["runs/0/model.pt"]["size"] == (project.root / "runs/0/model.pt").stat().st_size
     assert project.client().list_artifacts(second_id, "cascade/untracked") == []  # nothing stored again
     assert project.client().get_run(second_id).data.tags["cascade.dirty"] == "false"
+    shown = project.cascade("show", second_id, check=True).stdout  # the dirty row names them too
+    dirty = next(line for line in shown.splitlines() if line.strip().startswith("dirty "))
+    assert "no (" in dirty and "file(s) earlier runs wrote left out, unchanged: " in dirty, dirty
     # the second run's own outputs are recorded as such, for the run after it
     assert _written(second) >= {"runs/1/model.pt", "sub/out.txt"}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -77,7 +78,8 @@ def test_a_directory_checkpoint_is_remembered_file_by_file_symlinks_never(repo: 
 def test_the_index_is_read_as_untrusted_input(repo: Path) -> None:
     path = _write(repo, "out.txt", b"data")
     st = path.stat()
-    good = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "run_id": "r"}
+    good = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns,
+            "run_id": "r"}  # fmt: skip
     files = {
         "out.txt": good,
         "../up": good, "/abs": good, "a//b": good, "./a": good, ".cascade/runs/x": good,
@@ -87,7 +89,10 @@ def test_the_index_is_read_as_untrusted_input(repo: Path) -> None:
     _write(repo, INDEX, json.dumps({"schema": SCHEMA, "files": files}).encode())
     assert set(load(repo)) == {"out.txt"}
     for broken in (b"{", b"[]", json.dumps({"schema": "other/1", "files": files}).encode(),
-                   json.dumps({"schema": SCHEMA, "files": []}).encode()):  # fmt: skip
+                   json.dumps({"schema": SCHEMA, "files": []}).encode(),
+                   b'{"schema": "cascade.outputs/1", "files": ' + b"[" * 200_000 + b"]" * 200_000 + b"}",
+                   json.dumps({"schema": SCHEMA, "files": {"out.txt": {**good, "ctime_ns": None}}}).encode(),
+                   ):  # fmt: skip
         _write(repo, INDEX, broken)
         assert load(repo) == {}
     _write(repo, INDEX, b" " * (earlier_outputs.MAX_INDEX_BYTES + 1))
@@ -98,7 +103,7 @@ def test_a_symlink_never_matches(repo: Path, tmp_path: Path) -> None:
     target = _write(tmp_path, "t", b"x")
     (repo / "link").symlink_to(target)
     st = os.lstat(repo / "link")
-    assert not unchanged(repo, "link", Written(st.st_size, st.st_mtime_ns, st.st_ino, "r"))
+    assert not unchanged(repo, "link", Written(st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, "r"))
 
 
 def test_the_index_stays_bounded_newest_runs_kept_and_stale_entries_pruned(
@@ -133,3 +138,16 @@ def test_a_record_lists_a_bounded_number_of_files_left_out(repo: Path) -> None:
     section = state.to_dict()
     assert len(section["earlier_outputs"]) == MAX_EARLIER_LISTED  # type: ignore[arg-type]
     assert section["earlier_outputs_more"] == 5
+
+
+def test_an_edit_whose_mtime_was_put_back_is_captured(repo: Path) -> None:
+    """Same size, the mtime restored with utime, the same inode: the ctime still tells."""
+    path = _write(repo, "out.txt", b"data")
+    remember(repo, "r", ["out.txt"])
+    before = path.stat()
+    time.sleep(0.01)
+    with open(path, "r+b") as handle:
+        handle.write(b"DATA")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_mtime_ns == before.st_mtime_ns and path.stat().st_size == before.st_size
+    assert not unchanged(repo, "out.txt", load(repo)["out.txt"])
