@@ -41,7 +41,10 @@ def check_shape(data: Mapping[str, Any], run_id: str | None = None) -> None:
     for name, types in _SECTIONS.items():
         if name in data and not isinstance(data[name], types):
             refuse(name, data[name], " or ".join("null" if t is type(None) else t.__name__ for t in types))
+    if run_id is not None and data.get("run_id", run_id) != run_id:  # read as this run's: it must be it
+        refuse("run_id", data.get("run_id"), f"this run's own id {run_id}")
     _check_command(data, refuse)
+    _check_readers_fields(data, refuse)
     _check_script_seeds(data.get("determinism") or {}, refuse)
     check_distributed(data.get("distributed"), refuse)
     _check_entries(data, refuse)
@@ -67,6 +70,32 @@ def _check_command(data: Mapping[str, Any], refuse: Refuse) -> None:
     seed = params.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
         refuse("params.seed", seed, "an integer from 0 to 2**64-1")
+
+
+def _check_readers_fields(data: Mapping[str, Any], refuse: Refuse) -> None:
+    """The fields show, diff and verify read as given: metrics' summary, git remotes, params' values,
+    the trace's artifact."""
+    keys = (data.get("metrics") or {}).get("keys", {})
+    if not isinstance(keys, dict):
+        refuse("metrics.keys", keys, "an object")
+    for name, stats in keys.items():
+        fields = ("last", "min", "max", "count")
+        if not isinstance(stats, dict) or not _number(stats.get("last")) or \
+                not all(_number(stats[f]) for f in fields if f in stats):  # fmt: skip
+            refuse(f"metrics.keys.{str(name)[:40]}", stats, "an object of numbers: last (min, max, count)")
+    remotes = (data.get("git") or {}).get("remotes", {})
+    if not isinstance(remotes, dict):
+        refuse("git.remotes", remotes, "an object")
+    values = (data.get("params") or {}).get("values", {})
+    if not isinstance(values, dict):
+        refuse("params.values", values, "an object")
+    artifact = (data.get("trace") or {}).get("artifact")
+    if artifact is not None and not isinstance(artifact, str):
+        refuse("trace.artifact", artifact, "a string")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _check_entries(data: Mapping[str, Any], refuse: Refuse) -> None:

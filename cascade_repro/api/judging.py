@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from cascade_repro.determinism.trace_file import TraceRecords
 from cascade_repro.distributed import trace_artifact
+from cascade_repro.errors import CascadeError
 from cascade_repro.store.run_store import RunStore
 
 if TYPE_CHECKING:
@@ -57,4 +58,10 @@ def trace_records(store: RunStore, run_id: str, artifact: str | None) -> TraceRe
     keeps its whole ones."""
     if not artifact:
         return TraceRecords([])
-    return TraceRecords.from_text(store.text(run_id, artifact), f"the trace {artifact} of run {run_id[:12]}")
+    where = f"the trace {artifact} of run {run_id[:12]}"
+    try:
+        text = store.text(run_id, artifact)
+    except UnicodeDecodeError:
+        raise CascadeError(f"{where} is damaged: not UTF-8 text",
+                           hint="the trace artifact was altered; nothing can be compared with it") from None
+    return TraceRecords.from_text(text, where)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, overload
+from typing import Any, NoReturn, overload
 
 from cascade_repro.errors import CascadeError
 
@@ -77,7 +77,7 @@ class TraceRecords(Sequence[dict[str, Any]]):
                     loss = json.loads(line[start : line.index("}", start) + 1])
                 except ValueError:
                     break
-                if isinstance(loss, dict) and set(loss) <= LOSS_FIELDS:
+                if isinstance(loss, dict) and set(loss) <= LOSS_FIELDS and valid_loss(loss):
                     return loss
                 break
             at = line.find(LOSS_KEY, start)  # a batch's own "loss" key: the record's comes after it
@@ -86,29 +86,83 @@ class TraceRecords(Sequence[dict[str, Any]]):
     def _parse(self, position: int) -> dict[str, Any]:
         try:
             record = json.loads(self.lines[position])
-        except ValueError:
+        except (ValueError, RecursionError):  # (nested past the parser's depth: not written by cascade)
             record = None
-        if not isinstance(record, dict):
-            raise CascadeError(
-                f"{self.where} is damaged at record {position + 1}: not a JSON object",
-                hint="the trace artifact was altered or cut; nothing can be compared past that step",
-            )
+        problem = "not a JSON object" if not isinstance(record, dict) else record_problem(record)
+        if problem:
+            self.damaged(position, problem)
+        assert isinstance(record, dict)
         return record
+
+    def damaged(self, position: int, problem: str) -> NoReturn:
+        raise CascadeError(
+            f"{self.where} is damaged at record {position + 1}: {problem}",
+            hint="the trace artifact was altered or cut; nothing can be compared past that step",
+        )
+
+
+MAX_STEP = 1 << 48  # a step number no training reaches: a larger one was not written by a run
+MAX_LOSS_PARTS = 4096  # the losses one step keeps (child/trace_install.py)
+FACET_FIELDS = ("rng", "params_before", "grads", "params_after")  # {name: fingerprint} or null
+
+
+def record_problem(record: dict[str, Any]) -> str | None:
+    """What makes a parsed record one cascade did not write (a record may come from a shared server):
+    the types every reader relies on, checked once, where the record is parsed."""
+    step = record.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < MAX_STEP:
+        return f"its step is {str(step)[:40]!r}, not a whole number from 0"
+    if not valid_loss(record.get("loss")):
+        return "its loss is not a number with its bits"
+    batch = record.get("batch")
+    if batch is not None and not isinstance(batch, str):
+        return "its batch is not a fingerprint"
+    for facet in FACET_FIELDS:
+        if not isinstance(record.get(facet), (dict, type(None))):
+            return f"its {facet} is not an object of fingerprints"
+    return None
+
+
+def valid_loss(loss: Any) -> bool:
+    """null, or {value: a number, bits: an integer (a list of them: one per loss of the step), dtype}."""
+    if loss is None:
+        return True
+    if not isinstance(loss, dict):
+        return False
+    value, bits, parts = loss.get("value"), loss.get("bits"), loss.get("parts")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    if isinstance(bits, list):
+        if not 0 < len(bits) <= MAX_LOSS_PARTS or not all(b is None or _whole(b) for b in bits):
+            return False
+        if parts is not None and parts != len(bits):
+            return False
+    elif not (bits is None or _whole(bits)) or parts is not None:
+        return False
+    return isinstance(loss.get("dtype"), (str, type(None)))
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 STEP_KEY = '{"step":'  # how every record's line begins
 
 
 def record_steps(records: Sequence[dict[str, Any]]) -> list[int]:
-    """Each record's step, read from the text where the records are still lines (its first key)."""
+    """Each record's step, read from the text where the records are still lines (its first key); a
+    trace whose steps do not increase record by record is damaged (a run writes them in order)."""
     if not isinstance(records, TraceRecords):
         return [step_of(record, index) for index, record in enumerate(records)]
-    steps = []
+    steps: list[int] = []
     for index, line in enumerate(records.lines):
         end = line.find(",", len(STEP_KEY)) if line.startswith(STEP_KEY) else -1
         number = line[len(STEP_KEY) : end]
-        readable = end > 0 and number.isdigit() and len(number) < 19
-        steps.append(int(number) if readable else step_of(records[index], index))
+        readable = end > 0 and number.isascii() and number.isdigit() and len(number) < 15
+        step = int(number) if readable else step_of(records[index], index)
+        if steps and step <= steps[-1]:
+            records.damaged(index, f"its step {step} does not follow step {steps[-1]}")
+        steps.append(step)
     return steps
 
 

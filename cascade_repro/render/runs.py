@@ -250,8 +250,8 @@ def _metrics(console: Any, summary: dict[str, Any], last: dict[str, float]) -> N
     for key in keys:
         stats = summary.get(key)
         if stats:
-            cells = (_num(stats["last"]), _num(stats["min"]), _num(stats["max"]), str(stats["count"]))
-            metrics.add_row(key, *cells)
+            cells = [_num(stats[f]) if f in stats else "" for f in ("last", "min", "max")]
+            metrics.add_row(key, *cells, str(stats.get("count", "")))
         elif key in last:
             metrics.add_row(key, _num(last[key]))
     console.print(metrics)

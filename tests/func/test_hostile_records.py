@@ -244,6 +244,14 @@ def test_show_diff_and_verify_print_hostile_text_inert_and_refuse_malformed_reco
         ({"checkpoints": [{"path": "c.pt", "md5": "../../../../etc/passwd", "status": "kept"}]},
          "checkpoints[0].md5"),  # an md5 names a path in the DVC cache
         ({"checkpoints": [{"path": "c", "md5": "0" * 32 + ".dir", "files": -1}]}, "checkpoints[0].files"),
+        # another run's id: verify compared that run's trace and wrote its verdict on this one
+        ({"run_id": first}, "run_id is str"),
+        ({"metrics": {**record["metrics"], "keys": {"loss": 1}}}, "metrics.keys.loss"),
+        ({"metrics": {**record["metrics"], "keys": {"loss": {"last": "y", "min": 0, "max": 1, "count": 1}}}},
+         "metrics.keys.loss"),
+        ({"git": {**record["git"], "remotes": [1]}}, "git.remotes"),
+        ({"params": {**record["params"], "values": [1]}}, "params.values"),
+        ({"trace": {**record["trace"], "artifact": 5}}, "trace.artifact"),
     ):
         record_file.write_text(json.dumps({**record, **malformed}))
         for args in (("show", second), ("diff", first, second), ("restore", second, "--no-run")):

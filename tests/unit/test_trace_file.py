@@ -84,9 +84,62 @@ def test_losses_of_a_run_diverged_from_its_start_are_read_without_parsing_the_re
     first = [_step(i, 1.0 / (i + 1)) for i in range(100)]
     second = [_step(i, 2.0 / (i + 1), "bb") for i in range(100)]
     for record in second[::7]:
-        record["batch"] = {"loss": "a batch's own key", "x": "y"}  # before the record's loss: skipped
+        record["batch"] = 'x,"loss":{"bits":1}'  # a look-alike before the record's loss (in a string)
     a, b = TraceRecords.from_text(_text(first)), TraceRecords.from_text(_text(second))
     lazy, parsed = compare_traces(a, b), compare_traces(first, second)
     assert lazy == parsed and lazy.step == 0 and lazy.loss_max_rel > 0
     assert set(a._parsed) <= {0} and set(b._parsed) <= {0}  # noqa: SLF001 - the first step alone
     assert [b.loss_of(i) for i in range(100)] == [r["loss"] for r in second]
+
+
+HOSTILE = {  # record 6 (step 5) of a trace as a shared store may serve it: what each must be refused as
+    "a loss value that is text": ({"loss": {"bits": 5, "value": "abc", "dtype": "float32"}}, "its loss"),
+    "a loss value null": ({"loss": {"bits": 6, "value": None}}, "its loss"),
+    "a loss without its value": ({"loss": {}}, "its loss"),
+    "a loss that is a list": ({"loss": [1, 2]}, "its loss"),
+    "bits that are a dict": ({"loss": {"bits": {"a": 1}, "value": 1.0}}, "its loss"),
+    "bits of mixed types": ({"loss": {"bits": [1, "x"], "value": 1.0, "parts": 2}}, "its loss"),
+    "bits nested": ({"loss": {"bits": [[[1]]], "value": 1.0}}, "its loss"),
+    "parts that do not count the bits": ({"loss": {"bits": [1, 2], "value": 1.0, "parts": -1}}, "its loss"),
+    "a step that is text": ({"step": "abc"}, "its step is 'abc'"),
+    "a negative step": ({"step": -5}, "its step is '-5'"),
+    "a step past any run": ({"step": 10**30}, "its step is '1000000000000000000000000000000'"),
+    "a superscript digit": ({"step": "²"}, "not a JSON object"),
+    "a batch that is a list": ({"batch": [1]}, "its batch"),
+    "weights that are a list": ({"params_after": ["x"]}, "its params_after"),
+    "a duplicated step": ({"step": 4}, "its step 4 does not follow step 4"),
+}
+
+
+@pytest.mark.parametrize("change", list(HOSTILE))
+def test_a_hostile_record_is_named_as_damage_whichever_side_it_is_on(change: str) -> None:
+    """Each one gave a traceback-shaped one-line error (ValueError, KeyError, OverflowError ...) that
+    named neither the run nor the trace, or a verdict on it ("the loss differs (1.25 vs 1.25)")."""
+    edit, named = HOSTILE[change]
+    records = [_step(i, 1.0 + i) for i in range(10)]
+    hostile = [dict(r) for r in records]
+    hostile[5] = {**hostile[5], **edit, "params_after": edit.get("params_after", {"w": "zz"})}
+    text = _text(hostile)
+    if change == "a superscript digit":
+        text = text.replace('"step":"\\u00b2"', '"step":²')
+    for a, b in ((records, hostile), (hostile, records)):
+        left = TraceRecords.from_text(_text(a) if a is records else text, "the trace of run a")
+        right = TraceRecords.from_text(_text(b) if b is records else text, "the trace of run b")
+        with pytest.raises(CascadeError, match=f"is damaged at record 6: {named}"):
+            from cascade_repro.determinism.verdict import _compare
+
+            _compare(left, right, {"interval": 1})
+
+
+def test_a_record_nested_past_the_parser_s_depth_is_damage() -> None:
+    text = _text([_step(0)]) + '{"step":1,"loss":' + "[" * 100_000 + "]" * 100_000 + "}\n" + _text([_step(2)])
+    with pytest.raises(CascadeError, match="is damaged at record 2: not a JSON object"):
+        TraceRecords.from_text(text, "the trace of run x")[1]
+
+
+def test_a_loss_too_large_for_float32_is_compared_without_an_ulp_count() -> None:
+    records = [_step(i) for i in range(3)]
+    other = [dict(r) for r in records]
+    other[1] = {**other[1], "loss": {"bits": 99, "value": 1e300, "dtype": "float32"}}
+    result = compare_traces(records, other)
+    assert result.step == 1 and "ulp" not in result.differences[0].detail
