@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from cascade_repro.child.trace_budget import FULL_RECORDS
 from cascade_repro.record_sections import error_line
 from cascade_repro.redaction import redact_text
-from cascade_repro.render.console import _console, _num, _size, _styled, _time, error, notice
+from cascade_repro.render.console import _console, _num, _size, _styled, _time, error, notice, printable
 from cascade_repro.settings import is_tracking_server
 
 if TYPE_CHECKING:
@@ -214,8 +214,8 @@ def run_record(record: RunRecord) -> None:
     table.add_column(style="bold")
     table.add_column(overflow="fold")
     for key, value in rows:
-        if value:
-            table.add_row(key, value)
+        if value:  # (the record's text: a script's colours in its error message are dropped too)
+            table.add_row(key, printable(value))
     console.print(table)
     from cascade_repro.params import flatten
 
@@ -225,7 +225,8 @@ def run_record(record: RunRecord) -> None:
         params.add_column("key")
         params.add_column("value")
         for key, value in flat.items():
-            params.add_row(key, json.dumps(value) if not isinstance(value, str) else value)
+            shown = json.dumps(value) if not isinstance(value, str) else value
+            params.add_row(printable(key), printable(shown))
         console.print(params)
     if record.trace is not None:
         _trace_summary(console, record.trace)

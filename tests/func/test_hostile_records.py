@@ -218,6 +218,9 @@ def test_show_diff_and_verify_print_hostile_text_inert_and_refuse_malformed_reco
     record["experiment"] = "exp\x1b[2J\x1b[H"  # would clear the screen
     record["params"]["values"] = {"[bold red]key[/]": osc52 + "value", "lr": 0.1}
     record["command"]["argv"] = ["--note", "\x1b]0;retitled\x07"]
+    # a script's own colours in its exception (they passed, as if cascade's own, even when piped)
+    colours = {"type": "ValueError", "message": "\x1b[1mbold\x1b[0m"}
+    record["outcome"] = {**(record.get("outcome") or {}), "error": colours}
     hostile_cost = {"share": "\x1b[2J", "every_step": float("inf"), "sampled": -1, "step_ms": [1]}
     record["trace"] = {**record["trace"], "budget": "\x1b[H", "cost": hostile_cost,
                        "records": [[0, 1], [5, "\x1b[2J"]]}  # fmt: skip
@@ -229,6 +232,7 @@ def test_show_diff_and_verify_print_hostile_text_inert_and_refuse_malformed_reco
         assert "\x1b" not in result.stdout + result.stderr and "\x07" not in result.stdout, args
     shown = project.cascade("show", second).stdout
     assert "[bold red]key[/]" in shown and "value" in shown  # printed as it is, not as markup
+    assert "ValueError: bold" in shown
     traced = json.loads(project.cascade("show", second, "--trace", "--json", check=True).stdout)["data"]
     assert traced["trace"]["cost"] is None and traced["trace"]["budget"] is None  # not numbers: not shown
     assert traced["trace"]["records"] is None  # not a schedule: every step taken to have its record
