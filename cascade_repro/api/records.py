@@ -129,7 +129,8 @@ def verify(
         from cascade_repro.api.replay import replay_divergence
         from cascade_repro.determinism.verdict import with_replay
 
-        verdict = with_replay(verdict, *replay_divergence(verdict, cwd, notify))
+        replayed = replay_divergence(verdict, cwd, notify)
+        verdict = with_replay(verdict, *replayed, records=(manifests[0], manifests[1]))
     shown(verdict)
     if record:
         record_verdict(store, verdict, later.run_id, earlier.run_id)

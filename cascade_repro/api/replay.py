@@ -120,7 +120,10 @@ def _pin(bracketed: TraceComparison, replayed: dict[str, str],
             f"the replays, traced at every step, agree up to step {bracketed.step} where the recorded "
             "traces differ: the divergence did not happen again, so it is not pinned"
         )
-    return replace(bracketed, step=found.step, differences=found.differences, bracket_start=None), None
+    # the loss too: where the replays' every-step traces first differ in it, if within them
+    loss = found.loss_first_difference or bracketed.loss_first_difference
+    return replace(bracketed, step=found.step, differences=found.differences, bracket_start=None,
+                   loss_first_difference=loss), None  # fmt: skip
 
 
 def _not_saved(directories: list[Path], dumps: list[Path], step: int, verdict: Verdict,

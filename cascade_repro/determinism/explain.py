@@ -40,8 +40,9 @@ IMPLICATED: dict[str, tuple[str, ...]] = {
     "params_before": ("seed", "code", "command", "params", "data", "environment_read", "secrets",
                       "environment", "packages"),
     # the same batch and weights give another loss or gradient: nondeterministic computation
-    "loss": (*_NONDETERMINISM, "code", "command", "params", "environment_read", "secrets"),
-    "grads": (*_NONDETERMINISM, "code", "command", "params", "environment_read", "secrets"),
+    # (first what the script read that differs: a variable, a data file)
+    "loss": ("environment_read", "data", *_NONDETERMINISM, "code", "command", "params", "secrets"),
+    "grads": ("environment_read", "data", *_NONDETERMINISM, "code", "command", "params", "secrets"),
     # only the weights after the step: the update itself (an optimizer param), or a write outside it
     "params_after": ("params", "environment_read", "secrets", "outside_write", "code", "command",
                      "determinism", "nondeterministic_ops", "threads", "environment"),
@@ -164,16 +165,23 @@ def _from_the_trace(a: Manifest, b: Manifest, comparison: TraceComparison, first
             "the batch fingerprint differs while the RNG state is equal",
             "check the data files (DVC md5s) and DataLoader worker seeding",
         )))  # fmt: skip
-    if first in ("loss", "grads") and not kinds & {*_INPUTS, *_NONDETERMINISM}:
+    # (a variable the script read or a data file that differs explains it without nondeterminism)
+    if first in ("loss", "grads") and not kinds & {*_INPUTS, *_NONDETERMINISM, "environment_read", "data"}:
         other = "a different loss" if first == "loss" else "different gradients"
         bracket = comparison.bracket_start
+        # a batch the trace never fingerprinted (no DataLoader) is not evidence of anything
+        batched = not any(note.startswith("batches are not compared") for note in comparison.notes)
+        inputs = "the RNG state, the batch" if batched else "the RNG state"
+        evidence = f"{inputs} and the weights before the step are equal" if bracket is None else (
+            f"{inputs} {'are' if batched else 'is'} equal at step {step}; the weights were last compared "
+            f"(equal) before step {bracket}: `cascade verify --replay` compares them at every step between")
+        where = f"at step {step}"
+        if bracket is not None:
+            where += f", or at a step from {bracket} on, where the weights were not compared"
         out.append(("nondeterministic", Cause(
-            f"nondeterministic computation: the same batch and weights gave {other} at step {step}"
-            + ("" if bracket is None else f", or at a step from {bracket} on, where the weights were not "
-               "compared"),
-            "the RNG state, the batch and the weights before the step are equal" if bracket is None else
-            f"the RNG state and the batch are equal at step {step}; the weights were last compared (equal) "
-            f"before step {bracket}: `cascade verify --replay` compares them at every step between",
+            f"nondeterministic computation: the same {'batch and ' if batched else ''}weights gave {other} "
+            + where,
+            evidence,
             "rerun with --deterministic strict (it stops at an op without a deterministic implementation) "
             "and pin the thread count",
         )))  # fmt: skip

@@ -290,11 +290,15 @@ def crashed(manifest: Manifest) -> str | None:
 
 
 def with_replay(verdict: Verdict, magnitudes: Sequence[Magnitude], replay: Mapping[str, Any],
-                pinned: TraceComparison | None = None) -> Verdict:  # fmt: skip
+                pinned: TraceComparison | None = None,
+                records: tuple[Manifest, Manifest] | None = None) -> Verdict:  # fmt: skip
     """The verdict with the magnitudes a replay measured, also in its summary where it diverged, and
-    the exact step where the replays pinned one the traces had bracketed."""
+    the exact step where the replays pinned one the traces had bracketed: its likely causes ranked
+    again from that step (given the two `records`), where they were guesses over the bracket."""
     if pinned is not None:
-        verdict = replace(verdict, comparison=pinned)
+        causes = verdict.causes if records is None else \
+            tuple(likely_causes(records[0], records[1], pinned, list(verdict.differences)))  # fmt: skip
+        verdict = replace(verdict, comparison=pinned, causes=causes)
     summary = verdict.summary
     if verdict.verdict == DIVERGED and verdict.comparison.step is not None:
         summary = _where(verdict.comparison, magnitudes)

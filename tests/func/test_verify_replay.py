@@ -114,11 +114,18 @@ def test_a_divergence_at_a_step_without_a_record_is_pinned_by_replay(project: Pr
     first = json.loads(seen.stdout)["data"]["first_divergence"]
     start, step = first["bracket"]
     assert start <= perturbed < step == first["step"], first
-    pinned = _verify_replay(project, a, b)["first_divergence"]
+    replayed = _verify_replay(project, a, b)
+    pinned = replayed["first_divergence"]
     assert (pinned["step"], pinned["bracket"]) == (perturbed, None)
     assert [f["facet"] for f in pinned["facets"]][:1] == ["params_after"]
     (magnitude,) = pinned["magnitudes"]
     assert (magnitude["name"], magnitude["differing"]) == ("0.weight", 1)
+    # the causes are ranked again from the pinned step (they were the bracket's: "at step 320, or at a
+    # step from 257 on"), and the loss's first difference is the replays' (not the thinned traces')
+    assert replayed["loss_first_difference"]["step"] == perturbed + 1  # the weights written after it
+    causes = [cause["summary"] for cause in replayed["likely_causes"]]
+    assert causes[0].endswith(f"environment variables that differ: PERTURB_AT_STEP unset → '{perturbed}'")
+    assert any(f"changed 0.weight after step {perturbed}" in cause for cause in causes), causes
     project.cascade("tag", a, "v1", check=True)
     restored = project.cascade("restore", "v1", "--json")
     assert restored.returncode == 0, restored.stderr

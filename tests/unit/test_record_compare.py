@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any, Callable
 
 import pytest
@@ -288,3 +289,24 @@ def test_where_the_weights_were_not_compared_before_the_step_no_evidence_says_th
     assert next(c for c in exact if c.summary.startswith("nondeterministic")).evidence == (
         "the RNG state, the batch and the weights before the step are equal"
     )
+
+
+def test_a_variable_the_script_read_ranks_above_nondeterminism_where_the_loss_differs_first() -> None:
+    """PERTURB_AT=650 read by the script, the loss first differing: cause 1 was "nondeterministic
+    computation ... the same batch and weights", the variable second."""
+    a, b = _record("a"), _record("b")
+    b["environment_read"]["MY_LR"] = "0.2"
+    causes = _causes(a, b, _diverged("loss"))
+    assert causes[0] == "the script read environment variables that differ: MY_LR '0.1' → '0.2'"
+    assert not any(c.startswith("nondeterministic computation") for c in causes)
+
+
+def test_without_batches_fingerprinted_nondeterminism_does_not_claim_the_batch_was_equal() -> None:
+    """nanoGPT-style data (no DataLoader): the trace has no batch to call equal."""
+    a, b = _record("a"), _record("c")
+    unbatched = replace(_diverged("loss"), notes=("batches are not compared: neither run read its data",))
+    cause = next(c for c in likely_causes(as_record(a), as_record(b), unbatched,
+                                          manifest_differences(as_record(a), as_record(b)))  # fmt: skip
+                 if c.summary.startswith("nondeterministic computation"))
+    assert cause.summary == "nondeterministic computation: the same weights gave a different loss at step 0"
+    assert cause.evidence == "the RNG state and the weights before the step are equal"
