@@ -296,7 +296,7 @@ def _files(run_dir: Path, plan: dict[str, Any], record: dict[str, Any],
     untracked = [str(u.get("path")) for u in git.get("untracked") or [] if isinstance(u, dict)]
     data = [str(d.get("path")) for d in record.get("data") or [] if isinstance(d, dict)]
     try:
-        files = sort_files(root, read_opened(run_dir / protocol.FILES_FILE), [], own_paths(settings),
+        files = sort_files(root, read_opened(run_dir / protocol.FILES_FILE, root), [], own_paths(settings),
                            untracked, data)  # fmt: skip
     except Exception as exc:  # the rest of the record still goes in
         log.warning("inputs and outputs not recovered: %s", exc)

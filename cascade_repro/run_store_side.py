@@ -325,7 +325,7 @@ class Recording:
         settings = self.plan.settings
         git: GitState = captured["git"]
         try:
-            opened = read_opened(self.run_dir / protocol.FILES_FILE)
+            opened = read_opened(self.run_dir / protocol.FILES_FILE, settings.root)
             files = sort_files(settings.root, opened, redirected_outputs(settings.root),
                                self.plan.exclude, [u.path for u in git.untracked],
                                [str(d.get("path")) for d in captured.get("data") or []])  # fmt: skip

@@ -10,15 +10,17 @@ dirty state keeps those) and that no DVC output covers: it is hashed once here, 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from cascade_repro.capture.git import excluded
+from cascade_repro.child.protocol import CHECKPOINTS_FILE
 from cascade_repro.store import git_repo
 
 MAX_INPUTS = 1000  # the record stays bounded; the rest are named as left out
@@ -51,10 +53,29 @@ def redirected_outputs(root: Path) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
-def read_opened(path: Path) -> dict[str, list[str]]:
+def read_opened(path: Path, root: Path | None = None) -> dict[str, list[str]]:
     """The child's `files.jsonl` as {"read": [...], "written": [...]} (first seen first, no repeats);
-    a line cut short by a killed process is skipped."""
+    a line cut short by a killed process is skipped. Given the `root`, the checkpoints the child
+    announced beside it (`checkpoints.jsonl`) are written too: torch.save by path writes through
+    torch's own file writer, which the open() hook never sees, so a checkpoint read back later (the
+    best model, loaded for the test set) was taken for an input."""
     opened: dict[str, dict[str, None]] = {"read": {}, "written": {}}
+    for entry in _json_lines(path):
+        for kind, rel in entry.items():
+            if kind in opened and isinstance(rel, str):
+                opened[kind][rel] = None
+    if root is not None:
+        real_root = root.resolve()
+        for entry in _json_lines(path.parent / CHECKPOINTS_FILE):
+            saved = entry.get("path") if entry.get("event") == "saved" else None
+            if isinstance(saved, str):
+                with contextlib.suppress(ValueError, OSError):  # outside the repository: not its file
+                    opened["written"][Path(saved).resolve().relative_to(real_root).as_posix()] = None
+    return {kind: list(paths) for kind, paths in opened.items()}
+
+
+def _json_lines(path: Path) -> Iterator[dict[str, Any]]:
+    """The objects of a JSON-lines file the child appends to, at most MAX_OPENED_LINES of them."""
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             for number, line in enumerate(handle):
@@ -65,12 +86,9 @@ def read_opened(path: Path) -> dict[str, list[str]]:
                 except ValueError:
                     continue
                 if isinstance(entry, dict):
-                    for kind, rel in entry.items():
-                        if kind in opened and isinstance(rel, str):
-                            opened[kind][rel] = None
+                    yield entry
     except FileNotFoundError:  # no root given to the child, or it opened nothing in the repository
         pass
-    return {kind: list(paths) for kind, paths in opened.items()}
 
 
 def sort_files(root: Path, opened: Mapping[str, Any], redirected: Sequence[str], exclude: tuple[str, ...],

@@ -170,9 +170,33 @@ def wrap_save_function(owner: Any, name: str, keyword: str, log: CheckpointLog, 
         if path is not None:
             log.make_room(path)  # a new inode: the cache may hold the old one by hardlink
         result = original(*args, **kwargs)
-        if path is not None and not getattr(log.inside_api, "active", False):
+        if getattr(log.inside_api, "active", False):
+            return result
+        if path is not None:
             log.announce("saved", path, step=log.current_step(), metrics={}, source=source)
+        else:  # `with open(path, "wb") as f: torch.save(model, f)` (pytorch/examples): the file it names
+            opened = _opened_for_writing(f)
+            if opened is not None:  # in place: the next open() truncates this inode, so the cache copies it
+                log.announce("saved", opened, step=log.current_step(), metrics={}, source=source,
+                             in_place=True)  # fmt: skip
         return result
 
     save_and_announce.__wrapped__ = original  # type: ignore[attr-defined]
     setattr(owner, name, save_and_announce)
+
+
+def _opened_for_writing(f: Any) -> Path | None:
+    """The path of a file object the script opened by name for writing, its bytes flushed (what it
+    wrote so far is what the parent hashes); None for a buffer, a socket, a descriptor."""
+    name = getattr(f, "name", None)
+    writable = getattr(f, "writable", None)
+    if not isinstance(name, str) or not callable(writable):
+        return None
+    try:
+        if not writable():
+            return None
+        f.flush()
+    except (OSError, ValueError):  # closed, or not a file
+        return None
+    path = Path(name).absolute()
+    return path if path.is_file() else None

@@ -131,7 +131,8 @@ class CheckpointKeeper:
         if path.is_dir() and not path.is_symlink():  # HF's checkpoint-500/: one DVC directory object
             stored = self.cache.add_directory(path)
         else:
-            stored = self.cache.add(path, expect=announced, hardlink=True)
+            # (a file the script wrote through its own handle is rewritten in place: copied, never linked)
+            stored = self.cache.add(path, expect=announced, hardlink=not event.get("in_place"))
         if stored is None:  # pruned or replaced before it could be hashed: the next events say which
             entry.status, entry.reason = "missing", "deleted or replaced before it could be hashed"
             self._missing[(rel, event.get("inode"))] = entry

@@ -290,3 +290,58 @@ def test_a_file_saved_again_under_its_name_keeps_every_version(dvc_project: Proj
     assert [s["iter"] for s in saved] == [1, 3, 5]  # each object holds the version of its step
     assert _md5(dvc_project.root / "out" / "ckpt.pt") == entries[-1]["md5"]
     assert not list((dvc_project.root / ".cascade" / "runs").rglob("superseded/*"))  # second names gone
+
+
+THROUGH_A_HANDLE = """
+import os, torch
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+os.makedirs("out", exist_ok=True)
+for it in range(3):
+    opt.zero_grad(); model(torch.randn(4, 8)).pow(2).mean().backward(); opt.step()
+with open(os.path.join("out", "model.pt"), "wb") as f:  # pytorch/examples' word_language_model
+    torch.save(model, f)
+with open(os.path.join("out", "log.txt"), "w") as f:  # a text file: torch.save never sees it
+    f.write("done")
+"""
+
+
+def test_a_checkpoint_saved_through_an_open_file_is_kept_as_a_copy(dvc_project: Project) -> None:
+    """`with open(path, "wb") as f: torch.save(model, f)`: 'no checkpoints: the run wrote none with
+    torch.save'. It is kept, and copied into the cache rather than linked: the script's next open()
+    of that path would truncate the very inode a hardlink shares with the cache."""
+    dvc_project.write("handle.py", THROUGH_A_HANDLE)
+    dvc_project.commit("a script saving through a file handle")
+    _, manifest = _run(dvc_project, "handle.py")
+    (entry,) = manifest["checkpoints"]
+    assert (entry["path"], entry["step"], entry["status"]) == ("out/model.pt", 2, "kept")
+    written = dvc_project.root / "out" / "model.pt"
+    assert entry["md5"] == _md5(written) and entry["size"] == written.stat().st_size
+    cached = _object(dvc_project.root / ".dvc" / "cache", entry["md5"])
+    assert cached.read_bytes() == written.read_bytes()
+    assert cached.stat().st_ino != written.stat().st_ino  # a copy: rewriting the file leaves it whole
+
+
+SAVED_THEN_READ = """
+import os, torch
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for it in range(3):
+    opt.zero_grad(); model(torch.randn(4, 8)).pow(2).mean().backward(); opt.step()
+torch.save(model.state_dict(), "best.pt")  # at the repository's root, by path
+model.load_state_dict(torch.load("best.pt"))  # the best model, read back for the test set
+"""
+
+
+def test_a_checkpoint_the_run_read_back_is_its_output_not_an_input(dvc_project: Project) -> None:
+    """word_language_model saves its best model and loads it at the end: `best.pt` was recorded as an
+    input ("dvc add it"), and with it gone `restore` refused: "best.pt (missing in your checkout)"."""
+    dvc_project.write("best.py", SAVED_THEN_READ)
+    dvc_project.commit("a script reading back its checkpoint")
+    run_id, manifest = _run(dvc_project, "best.py")
+    assert [c["path"] for c in manifest["checkpoints"]] == ["best.pt"]
+    assert manifest["inputs"] == [], manifest["inputs"]
+    assert "best.pt" in [o["path"] for o in manifest["outputs"]]
+    (dvc_project.root / "best.pt").unlink()
+    planned = dvc_project.cascade("restore", run_id, "--no-run")
+    assert planned.returncode == 0, planned.stderr
