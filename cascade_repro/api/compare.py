@@ -9,7 +9,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from cascade_repro.api.judging import judge_runs
 from cascade_repro.api.loading import load_project
@@ -21,6 +21,7 @@ from cascade_repro.manifest import Manifest
 from cascade_repro.record_sections import (
     ContainerSection,
     DataEntry,
+    FileEntry,
     GitSection,
     HardwareSection,
     PythonSection,
@@ -32,6 +33,7 @@ from cascade_repro.store.run_store import RunStore
 
 CURRENT = "current"
 RESULT_SECTIONS = ("metrics", "checkpoints", "trace")  # what only a run has
+MAX_INPUTS_HASHED = 1000  # of a run's inputs, hashed here to compare against `current`
 TORCH_PROBE = (
     "import json, torch\n"
     "from cascade_repro.child.torch_probe import torch_stack\n"
@@ -66,6 +68,9 @@ def diff(ref_a: str, ref_b: str, only: tuple[str, ...] = (), cwd: Path | None = 
         found = store.resolve(ref)
         records.append(store.record(found.run_id))
         latest.append(dict(found.metrics))  # (with those a framework's own MLflow logger wrote)
+    if against_current and len(records) == 2:  # the run's inputs, as they are here now
+        at = 0 if ref_a == CURRENT else 1
+        records[at] = replace(records[at], inputs=_inputs_here(settings.root, records[1 - at].inputs))
     a, b = records
     trace_note = None
     both_traced = all(m.trace_header.get("steps") for m in (a, b))
@@ -97,8 +102,23 @@ def check(ref: str | None = None, cwd: Path | None = None) -> CheckReport:
     return check_against(store.record(store.resolve(ref).run_id), current_record(settings))
 
 
+def _inputs_here(root: Path, recorded: Sequence[FileEntry]) -> tuple[FileEntry, ...]:
+    """The files a run read that neither git nor DVC tracks, hashed as they are in this checkout now
+    (`current` ran nothing, so it read nothing: without this each was "removed"). A path the record
+    names that is not a regular file inside the checkout is missing here."""
+    from cascade_repro.capture.files import regular_inside, sha256_and_size
+
+    here = []
+    for entry in recorded[:MAX_INPUTS_HASHED]:
+        if regular_inside(root, entry.path):
+            digest, size = sha256_and_size(root / entry.path)
+            here.append(FileEntry.of({"path": entry.path, "size": size, "sha256": digest}))
+    return tuple(here)
+
+
 def current_record(settings: Settings) -> Manifest:
     """A record of this machine and working tree, made without running anything."""
+    from cascade_repro.capture import earlier_outputs
     from cascade_repro.capture.git import capture_git
     from cascade_repro.params import find_params_file, resolve_params
     from cascade_repro.run_engine import own_paths
@@ -116,7 +136,9 @@ def current_record(settings: Settings) -> Manifest:
             "file": {"path": params.source, "values": params.values} if params.source else None,
         },
         determinism={"mode": settings.determinism},
-        git=GitSection(capture_git(root, own_paths(settings), settings.untracked_max_bytes).to_dict()),
+        # (the files earlier runs wrote are left out, as the next run's capture leaves them out)
+        git=GitSection(capture_git(root, own_paths(settings), settings.untracked_max_bytes,
+                                   earlier=earlier_outputs.load(root)).to_dict()),  # fmt: skip
         data=DataEntry.each(_data_here(root)),
     )
 

@@ -108,7 +108,7 @@ def sort_files(root: Path, opened: Mapping[str, Any], redirected: Sequence[str],
     outs = tuple(dvc_outs)
     candidates = [
         p for p in dict.fromkeys(read)
-        if p not in out_paths and p not in known and not excluded(p, outs) and _regular_inside(root, p)
+        if p not in out_paths and p not in known and not excluded(p, outs) and regular_inside(root, p)
     ]  # fmt: skip
     tracked = _git_tracked(root, candidates)
     inputs: list[dict[str, Any]] = []
@@ -157,7 +157,8 @@ def _paths(value: Any) -> list[str]:
     return out
 
 
-def _regular_inside(root: Path, rel: str) -> bool:
+def regular_inside(root: Path, rel: str) -> bool:
+    """Whether `rel` is a regular file inside `root`, symlinks resolved (`rel` may be untrusted)."""
     path = root / rel
     real = os.path.realpath(path)
     return os.path.isfile(real) and _inside(root, Path(real)) is not None

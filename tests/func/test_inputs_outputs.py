@@ -239,3 +239,18 @@ def test_an_untracked_file_is_stored_as_the_bytes_that_were_hashed(project: Proj
                                                  str(project.root.parent / "dl"))  # fmt: skip
     assert hashlib.sha256(Path(stored).read_bytes()).hexdigest() == entry["sha256"]
     assert Path(stored).stat().st_size == entry["size"]
+
+
+def test_diff_against_current_compares_the_inputs_as_they_are_here(nano: Project) -> None:
+    """`cascade diff RUN current` listed every input the run read as "removed", present and unchanged."""
+    project = nano
+    run_id = project.record("train_nano.py")
+    data = json.loads(project.cascade("diff", run_id, "current", "--json", check=True).stdout)["data"]
+    changed = [c["key"] for s in data["sections"] for c in s["changes"] if c["key"].startswith("data/")]
+    assert changed == [], changed
+    (project.root / "data" / "train.bin").write_bytes(b"\x01" * 8192)
+    (project.root / "data" / "meta.pkl").unlink()
+    data = json.loads(project.cascade("diff", run_id, "current", "--json", check=True).stdout)["data"]
+    changes = {c["key"]: c for s in data["sections"] for c in s["changes"] if c["key"].startswith("data/")}
+    assert set(changes) == {"data/train.bin", "data/meta.pkl"}
+    assert changes["data/meta.pkl"]["b"] is None and changes["data/train.bin"]["b"] is not None
