@@ -41,8 +41,8 @@ def _wrap_backward(tracer: StepTracer) -> None:
             step, losses = tracer.last_backward  # when the step ends or, if it has no record, at exit)
             if step != tracer.step:
                 tracer.backward_before, tracer.last_backward = tracer.last_backward, (tracer.step, [tensors])
-            elif tracer.in_step:  # an optimizer's closure, evaluated again: its last loss is the step's
-                losses[-1:] = [tensors]
+            elif tracer.in_step:  # the optimizer's closure (evaluated again: its last loss is the step's;
+                losses[tracer.closure_from :] = [tensors]  # Lightning's last micro-batch runs in it)
             elif len(losses) < MAX_LOSSES:  # gradient accumulation: each micro-batch's, in order
                 losses.append(tensors)
         if tracer.coasting:  # a step without a record: nothing of it is read

@@ -159,3 +159,47 @@ def test_accelerate_s_accumulation_over_a_loader_fetching_ahead(tmp_path: Path) 
     assert [r["step"] for r in plain] == [0, 1, 2]
     assert all(r["loss"]["parts"] == 2 for r in plain)
     assert [r["batch"] == c["batch"] for r, c in zip(plain, changed, strict=True)] == [True, True, False]
+
+
+IN_THE_CLOSURE = """
+import json, sys, torch
+from pathlib import Path
+from cascade_repro.child.trace import StepTracer
+
+out = Path(sys.argv[1])
+tracer = StepTracer(torch, out / "trace.jsonl", budget=0.0)
+tracer.install()
+torch.manual_seed(0)
+x, y = torch.randn(32, 4), torch.randn(32, 1)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+losses = []
+for k in range(0, 32, 16):  # Lightning's automatic optimization with accumulate_grad_batches=2:
+    first = torch.nn.functional.mse_loss(model(x[k:k + 8]), y[k:k + 8]) / 2
+    first.backward()  # the first micro-batch outside the optimizer step,
+
+    def closure():  # the last inside it, in the closure the optimizer calls
+        loss = torch.nn.functional.mse_loss(model(x[k + 8:k + 16]), y[k + 8:k + 16]) / 2
+        loss.backward()
+        return loss
+
+    last = opt.step(closure)
+    opt.zero_grad()
+    losses.append([first.item(), last.item()])
+tracer.close()
+(out / "losses.json").write_text(json.dumps(losses))
+"""
+
+
+def test_a_micro_batch_trained_in_the_optimizer_s_closure_adds_to_the_step_s_loss(tmp_path: Path) -> None:
+    """Lightning runs the stepping micro-batch inside `optimizer.step(closure)`: that backward was taken
+    for a closure evaluated again and replaced the step's losses ("loss last" was half the logged
+    train_loss). A closure evaluated again (LBFGS) still keeps only its last (tests/unit/test_trace.py)."""
+    subprocess.run([sys.executable, "-c", textwrap.dedent(IN_THE_CLOSURE), str(tmp_path)], check=True,
+                   timeout=120)  # fmt: skip
+    records = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    script = json.loads((tmp_path / "losses.json").read_text())
+    assert [r["step"] for r in records] == [0, 1]
+    for record, parts in zip(records, script, strict=True):
+        assert record["loss"]["bits"] == [_float32_bits(p) for p in parts]
+        assert record["loss"]["value"] == sum(parts)
