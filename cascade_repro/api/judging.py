@@ -22,17 +22,24 @@ def judge_runs(
     rtol: float,
     atol: float,
     steps: int | None = None,
+    trace_a: TraceRecords | None = None,
 ) -> Verdict:
-    """The verdict on two recorded runs, from their records and traces."""
+    """The verdict on two recorded runs, from their records and traces (`trace_a`: run a's, rank 0's,
+    where read already)."""
     from cascade_repro.determinism.verdict import judge_ranks  # not on `cascade run`'s start path
 
-    traces = [_rank_traces(store, m.run_id, m) for m in (manifest_a, manifest_b)]
+    traces = [_rank_traces(store, manifest_a.run_id, manifest_a, trace_a),
+              _rank_traces(store, manifest_b.run_id, manifest_b)]  # fmt: skip
     return judge_ranks(manifest_a, manifest_b, traces[0], traces[1], rtol=rtol, atol=atol, steps=steps)
 
 
-def _rank_traces(store: RunStore, run_id: str, manifest: Manifest) -> list[TraceRecords]:
-    """Each rank's step trace, rank 0 first (one for a single process); [] for a rank without one."""
-    traces = [trace_records(store, run_id, manifest.trace_header.get("artifact"))]
+def _rank_traces(store: RunStore, run_id: str, manifest: Manifest,
+                 first: TraceRecords | None = None) -> list[TraceRecords]:  # fmt: skip
+    """Each rank's step trace, rank 0 first (one for a single process; `first`, where read already);
+    [] for a rank without one."""
+    if first is None:
+        first = trace_records(store, run_id, manifest.trace_header.get("artifact"))
+    traces = [first]
     layout = manifest.layout
     entries = [e for e in layout.get("ranks") or [] if isinstance(e, dict)]
     traced = {e["rank"] for e in entries if e.get("trace")}

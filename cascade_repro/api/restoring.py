@@ -22,6 +22,7 @@ from cascade_repro.store.dvc_store import Cache
 from cascade_repro.store.run_store import RunStore
 
 if TYPE_CHECKING:
+    from cascade_repro.determinism.trace_file import TraceRecords
     from cascade_repro.determinism.verdict import Verdict
     from cascade_repro.images.prepare import PackageChange, PreparedImage
     from cascade_repro.restore import RestorePlan, Worktree
@@ -88,8 +89,9 @@ def restore(
         raise UsageError("--steps must be a positive number of optimizer steps")
     if steps is not None and not manifest.trace_header.get("steps"):
         raise UsageError(f"run {run_id[:12]} has no step trace, so --steps has nothing to compare")
+    recorded = None  # the run's trace, where read already (not read twice)
     if steps is None:
-        steps = _steps_a_killed_run_ran(store, manifest)
+        steps, recorded = _steps_a_killed_run_ran(store, manifest)
         if steps is not None:
             notify(f"the recorded run was KILLED after {steps} steps: re-running those "
                    "(--steps N re-runs another number)")  # fmt: skip
@@ -114,24 +116,24 @@ def restore(
     notify(f"re-running {' '.join((plan.script, *plan.argv))} in {tree.path}")
     result = run(request, notify)
     restoring.write_marker(tree.path, plan)  # the re-run's own outputs belong to the state reuse expects
-    verdict = judge_runs(store, manifest, result.manifest, rtol, atol, steps=steps)
+    verdict = judge_runs(store, manifest, result.manifest, rtol, atol, steps=steps, trace_a=recorded)
     verdict = _crash_told(verdict, store, manifest, result)
     record_verdict(store, verdict, result.run_id, run_id)
     return RestoreResult(plan, tree, result, verdict, image, tuple(drift))
 
 
-def _steps_a_killed_run_ran(store: RunStore, manifest: Manifest) -> int | None:
+def _steps_a_killed_run_ran(store: RunStore, manifest: Manifest) -> tuple[int | None, TraceRecords | None]:
     """A run stopped from outside (Ctrl-C, SIGTERM, its parent lost) ended at a step nothing in the
     script chose: the re-run stops there too, and the verdict is about the steps it ran (its trace's
-    last record's step + 1: a budget may have thinned the records)."""
+    last record's step + 1: a budget may have thinned the records); and its trace, read for that."""
     from cascade_repro.api.judging import trace_records
     from cascade_repro.determinism.trace_file import record_steps
 
     if manifest.outcome.status != "KILLED" or not manifest.trace_header.get("steps"):
-        return None
+        return None, None
     records = trace_records(store, manifest.run_id, manifest.trace_header.get("artifact"))
     ran = max(record_steps(records), default=-1) + 1
-    return ran if ran > 0 else None
+    return (ran if ran > 0 else None), records
 
 
 def _refuse_what_cannot_run(plan: RestorePlan, execute: bool) -> None:

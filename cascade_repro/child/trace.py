@@ -105,6 +105,7 @@ class StepTracer:
         self._batch_last: str | fingerprint.Later | None = None  # the last one read, alone
         self._batch_open = False  # the next batch read adds to `batch` (same loader, same step)
         self._batch_source: object = None  # the loader's iteration that read the last one
+        self._batches = 0  # how many batches `batch` covers (a record says so where several)
         self.batch_sums: dict[Any, Any] = {}  # a device's checksums of the batches, kept (their plan)
         self._started = False  # step 0 has started: its RNG state is read (see the docstring)
         self._rng: dict[str, Any] | None = None
@@ -168,10 +169,12 @@ class StepTracer:
         started = time.perf_counter()
         try:  # a failing fingerprint never reaches the training loop
             taken = step_values.batch_fingerprint(self.torch, batch, self.batch_sums)
-            if self._batch_open and source is self._batch_source and taken is not None:
-                self.batch = step_values.both_batches(self.batch, taken)
+            if self._batch_open and source is self._batch_source:
+                if taken is not None:  # (a micro-batch without tensors adds nothing)
+                    self.batch = step_values.both_batches(self.batch, taken)
+                    self._batches += 1
             else:
-                self.batch = taken
+                self.batch, self._batches = taken, int(taken is not None)
             self._batch_last, self._batch_open, self._batch_source = taken, True, source
         except Exception as exc:
             self.stop(exc)
@@ -532,6 +535,8 @@ class StepTracer:
             "batch": self._batch_last if self._mode == "manual" else self.batch,
             "loss": self._manual_loss() if manual else None,  # optimizer: `_after_step`
         }
+        if self._batches > 1 and self._mode != "manual" and record["batch"] is not None:
+            record["batches"] = self._batches  # (a trace from before them: determinism/trace_formats.py)
         if self._mode != "undecided":  # (undecided: the first optimizer step may be yet to come)
             self._batch_open = False
         self._hash_s = 0.0

@@ -117,6 +117,9 @@ def record_problem(record: dict[str, Any]) -> str | None:
     batch = record.get("batch")
     if batch is not None and not isinstance(batch, str):
         return "its batch is not a fingerprint"
+    batches = record.get("batches")  # (a step of several: determinism/trace_formats.py)
+    if batches is not None and not (_whole(batches) and 1 < batches < MAX_STEP):
+        return "its batches is not a count of batches"
     for facet in FACET_FIELDS:
         if not isinstance(record.get(facet), (dict, type(None))):
             return f"its {facet} is not an object of fingerprints"

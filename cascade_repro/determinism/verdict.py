@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
+from cascade_repro.determinism import trace_formats
 from cascade_repro.determinism.compare import (
     FACET_WORDS,
     FACETS,
@@ -232,6 +233,16 @@ def _compared_facets(manifest_a: Manifest, manifest_b: Manifest, trace_a: Sequen
                          "(recorded before cascade read mappings such as HF's BatchEncoding?)")  # fmt: skip
     elif not batched[0] and trace_a and trace_b:
         notes = (*notes, NO_BATCHES)
+    older = [trace_formats.recorded_one_micro_batch(h) for h in (header_a, header_b)]
+    if older[0] != older[1]:  # one run recorded before a step held all its micro-batches
+        if older[0]:
+            trace_a, trace_b, adapted = trace_formats.as_one_micro_batch(trace_a, trace_b)
+        else:
+            trace_b, trace_a, adapted = trace_formats.as_one_micro_batch(trace_b, trace_a)
+        if adapted:
+            notes = (*notes, f"run {(a_id if older[0] else b_id)[:12]} was recorded by a cascade that kept "
+                             "one micro-batch a step: steps that trained on several (gradient accumulation) "
+                             "are compared on their last loss, and not on their batches")  # fmt: skip
     return trace_a, trace_b, notes
 
 

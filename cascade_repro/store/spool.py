@@ -392,7 +392,7 @@ def trace_section(run_dir: Path, header: dict[str, Any] | None) -> dict[str, Any
         steps = sum(1 for line in handle if line.strip())
     return {
         "artifact": f"cascade/{protocol.TRACE_FILE}",
-        "format": "cascade.trace/1",
+        "format": protocol.TRACE_FORMAT,
         "steps": steps,
         **header,
     }

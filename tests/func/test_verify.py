@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -188,3 +189,65 @@ def test_shuffled_dataloader_with_workers_is_reproduced_batch_for_batch(project:
     assert verdict["first_divergence"]["step"] == 0
     assert verdict["first_divergence"]["facets"][0]["facet"] == "rng"
     assert "batch" in [f["facet"] for f in verdict["first_divergence"]["facets"]]  # another shuffle
+
+
+ACCUMULATING = """
+import os, torch
+torch.manual_seed(0)
+x, y = torch.randn(96, 4), torch.randn(96, 1)
+if os.environ.get("CHANGE_FIRST_MICRO_BATCH_OF_STEP_3"):
+    x[48] += 1.0  # batch 6 of 8 rows: the first of step 3's two
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i, (xb, yb) in enumerate(loader):  # gradient accumulation: two micro-batches a step
+    (torch.nn.functional.mse_loss(model(xb), yb) / 2).backward()
+    if i % 2:
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+def _as_recorded_one_micro_batch_a_step(project: Project, run_id: str) -> None:
+    """The run's trace and record as a cascade before cascade.trace/2 wrote them: a step's last
+    micro-batch and its last loss (the batch's fingerprint cannot be made again: any other value)."""
+    from urllib.parse import urlparse
+
+    from cascade_repro.determinism.trace_formats import last_part
+
+    artifacts = Path(urlparse(project.client().get_run(run_id).info.artifact_uri).path) / "cascade"
+    lines = []
+    for line in (artifacts / "trace.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record.get("batches"):
+            del record["batches"]
+            record["batch"] = "0123456789abcdef"
+        if record.get("loss") and "parts" in record["loss"]:
+            record["loss"] = last_part(record["loss"])
+        lines.append(json.dumps(record, separators=(",", ":")))
+    (artifacts / "trace.jsonl").write_text("\n".join(lines) + "\n")
+    record = json.loads((artifacts / "run.json").read_text())
+    assert record["trace"]["format"] == "cascade.trace/2"
+    record["trace"]["format"] = "cascade.trace/1"
+    (artifacts / "run.json").write_text(json.dumps(record))
+
+
+def test_an_accumulation_run_recorded_before_each_step_held_all_its_micro_batches(project: Project) -> None:
+    """A gradient-accumulation run recorded by the cascade before cascade.trace/2 against one recorded
+    now: it said "DIVERGED at step 0: the loss differs" (a step's last loss against the sum of its
+    two) and ranked a false cause. Steps are compared on what both kept."""
+    project.write("accumulate.py", ACCUMULATING)
+    project.commit("accumulate")
+    old = project.record("--trace-budget", "0", "accumulate.py")
+    new = project.record("--trace-budget", "0", "accumulate.py")
+    changed = project.record("--trace-budget", "0", "accumulate.py",
+                             env={"CHANGE_FIRST_MICRO_BATCH_OF_STEP_3": "1"})  # fmt: skip
+    _as_recorded_one_micro_batch_a_step(project, old)
+    code, verdict = _verify(project, old, new)
+    assert (code, verdict["verdict"]) == (0, "BITWISE_IDENTICAL"), verdict["summary"]
+    assert verdict["steps"]["compared"] == 6
+    assert any("kept one micro-batch a step" in note for note in verdict["notes"])
+    code, verdict = _verify(project, old, changed)  # the first micro-batch: in the gradients, not the loss
+    assert (code, verdict["verdict"]) == (3, "DIVERGED"), verdict["summary"]
+    first = verdict["first_divergence"]
+    assert first["step"] == 3 and first["facets"][0]["facet"] == "grads"

@@ -30,18 +30,25 @@ tracer = StepTracer(torch, out / "trace.jsonl", budget=0.0 if records is None el
 tracer.install()
 torch.manual_seed(0), random.seed(0), numpy.random.seed(0)  # (their states are in the records too)
 x, y = torch.randn(128, 4), torch.randn(128, 1)
-if change == "first micro-batch of step 5":
+if "first micro-batch of step 5" in change:
     x[80] += 1.0  # in batch 10 of 8 rows: the first of step 5's two
 xv = torch.randn(16, 4)
 if change == "validation data":
     xv += 1.0
-train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+collate, made = None, []
+if change.startswith("objects"):  # each step's second micro-batch as Python lists, no tensor
+    def collate(rows):
+        made.append(1)
+        xs, ys = torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
+        return (xs, ys) if len(made) % 2 else (xs.tolist(), ys.tolist())
+train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8, collate_fn=collate)
 val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xv), batch_size=8)
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 losses, parts, step = [], [], 0
 try:
     for i, (xb, yb) in enumerate(train):  # two batches a step, a backward each
+        xb, yb = torch.as_tensor(xb), torch.as_tensor(yb)
         loss = torch.nn.functional.mse_loss(model(xb), yb) / 2
         loss.backward()
         parts.append(loss.item())
@@ -87,6 +94,17 @@ def test_a_step_s_batch_covers_every_batch_it_trained_on(tmp_path: Path) -> None
     first = next(r["step"] for r, c in zip(plain, changed, strict=True) if r["batch"] != c["batch"])
     assert first == 5
     assert all(r["batch"] == c["batch"] for r, c in zip(plain[:5], changed[:5], strict=True))
+    assert all(r["batches"] == 2 for r in plain)  # (a trace from before said neither: trace_formats.py)
+
+
+def test_a_micro_batch_without_tensors_adds_nothing_to_its_step_s_batch(tmp_path: Path) -> None:
+    """It made the step's batch none: a step whose second micro-batch is Python lists recorded no batch,
+    and a change in its first went unseen."""
+    plain = _run(tmp_path, "objects")
+    changed = _run(tmp_path, "objects, first micro-batch of step 5")
+    assert all(r["batch"] is not None and "batches" not in r for r in plain)
+    first = next(r["step"] for r, c in zip(plain, changed, strict=True) if r["batch"] != c["batch"])
+    assert first == 5
 
 
 def test_a_loader_iterated_between_steps_without_training_leaves_the_batches_alone(tmp_path: Path) -> None:

@@ -267,3 +267,76 @@ def test_a_crash_both_runs_had_alike_is_said_beside_their_identical_steps() -> N
     finished = judge(as_record(_manifest("a" * 32)), as_record(b), trace, trace)
     ended = f"; run {'b' * 12} ended FAILED with exit code 1 (RuntimeError: step 15)"
     assert finished.summary == f"all 3 steps are bitwise identical{ended}"
+
+
+# -- a trace recorded before a step held all its micro-batches ------------------------------------------
+# Before cascade.trace/2 a gradient-accumulation step's record held its last micro-batch and its last
+# loss; now it holds every batch (fingerprinted together, `batches: N`) and the sum of its losses with
+# each one's bits. A run recorded before, verified against (or restored by) a cascade after, said
+# "DIVERGED at step 0: the loss differs" and ranked a false cause.
+def _float32(value: float) -> int:
+    import struct
+
+    return struct.unpack("<i", struct.pack("<f", value))[0]
+
+
+def _accumulated(step: int, parts: tuple[float, float]) -> dict[str, Any]:
+    record = _record(step)
+    record["batch"] = f"both{step}"
+    record["loss"] = {"bits": [_float32(p) for p in parts], "value": sum(parts), "dtype": "float32",
+                      "parts": 2}  # fmt: skip
+    record["batches"] = 2
+    return record
+
+
+def _one_micro_batch(step: int, last: float) -> dict[str, Any]:
+    record = _record(step)
+    record["batch"] = f"last-micro-batch{step}"
+    record["loss"] = {"bits": _float32(last), "value": last, "dtype": "float32"}
+    return record
+
+
+def _formats() -> tuple[Any, Any]:
+    old, new = _manifest("a0"), _manifest("b0")
+    old["trace"] = {"algorithm": "xxh3_64", "interval": 1, "format": "cascade.trace/1"}
+    new["trace"] = {"algorithm": "xxh3_64", "interval": 1, "format": "cascade.trace/2"}
+    return as_record(old), as_record(new)
+
+
+def test_an_accumulation_trace_from_before_compares_on_each_step_s_last_loss_not_its_batches() -> None:
+    parts = [(0.25 + i / 8, 0.5 + i / 8) for i in range(6)]
+    old = [_one_micro_batch(i, p[1]) for i, p in enumerate(parts)]
+    new = [_accumulated(i, p) for i, p in enumerate(parts)]
+    manifest_old, manifest_new = _formats()
+    for verdict in (judge(manifest_old, manifest_new, old, new), judge(manifest_new, manifest_old, new, old)):
+        assert verdict.verdict == "BITWISE_IDENTICAL", verdict.summary
+        assert any("one micro-batch" in note and "last loss" in note for note in verdict.comparison.notes)
+
+
+def test_an_accumulation_trace_from_before_still_finds_a_difference_in_what_both_kept() -> None:
+    parts = [(0.25 + i / 8, 0.5 + i / 8) for i in range(6)]
+    old = [_one_micro_batch(i, p[1]) for i, p in enumerate(parts)]
+    new = [_accumulated(i, p) for i, p in enumerate(parts)]
+    new[3]["loss"]["bits"][1] += 1  # the last micro-batch's loss of step 3
+    manifest_old, manifest_new = _formats()
+    verdict = judge(manifest_old, manifest_new, old, new)
+    assert verdict.verdict == "DIVERGED" and verdict.comparison.step == 3
+    assert verdict.comparison.facets() == ["loss"]
+    single = [_record(i) for i in range(4)]  # steps of one batch: their batches are compared as ever
+    changed = [_record(i) for i in range(4)]
+    changed[2]["batch"] = "another"
+    verdict = judge(manifest_old, manifest_new, single, changed)
+    assert verdict.verdict == "DIVERGED" and verdict.comparison.step == 2
+    assert verdict.comparison.facets() == ["batch"]
+    assert not any("micro-batch" in note for note in verdict.comparison.notes)
+
+
+def test_two_traces_of_one_format_compare_their_whole_accumulation_steps() -> None:
+    parts = [(0.25 + i / 8, 0.5 + i / 8) for i in range(4)]
+    a = [_accumulated(i, p) for i, p in enumerate(parts)]
+    b = copy.deepcopy(a)
+    b[1]["loss"]["bits"][0] += 1  # the first micro-batch's loss: only the new format holds it
+    b[1]["loss"]["value"] += 1e-7
+    manifest = _formats()[1]
+    verdict = judge(manifest, as_record({**_manifest("b1"), "trace": dict(manifest.trace_header)}), a, b)
+    assert verdict.verdict == "DIVERGED" and verdict.comparison.step == 1
