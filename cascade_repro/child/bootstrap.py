@@ -87,7 +87,7 @@ def _observe_torch(torch: ModuleType, run_dir: Path, facts: Facts, determinism: 
     tracer.install()
     script_seeds.step = tracer.reseeded
     atexit.register(tracer.close)
-    checkpoint_log(run_dir).current_step = lambda: tracer.step - 1 if tracer.step > 0 else None
+    checkpoint_log(run_dir).current_step = tracer.last_step
     facts.update(trace=tracer.header())
 
 

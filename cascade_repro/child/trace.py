@@ -106,6 +106,7 @@ class StepTracer:
         self._batch_open = False  # the next batch read adds to `batch` (same loader, same step)
         self._batch_source: object = None  # the loader's iteration that read the last one
         self._batches = 0  # how many batches `batch` covers (a record says so where several)
+        self._unrecorded = False  # weights updated by hand: this step's backward ran, without a record
         self.batch_sums: dict[Any, Any] = {}  # a device's checksums of the batches, kept (their plan)
         self._started = False  # step 0 has started: its RNG state is read (see the docstring)
         self._rng: dict[str, Any] | None = None
@@ -216,7 +217,7 @@ class StepTracer:
                 if self.in_step:  # a closure reseeding: the next step's start follows it
                     return self.step + 1
                 fresh = self._rng_fingerprint()
-                if self._mode != "optimizer" and self._pending is not None:
+                if self._mode != "optimizer" and (self._pending is not None or self._unrecorded):
                     self._rng_next = fresh  # step k's record is made; step k+1 starts at the next backward
                     return self.step + 1
                 if self._pending is not None and self._pending["step"] >= self.step:
@@ -226,6 +227,13 @@ class StepTracer:
         except Exception as exc:
             self.stop(exc)
             return None
+
+    def last_step(self) -> int | None:
+        """The last step whose update is done (a checkpoint saved now is its); None before the first.
+        By hand, step k ends at the next backward(): its update is done once its backward ran."""
+        by_hand = self._mode != "optimizer" and (self._pending is not None or self._unrecorded)
+        done = self.step if by_hand else self.step - 1
+        return done if done >= 0 else None
 
     def _guarded(self, hook: Any) -> Any:
         """A failing fingerprint turns the trace off; it never reaches the user's training loop."""
@@ -307,6 +315,13 @@ class StepTracer:
     # that changed since the first backward mean "manual"; unchanged weights (gradient
     # accumulation, a backward for analysis) leave it undecided and the first record is dropped.
     def _before_backward(self) -> None:
+        if self._unrecorded:  # a step --trace-interval N leaves without a record: it counts
+            self._unrecorded = False
+            self.step += 1
+            if self.step % self.interval == 0:
+                self._rng = self._rng_next
+            self._stop_if_done()
+            return
         if self._pending is None:
             return
         params = self._manual_params()
@@ -334,6 +349,11 @@ class StepTracer:
         params = self._manual_params()
         if not params:
             return
+        if self._mode == "manual" and self.step % self.interval:  # (--trace-interval N)
+            self._unrecorded = True
+            if (self.step + 1) % self.interval == 0:  # the next step has a record: its RNG state
+                self._rng_next = self._rng_fingerprint()
+            return
         self._decide_grads(params)
         record = self._new_record(params)
         if self._mode == "undecided":
@@ -344,7 +364,8 @@ class StepTracer:
         self._pending = record
         self._pending_params = params
         self._pending_sampled = True
-        self._rng_next = self._rng_fingerprint()  # the next step starts after this update
+        if (self.step + 1) % self.interval == 0:  # the next step has a record
+            self._rng_next = self._rng_fingerprint()  # it starts after this update
 
     def _manual_params(self) -> list[Any]:
         if not self.tensors.named:

@@ -251,3 +251,44 @@ def test_an_accumulation_run_recorded_before_each_step_held_all_its_micro_batche
     assert (code, verdict["verdict"]) == (3, "DIVERGED"), verdict["summary"]
     first = verdict["first_divergence"]
     assert first["step"] == 3 and first["facets"][0]["facet"] == "grads"
+
+
+HAND_UPDATED = """
+import sys, torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+x, y = torch.randn(16, 4), torch.randn(16, 1)
+by_hand = sys.argv[1] == "by-hand"
+opt = None if by_hand else torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(10):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    if by_hand:
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.1 * p.grad
+                p.grad = None
+    else:
+        opt.step()
+        opt.zero_grad()
+    if step == 4:
+        torch.save(model.state_dict(), "after-step-4.pt")
+"""
+
+
+def test_a_script_updating_by_hand_keeps_the_trace_interval_and_the_checkpoint_step(project: Project) -> None:
+    """Weights updated by hand: --trace-interval 3 recorded every step, and a checkpoint saved after
+    step 4's update said step 3 (with an optimizer: step 4)."""
+    project.write("hand.py", HAND_UPDATED)
+    project.write(".gitignore", "mlflow.db\nmlruns/\n.cascade/\nout/\n*.pt\n")
+    project.commit("by hand")
+    runs = {how: project.record("--trace-interval", "3", "hand.py", how) for how in ("by-hand", "optimizer")}
+    for how, run_id in runs.items():
+        manifest = project.manifest(run_id)
+        (checkpoint,) = manifest["checkpoints"]
+        assert checkpoint["step"] == 4, how
+        show = project.cascade("show", run_id, "--trace", "--json", check=True)
+        assert json.loads(show.stdout)["data"]["trace"]["steps"] == 4, how  # steps 0, 3, 6, 9
+    a, b = runs["by-hand"], project.record("--trace-interval", "3", "hand.py", "by-hand")
+    code, verdict = _verify(project, a, b)
+    assert code == 0 and verdict["verdict"] == "BITWISE_IDENTICAL"
