@@ -79,7 +79,9 @@ class StepTracer:
         # an optimizer closure's last only) for the last step that had one, and the one before
         self.last_backward: tuple[int, list[Any]] = (-1, [])
         self.backward_before: tuple[int, list[Any]] = (-1, [])
-        self.closure_from = 0  # where the losses of the optimizer's closure begin in the step's list
+        # (step, where the losses of its optimizer's closure begin in its list), from the closure's
+        # first backward (child/trace_install.py)
+        self.closure_from: tuple[int, int] = (-1, 0)
         self.backwards = 0  # backward() calls so far
         self._last_optimizer: Any = None  # the last step's (its weights are read at exit)
         self._last_recorded = -1  # the last step that got a record
@@ -131,8 +133,6 @@ class StepTracer:
         before, after = self._guarded(self._before_step), self._guarded(self._after_step)
 
         def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-            step, losses = self.last_backward  # the step's losses so far: a closure's come after them
-            self.closure_from = len(losses) if step == self.step else 0
             if self.coasting:
                 self.in_step = True
                 self._last_optimizer = optimizer

@@ -41,8 +41,14 @@ def _wrap_backward(tracer: StepTracer) -> None:
             step, losses = tracer.last_backward  # when the step ends or, if it has no record, at exit)
             if step != tracer.step:
                 tracer.backward_before, tracer.last_backward = tracer.last_backward, (tracer.step, [tensors])
+                if tracer.in_step:  # the step's first loss is its closure's
+                    tracer.closure_from = (tracer.step, 0)
             elif tracer.in_step:  # the optimizer's closure (evaluated again: its last loss is the step's;
-                losses[tracer.closure_from :] = [tensors]  # Lightning's last micro-batch runs in it)
+                at, start = tracer.closure_from  # Lightning's last micro-batch runs in it): its
+                if at != tracer.step:  # first backward, after the step's own losses
+                    start = len(losses)
+                    tracer.closure_from = (tracer.step, start)
+                losses[start:] = [tensors]
             elif len(losses) < MAX_LOSSES:  # gradient accumulation: each micro-batch's, in order
                 losses.append(tensors)
         if tracer.coasting:  # a step without a record: nothing of it is read
