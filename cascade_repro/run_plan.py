@@ -81,6 +81,9 @@ class RunResult:
     discarded: bool = False  # it did so before the first step: the run was deleted from the store
     rank: int | None = None  # rank K > 0 of the user's torchrun job: rank 0's `cascade run` records it
     nodes: int | None = None  # `--nnodes N`: this node's torchrun ended; rank 0's `cascade run` recorded
+    # the last values of metrics the script logged into the run through MLflow itself (a framework's
+    # own logger: HF's MLflowCallback, Lightning's MLFlowLogger), as the store holds them at the end
+    logged: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def exit_status(self) -> int:

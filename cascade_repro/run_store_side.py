@@ -22,7 +22,7 @@ from cascade_repro.capture.files import RunFiles, inputs_warning, read_opened, r
 from cascade_repro.capture.git import GitState, excluded
 from cascade_repro.capture.snapshot import empty_snapshot
 from cascade_repro.child import protocol
-from cascade_repro.errors import CascadeError
+from cascade_repro.errors import CascadeError, StoreError
 from cascade_repro.manifest import ARTIFACT_PATH, Manifest
 from cascade_repro.params import resolved_dict, unused_overrides, used_params
 from cascade_repro.record_sections import DataEntry
@@ -252,8 +252,20 @@ class Recording:
         return RunResult(
             run_id, status, ended.exit_code, self.plan.settings.tracking_uri, self.opened.experiment,
             record, tuple(self.warnings), incomplete=tuple(missing),
-            spool=str(self.run_dir) if kept else None,
+            spool=str(self.run_dir) if kept else None, logged={} if kept else self._logged(run_id, record),
         )  # fmt: skip
+
+    def _logged(self, run_id: str, record: Manifest) -> dict[str, float]:
+        """The metrics the script logged into the run through MLflow itself, beyond cascade's own (for
+        the closing line); none where the store cannot say now (it answered everything else)."""
+        ours = record.metrics.get("keys") or {}
+        if self.store is None:
+            return {}
+        try:
+            stored = self.store.get(run_id).metrics
+        except StoreError:
+            return {}
+        return {k: v for k, v in stored.items() if k not in ours and not k.startswith("cascade.")}
 
     # -- pieces -------------------------------------------------------------------------------
     def _ranks(self) -> dict[str, Any] | None:

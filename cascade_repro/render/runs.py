@@ -74,10 +74,10 @@ def run_result(result: RunResult) -> None:
             notice(f"warning: {warning}")
         return
     duration = result.manifest.outcome.get("duration_s")
-    metrics = {
-        k: v for k, v in result.manifest.metrics.get("keys", {}).items() if not k.startswith("cascade.")
-    }
-    shown = ", ".join(f"{k}={_num(v['last'])}" for k, v in list(metrics.items())[:4])
+    ours = result.manifest.metrics.get("keys", {})
+    metrics = {k: v["last"] for k, v in ours.items() if not k.startswith("cascade.")}
+    metrics.update(sorted(result.logged.items()))  # (after cascade's own: what a framework's logger wrote)
+    shown = ", ".join(f"{k}={_num(v)}" for k, v in list(metrics.items())[:4])
     notice(
         f"run {result.run_id} {result.status} in {duration:.1f}s (exit {result.exit_code})"
         + (" · record incomplete" if result.incomplete else "")

@@ -78,7 +78,7 @@ def test_signal_is_killed_with_everything_recorded(
 
 
 def test_script_mlflow_calls_land_in_the_same_run(project: Project) -> None:
-    project.cascade("run", "train.py", "--mlflow", check=True)
+    ran = project.cascade("run", "train.py", "--mlflow", check=True)
     seen = json.loads((project.root / "out/seen.json").read_text())
     run = project.only_run()  # exactly one run: mlflow.log_* did not start another
     assert run.data.metrics["from_mlflow"] == 42.0
@@ -86,6 +86,11 @@ def test_script_mlflow_calls_land_in_the_same_run(project: Project) -> None:
     assert run.data.metrics["loss"] > 0
     assert seen["mlflow_tracking_uri"] == f"sqlite:///{project.root / 'mlflow.db'}"
     assert run.info.status == "FINISHED"
+    # the closing line names what the script logged through MLflow too, after cascade's own (it
+    # named only those: a framework's own logger, HF's or Lightning's, left it without metrics)
+    ended = f"cascade: run {run.info.run_id} FINISHED"
+    (closing,) = [line for line in ran.stderr.splitlines() if line.startswith(ended)]
+    assert "from_mlflow=42" in closing and closing.index("loss=") < closing.index("from_mlflow=")
 
 
 def test_metrics_are_written_in_batches_of_at_most_1000(project: Project) -> None:
