@@ -22,6 +22,7 @@ from cascade_repro.store.dvc_store import Cache
 from cascade_repro.store.run_store import RunStore
 
 if TYPE_CHECKING:
+    from cascade_repro.checkout import Fetched
     from cascade_repro.determinism.trace_file import TraceRecords
     from cascade_repro.determinism.verdict import Verdict
     from cascade_repro.images.prepare import PackageChange, PreparedImage
@@ -182,7 +183,7 @@ def _materialize(plan: RestorePlan, manifest: Manifest, settings: Settings, stor
             if cache is not None and Cache.exists_for(tree.path) and not tree.reused:
                 cache.share_with(tree.path)  # the re-run's checkpoints go to this cache and remote
             for item in fetched:  # verified before the worktree was made; copied in now
-                checking.deliver(item, tree.path, item.path, force=False)
+                _deliver(item, tree)
             copied = restoring.deliver_inputs(plan, root, tree.path)
         except BaseException:
             if not tree.reused:
@@ -355,13 +356,29 @@ def _artifact_text(store: RunStore, run_id: str, path: str) -> str | None:
         return None
 
 
+def _deliver(item: Fetched, tree: Worktree) -> None:
+    """A verified object into the worktree: a file there with other bytes (a worktree reused after a
+    re-run that wrote another version) is refused, saying how to start afresh."""
+    from cascade_repro import checkout as checking
+
+    try:
+        checking.deliver(item, tree.path, item.path, force=False)
+    except UsageError as exc:
+        raise RestoreRefused(
+            f"the restore worktree {tree.path} already has {item.path} with other bytes than the run's "
+            f"({exc.message})",
+            hint=f"remove it (`git worktree remove --force {tree.path}`) or restore with --workdir NEW_DIR",
+        ) from None
+
+
 def _restore_objects(plan: RestorePlan, manifest: Manifest, execute: bool) -> list[tuple[str, str]]:
     """The data the run read; with --no-run also its kept checkpoints (a re-run starts without them,
     as the original did)."""
     wanted = manifest.data_objects
     wanted += [(i.path, str(i.md5)) for i in plan.inputs if i.md5]  # --track-inputs
-    if not execute:
-        wanted += [(c.path, str(c.md5)) for c in manifest.kept_checkpoints if not os.path.isabs(c.path)]
+    if not execute:  # each path as the run left it: its last version (a best-only file saved again)
+        last = {c.path: str(c.md5) for c in manifest.kept_checkpoints if not os.path.isabs(c.path)}
+        wanted += list(last.items())
     return wanted
 
 

@@ -290,6 +290,17 @@ def test_a_file_saved_again_under_its_name_keeps_every_version(dvc_project: Proj
     assert [s["iter"] for s in saved] == [1, 3, 5]  # each object holds the version of its step
     assert _md5(dvc_project.root / "out" / "ckpt.pt") == entries[-1]["md5"]
     assert not list((dvc_project.root / ".cascade" / "runs").rglob("superseded/*"))  # second names gone
+    # restore --no-run places each path as the run left it (it stopped: "out/ckpt.pt exists with other
+    # content", hint --force, an option restore does not have, exit 2)
+    restored = dvc_project.cascade("restore", run_id, "--no-run")
+    assert restored.returncode == 0, restored.stderr
+    (tree,) = (dvc_project.root / ".cascade" / "restore").iterdir()
+    assert _md5(tree / "out" / "ckpt.pt") == entries[-1]["md5"]
+    (tree / "out" / "ckpt.pt").write_bytes(b"another version")  # a re-run there wrote another
+    again = dvc_project.cascade("restore", run_id, "--no-run")
+    assert again.returncode == 1, again.stderr
+    assert f"{tree} already has out/ckpt.pt with other bytes" in again.stderr and "--workdir" in again.stderr
+    assert "--force to overwrite" not in again.stderr  # (an option restore does not have)
 
 
 THROUGH_A_HANDLE = """
