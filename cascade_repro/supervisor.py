@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -14,6 +15,10 @@ from typing import IO, Callable, Mapping, Protocol, Sequence
 from cascade_repro.run_output import STDERR, STDOUT, RunOutput
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# Once the script ended, its output is waited for until it stays quiet this long (a process it
+# started may hold the pipes open for good), and at most OUTPUT_WAIT_S in all.
+OUTPUT_QUIET_S = 1.0
+OUTPUT_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,8 @@ class Child:
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, output: RunOutput,
                  notify: Callable[[str], None]) -> None:  # fmt: skip
         self._output = output  # closed in wait()
+        self._notify = notify
+        self._last_output = time.monotonic()  # when the script's output last came (the pumps)
         self._received: int | None = None
         self._signal_count = 0
         self.process = subprocess.Popen(
@@ -72,11 +79,26 @@ class Child:
             code = self.process.wait()
         finally:
             self._signals.child_ended()
-        for pump in self._pumps:
-            pump.join(timeout=10)
+        self._drain()
         log_error = self._output.close()
         killed = -code if code < 0 else None
         return ChildExit(128 + killed if killed else code, self._received, killed, log_error)
+
+    def _drain(self) -> None:
+        """The script's output to its end: the pipes' end, or, where a process the script started
+        still holds them (a server, a daemon), until they stay quiet (OUTPUT_QUIET_S): what the script
+        wrote before it ended is in the pipes already, read at once."""
+        ended = time.monotonic()
+        while True:
+            alive = [pump for pump in self._pumps if pump.is_alive()]
+            if not alive:
+                return
+            alive[0].join(timeout=0.05)
+            now = time.monotonic()
+            if now - max(ended, self._last_output) > OUTPUT_QUIET_S or now - ended > OUTPUT_WAIT_S:
+                break
+        self._notify("a process the script started still holds its output: cascade does not wait for "
+                     "it, and what it prints from now on is not in the run's log")  # fmt: skip
 
     def restore_signals(self) -> None:
         self._signals.restore()
@@ -111,6 +133,7 @@ class Child:
                 break
             if not chunk:
                 break
+            self._last_output = time.monotonic()
             self._output.feed(stream, chunk)
         source.close()
 

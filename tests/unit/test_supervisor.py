@@ -71,3 +71,35 @@ def test_once_the_script_ended_a_ctrl_c_only_warns_until_the_record_is_closed(tm
     assert ended.exit_code == 3 and ended.signal_received is None
     assert notes == ["finishing the run record, one moment..."]
     assert signal.getsignal(signal.SIGINT) is before
+
+
+# Starts a process of its own that keeps the script's stdout and stderr (a server, a daemon), says
+# what it did, and ends.
+LEAVES_A_PROCESS = """
+import subprocess, sys
+keeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+open(sys.argv[1] + "/keeper", "w").write(str(keeper.pid))
+print("the script is done", flush=True)
+print("and says so on stderr", file=sys.stderr, flush=True)
+"""
+
+
+def test_a_process_the_script_left_holding_its_output_does_not_hold_the_run(tmp_path: Path) -> None:
+    """The parent waited for the end of the script's output: 10 s per stream (20 s, the run's
+    duration inflated) while a process it started still held them."""
+    notes: list[str] = []
+    output = RunOutput(tmp_path / "output.log", tmp_path, progress=False)
+    child = Child([sys.executable, "-c", LEAVES_A_PROCESS, str(tmp_path)], dict(os.environ), tmp_path,
+                  output, notes.append)  # fmt: skip
+    try:
+        started = time.monotonic()
+        ended = child.wait()
+        took = time.monotonic() - started
+    finally:
+        child.restore_signals()
+        os.kill(int((tmp_path / "keeper").read_text()), signal.SIGKILL)
+    assert ended.exit_code == 0
+    assert took < 8, f"the parent waited {took:.1f} s for the output of a process the script left"
+    log = (tmp_path / "output.log").read_text()
+    assert "the script is done" in log and "and says so on stderr" in log  # nothing of the script's lost
+    assert any("still holds" in note for note in notes), notes
