@@ -149,7 +149,12 @@ def _incomparable(manifest_a: Manifest, manifest_b: Manifest, traced_a: bool,
         ended = crashed(record)
         if ended:  # a script that died before its first step: that is the reason, not a trace setting
             return f"run {missing[:12]} {ended} before its first traced step"
-        return f"run {missing[:12]} has no step trace (recorded with --trace-interval 0 or no optimizer)"
+        if not record.trace_header:
+            return f"run {missing[:12]} has no step trace (recorded with --trace-interval 0)"
+        return (f"run {missing[:12]} recorded no training step: its script's own process never called "
+                "backward() or an optimizer's step (training in processes it started, such as "
+                "torch.multiprocessing.spawn's or a subprocess's, is not traced; torchrun's ranks are: "
+                "`cascade run --nproc-per-node N`)")  # fmt: skip
     header_a, header_b = manifest_a.trace_header, manifest_b.trace_header
     for key in ("algorithm", "interval"):
         if header_a.get(key) != header_b.get(key):

@@ -142,10 +142,22 @@ def test_a_run_that_died_before_its_first_step_is_named_as_a_crash_not_a_trace_s
         f"run {'b' * 12} FAILED with exit code 1 (FileNotFoundError: data/train.bin) "
         "before its first traced step"
     )
-    untraced = {**_manifest("b" * 32), "outcome": {"status": "FINISHED", "exit_code": 0}}
-    assert (
-        "--trace-interval 0" in judge(as_record(_manifest("a" * 32)), as_record(untraced), trace, []).summary
+    untraced = {**_manifest("b" * 32), "trace": None, "outcome": {"status": "FINISHED", "exit_code": 0}}
+    assert judge(as_record(_manifest("a" * 32)), as_record(untraced), trace, []).summary == (
+        f"run {'b' * 12} has no step trace (recorded with --trace-interval 0)"
     )
+
+
+def test_a_run_traced_without_a_step_says_where_its_training_went() -> None:
+    """torch.multiprocessing.spawn: the script's own process took no optimizer step (its ranks trained
+    in processes it started). It said "recorded with --trace-interval 0 or no optimizer"."""
+    trace = [_record(i) for i in range(3)]
+    spawned = {**_manifest("b" * 32), "trace": {"algorithm": "xxh3_64", "interval": 1, "steps": 0},
+               "outcome": {"status": "FINISHED", "exit_code": 0}}  # fmt: skip
+    summary = judge(as_record(_manifest("a" * 32)), as_record(spawned), trace, []).summary
+    assert summary.startswith(f"run {'b' * 12} recorded no training step: ")
+    assert "torch.multiprocessing.spawn" in summary and "torchrun" in summary
+    assert "--trace-interval 0" not in summary
 
 
 def test_batches_fingerprinted_by_one_run_only_compare_the_rest() -> None:
