@@ -53,6 +53,7 @@ FIELDS: tuple[Field, ...] = (
     Field("seed", "script_seeds", "B", "seed", "determinism.script_seeds"),
     Field("seed", "determinism.mode", "B", "determinism", "determinism.mode"),
     Field("seed", "flags.*", "B", "determinism", "determinism.flags_at_start"),
+    Field("seed", "script_flags.*", "B", "determinism", "torch.flags where the script changed them"),
     *(Field("packages", name, "C", "packages", f"python.packages.{name}") for name in TOOLING_PACKAGES),
     Field("packages", "*", "B", "packages", "python.packages: versions"),
     Field("environment", "*", "B", "environment", "environment (allow-listed, redacted)"),

@@ -99,7 +99,7 @@ def likely_causes(
         "seed": _seed_fix(a, b),
         "code": "rerun the recorded commit and patch (cascade restore materializes them)",
         "command": "pass the same script arguments",
-        "determinism": f"rerun with --deterministic {_mode(a)} and the same flags",
+        "determinism": _determinism_fix(a, differences),
         "threads": "pin the thread count (OMP_NUM_THREADS / torch.set_num_threads) to the recorded value",
         "environment": "export the recorded values of those variables (cascade restore sets them)",
         "environment_read": "export the recorded values of those variables (cascade restore sets them)",
@@ -172,7 +172,8 @@ def _from_the_trace(a: Manifest, b: Manifest, comparison: TraceComparison, first
         # a batch the trace never fingerprinted (no DataLoader) is not evidence of anything
         batched = not any(note.startswith("batches are not compared") for note in comparison.notes)
         inputs = "the RNG state, the batch" if batched else "the RNG state"
-        evidence = f"{inputs} and the weights before the step are equal" if bracket is None else (
+        evidence = f"{inputs} and the weights the optimizer updates were equal before the step" \
+            if bracket is None else (
             f"{inputs} {'are' if batched else 'is'} equal at step {step}; the weights were last compared "
             f"(equal) before step {bracket}: `cascade verify --replay` compares them at every step between")
         where = f"at step {step}"
@@ -183,7 +184,9 @@ def _from_the_trace(a: Manifest, b: Manifest, comparison: TraceComparison, first
             + where,
             evidence,
             "rerun with --deterministic strict (it stops at an op without a deterministic implementation) "
-            "and pin the thread count",
+            "and pin the thread count; if it still differs, look for what the trace does not see: input "
+            "drawn from the clock or os.urandom, weights the optimizer does not update (frozen layers, "
+            "buffers) written between steps",
         )))  # fmt: skip
     if facets == ["params_after"] and not kinds & _INPUTS:
         grads_hashed = all(m.trace_header.get("grads", True) for m in (a, b))
@@ -276,7 +279,22 @@ def _determinism(changes: list[Change], a: Manifest, b: Manifest) -> str:
     flags = [c.key.removeprefix("flags.") for c in changes if c.key.startswith("flags.")]
     if flags:
         parts.append("flags differ: " + ", ".join(flags))
+    scripts = [c for c in changes if c.key.startswith("script_flags.")]
+    if scripts:
+        def shown(value: Any) -> str:  # (a run whose script left the flag as it was: none)
+            return "as at the start" if value is None else str(value)
+
+        names = lambda c: c.key.removeprefix("script_flags.")  # noqa: E731
+        parts.append("the script set torch flags: " + _pairs(scripts, 4, key=names, shown=shown))
     return "; ".join(parts)
+
+
+def _determinism_fix(a: Manifest, differences: list[Difference]) -> str:
+    fix = f"rerun with --deterministic {_mode(a)} and the same flags"
+    if any("the script set torch flags" in d.summary for d in differences if d.kind == "determinism"):
+        fix += ("; the script sets them itself (torch.set_float32_matmul_precision, torch.backends...): "
+                "its code or what it read decides them")  # fmt: skip
+    return fix
 
 
 def _threads(changes: list[Change], a: Manifest, b: Manifest) -> str:

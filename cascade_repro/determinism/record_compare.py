@@ -200,8 +200,13 @@ def _seed(a: Manifest, b: Manifest) -> Section:
         if both_know_script_seeds:
             out["script_seeds"] = ", ".join(script_seeds.described(determinism)) or None
         if both_have_flags:
-            for key, value in (determinism.get("flags_at_start") or {}).items():
+            start = determinism.get("flags_at_start") or {}
+            for key, value in start.items():
                 out[f"flags.{key}"] = value
+            left = m.torch.get("flags")  # as the script left them (torch.set_float32_matmul_precision)
+            for key, value in (left if isinstance(left, dict) else {}).items():
+                if value != start.get(key):
+                    out[f"script_flags.{key}"] = value
         return out
 
     section = _mapping("seed", view(a), view(b))

@@ -10,7 +10,7 @@ import pytest
 
 from cascade_repro.check import BITWISE, check_against
 from cascade_repro.determinism import catalogue, record_compare
-from cascade_repro.determinism.compare import FacetDifference, TraceComparison
+from cascade_repro.determinism.compare import FacetDifference, TraceComparison, compare_traces
 from cascade_repro.determinism.explain import likely_causes, manifest_differences
 from cascade_repro.determinism.record_compare import compare_records, same_torch_version
 from cascade_repro.diff import diff_records
@@ -94,6 +94,9 @@ CATALOGUE = [
      "seed", "script_seeds", "B", "seed"),
     (_set("determinism.flags_at_start", {"cudnn.benchmark": True}), "seed", "flags.cudnn.benchmark", "B",
      "determinism"),
+    # a flag the script set itself (torch.set_float32_matmul_precision): the flags as it left them
+    (_set("torch.flags", {"float32_matmul_precision": "medium"}), "seed",
+     "script_flags.float32_matmul_precision", "B", "determinism"),
     (_set("python.packages.numpy", {"version": "1.0"}), "packages", "numpy", "B", "packages"),
     *[(_set(f"python.packages.{name}", {"version": "99"}), "packages", name, "C", "packages")
       for name in catalogue.TOOLING_PACKAGES],
@@ -281,13 +284,13 @@ def test_where_the_weights_were_not_compared_before_the_step_no_evidence_says_th
     causes = likely_causes(as_record(a), as_record(b), bracketed,
                            manifest_differences(as_record(a), as_record(b)))  # fmt: skip
     cause = next(c for c in causes if c.summary.startswith("nondeterministic computation"))
-    assert "weights before the step are equal" not in cause.evidence
+    assert "were equal before the step" not in cause.evidence
     assert "last compared (equal) before step 2" in cause.evidence
     assert cause.summary.endswith("at step 6, or at a step from 2 on, where the weights were not compared")
     differences = manifest_differences(as_record(a), as_record(b))
     exact = likely_causes(as_record(a), as_record(b), _diverged("loss"), differences)
     assert next(c for c in exact if c.summary.startswith("nondeterministic")).evidence == (
-        "the RNG state, the batch and the weights before the step are equal"
+        "the RNG state, the batch and the weights the optimizer updates were equal before the step"
     )
 
 
@@ -309,4 +312,20 @@ def test_without_batches_fingerprinted_nondeterminism_does_not_claim_the_batch_w
                                           manifest_differences(as_record(a), as_record(b)))  # fmt: skip
                  if c.summary.startswith("nondeterministic computation"))
     assert cause.summary == "nondeterministic computation: the same weights gave a different loss at step 0"
-    assert cause.evidence == "the RNG state and the weights before the step are equal"
+    assert cause.evidence == "the RNG state and the weights the optimizer updates were equal before the step"
+    # what the trace cannot see (a tester's frozen layer written between steps, os.urandom in the data)
+    assert "os.urandom" in cause.fix and "frozen layers" in cause.fix
+
+
+def test_a_torch_flag_the_script_set_is_a_cause_saying_so() -> None:
+    """The tester's script called torch.set_float32_matmul_precision("medium") in one run (490 ulp at
+    step 0 on this CPU): the record held it (torch.flags), diff listed only the variable it read."""
+    a, b = _record("a"), _record("b")
+    a["torch"]["flags"] = {"float32_matmul_precision": "highest", "cudnn.benchmark": False}
+    b["torch"]["flags"] = {"float32_matmul_precision": "medium", "cudnn.benchmark": False}
+    (difference,) = manifest_differences(as_record(a), as_record(b))
+    assert difference.summary == "the script set torch flags: float32_matmul_precision highest → medium"
+    comparison = compare_traces([{"step": 0, "loss": {"bits": 1, "value": 1.0, "dtype": "float32"}}],
+                                [{"step": 0, "loss": {"bits": 2, "value": 1.1, "dtype": "float32"}}])
+    (cause, *_) = likely_causes(as_record(a), as_record(b), comparison, [difference])
+    assert cause.summary == difference.summary and "sets them itself" in cause.fix
