@@ -125,8 +125,10 @@ def save(log: CheckpointLog, torch: Any, obj: Any, step: int | None, metrics: Ma
         torch.save(obj, path)
     finally:
         log.inside_api.active = False
-    log.announce("saved", path, step=int(step), metrics=values, source="checkpoint",
-                 monitor=policy.monitor, mode=policy.mode)  # fmt: skip
+    from cascade_repro.child.saved_tensors import tensors_fingerprint  # (once torch is in use)
+
+    log.announce("saved", path, step=int(step), metrics=values, source="checkpoint", monitor=policy.monitor,
+                 mode=policy.mode, tensors=tensors_fingerprint(torch, obj))  # fmt: skip
     value = values.get(policy.monitor) if policy.monitor else None
     if policy.monitor and value is None and not log.warned_monitor:
         log.warned_monitor = True
@@ -172,13 +174,20 @@ def wrap_save_function(owner: Any, name: str, keyword: str, log: CheckpointLog, 
         result = original(*args, **kwargs)
         if getattr(log.inside_api, "active", False):
             return result
+        opened = path or _opened_for_writing(f)
+        if opened is None:
+            return result
+        from cascade_repro.child.saved_tensors import tensors_fingerprint  # (once torch is in use)
+
+        torch = sys.modules.get("torch")
+        obj = args[0] if args else kwargs.get("obj", kwargs.get("tensors"))
+        tensors = tensors_fingerprint(torch, obj) if torch is not None else None
         if path is not None:
-            log.announce("saved", path, step=log.current_step(), metrics={}, source=source)
-        else:  # `with open(path, "wb") as f: torch.save(model, f)` (pytorch/examples): the file it names
-            opened = _opened_for_writing(f)
-            if opened is not None:  # in place: the next open() truncates this inode, so the cache copies it
-                log.announce("saved", opened, step=log.current_step(), metrics={}, source=source,
-                             in_place=True)  # fmt: skip
+            log.announce("saved", path, step=log.current_step(), metrics={}, source=source, tensors=tensors)
+        else:  # `with open(path, "wb") as f: torch.save(model, f)` (pytorch/examples): the file it names;
+            # in place: the next open() truncates this inode, so the cache copies it
+            log.announce("saved", opened, step=log.current_step(), metrics={}, source=source, in_place=True,
+                         tensors=tensors)  # fmt: skip
         return result
 
     save_and_announce.__wrapped__ = original  # type: ignore[attr-defined]

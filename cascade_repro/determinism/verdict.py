@@ -190,6 +190,12 @@ def judge(
     compared = _compare(trace_a, trace_b, manifest_a.trace_header)
     comparison = replace(compared, notes=(*compared.notes, *notes))
     causes = tuple(likely_causes(manifest_a, manifest_b, comparison, list(differences)))
+    if comparison.step is None and comparison.same_length and (unseen := _saved_tensors_differ(
+            manifest_a, manifest_b)):  # fmt: skip
+        summary = (f"all {comparison.compared} traced steps are bitwise identical, but the tensors saved in "
+                   f"{unseen} differ: state the trace does not fingerprint differs")  # fmt: skip
+        ours = sum(1 for d in differences if d.klass == "B")  # (what the records say differs comes first)
+        return verdict(DIVERGED, summary, comparison, (*causes[:ours], _unseen_state(unseen), *causes[ours:]))
     if comparison.step is None and comparison.same_length:
         scope = (
             f"the first {comparison.compared} steps (--steps)"
@@ -259,6 +265,38 @@ def _compare(trace_a: Sequence[dict[str, Any]], trace_b: Sequence[dict[str, Any]
         return compare_traces(trace_a, trace_b)
     trace_a, trace_b, ran = on_common_steps(trace_a, trace_b)
     return compare_traces(trace_a, trace_b, ran, gaps_bracket=True)
+
+
+def _saved_tensors_differ(a: Manifest, b: Manifest) -> str | None:
+    """`PATH at step N` of the first checkpoint both runs saved (the same path, step and occurrence)
+    whose tensors' fingerprints differ (child/saved_tensors.py); None where every such pair agrees."""
+    def saved(m: Manifest) -> dict[tuple[str, Any, int], str]:
+        out: dict[tuple[str, Any, int], str] = {}
+        for entry in m.checkpoints:
+            tensors = entry.raw.get("tensors")
+            key = (entry.path, entry.step)
+            occurrence = sum(1 for k in out if k[:2] == key)
+            if isinstance(tensors, str):
+                out[(*key, occurrence)] = tensors
+        return out
+
+    in_a, in_b = saved(a), saved(b)
+    for key, tensors in in_a.items():
+        if key in in_b and in_b[key] != tensors:
+            path, step, _ = key
+            return f"{path} at step {step}" if step is not None else path
+    return None
+
+
+def _unseen_state(where: str) -> Cause:
+    return Cause(
+        f"state the trace does not fingerprint differs: the tensors saved in {where} (weights no optimizer "
+        "updates, such as an EMA copy or frozen layers, or buffers such as BatchNorm's running statistics)",
+        "every traced facet of every compared step is equal; the fingerprints of the checkpoint's tensors "
+        "differ",
+        "look for tensors written outside the optimizer and what feeds them; `cascade checkout RUN "
+        "--checkpoint PATH --to DIR` gets each run's copy to compare",
+    )
 
 
 def _thinned(comparison: TraceComparison) -> bool:

@@ -40,6 +40,7 @@ class CheckpointEntry:
     monitor: str | None = None
     mode: str | None = None
     files: int | None = None  # a directory checkpoint's number of files
+    tensors: str | None = None  # the fingerprint of the tensors saved (child/saved_tensors.py)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None or k in ("md5", "step")}
@@ -119,6 +120,7 @@ class CheckpointKeeper:
             size=event.get("size"),
             monitor=event.get("monitor"),
             mode=event.get("mode"),
+            tensors=event.get("tensors") if isinstance(event.get("tensors"), str) else None,
         )
         self.entries.append(entry)
         if os.path.isabs(rel):

@@ -292,3 +292,44 @@ def test_a_script_updating_by_hand_keeps_the_trace_interval_and_the_checkpoint_s
     a, b = runs["by-hand"], project.record("--trace-interval", "3", "hand.py", "by-hand")
     code, verdict = _verify(project, a, b)
     assert code == 0 and verdict["verdict"] == "BITWISE_IDENTICAL"
+
+
+WITH_AN_EMA = """
+import copy, os, time, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+ema = copy.deepcopy(model).requires_grad_(False)  # updated by hand: no optimizer holds it
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(32, 4), torch.randn(32, 1)
+for step in range(8):
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    with torch.no_grad():
+        for e, p in zip(ema.parameters(), model.parameters()):
+            e.mul_(0.9).add_(p, alpha=0.1)
+        if step == 4 and os.environ.get("TOUCH_THE_EMA"):
+            ema[0].weight.view(-1)[0] += 1e-3
+torch.save(ema.state_dict(), "ema.pt")
+torch.save({"model": model.state_dict(), "saved_at": time.time()}, "model.pt")  # a time beside the tensors
+"""
+
+
+def test_an_ema_the_trace_does_not_see_is_found_in_the_checkpoint_it_ends_in(project: Project) -> None:
+    """verify said "all 40 steps are bitwise identical" for two runs whose EMA weights (updated by hand,
+    in no optimizer) differed; diff showed ema.pt's md5 differing."""
+    project.write("ema.py", WITH_AN_EMA)
+    project.write(".gitignore", "mlflow.db\nmlruns/\n.cascade/\nout/\n*.pt\n")
+    project.commit("an ema")
+    a = project.record("ema.py")
+    b = project.record("ema.py")
+    touched = project.record("ema.py", env={"TOUCH_THE_EMA": "1"})
+    code, verdict = _verify(project, a, b)  # the time saved in model.pt is no difference
+    assert (code, verdict["verdict"]) == (0, "BITWISE_IDENTICAL"), verdict["summary"]
+    saved = {c["path"]: c["tensors"] for c in project.manifest(a)["checkpoints"]}
+    assert set(saved) == {"ema.pt", "model.pt"} and all(len(t) == 16 for t in saved.values())
+    code, verdict = _verify(project, a, touched)
+    assert (code, verdict["verdict"]) == (3, "DIVERGED"), verdict["summary"]
+    assert "the tensors saved in ema.pt at step 7 differ" in verdict["summary"]
+    assert verdict["likely_causes"][0]["summary"].startswith("the script read environment variables")
+    assert any("EMA" in c["summary"] for c in verdict["likely_causes"])

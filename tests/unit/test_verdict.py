@@ -352,3 +352,37 @@ def test_two_traces_of_one_format_compare_their_whole_accumulation_steps() -> No
     manifest = _formats()[1]
     verdict = judge(manifest, as_record({**_manifest("b1"), "trace": dict(manifest.trace_header)}), a, b)
     assert verdict.verdict == "DIVERGED" and verdict.comparison.step == 1
+
+
+# -- what the trace does not see: the tensors a checkpoint holds -----------------------------------------
+# A tester's GAN kept an EMA copy updated by hand (no optimizer): a one-off write to it gave "all 40
+# steps are bitwise identical" while `diff` showed ema.pt's md5 differing.
+def _saved(path: str, step: int, tensors: str | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"path": path, "step": step, "status": "kept", "md5": "0" * 32}
+    if tensors is not None:
+        entry["tensors"] = tensors
+    return entry
+
+
+def test_identical_traces_with_checkpoints_holding_other_tensors_are_not_bitwise_identical() -> None:
+    trace = [_record(i) for i in range(4)]
+    a, b = _manifest("a" * 32), _manifest("b" * 32)
+    a["checkpoints"] = [_saved("ckpt/model.pt", 1, "1" * 16), _saved("ema.pt", 3, "2" * 16)]
+    b["checkpoints"] = [_saved("ckpt/model.pt", 1, "1" * 16), _saved("ema.pt", 3, "3" * 16)]
+    verdict = judge(as_record(a), as_record(b), trace, copy.deepcopy(trace))
+    assert verdict.verdict == "DIVERGED" and verdict.exit_status == 3
+    assert verdict.summary.startswith("all 4 traced steps are bitwise identical, but the tensors saved in "
+                                      "ema.pt at step 3 differ")  # fmt: skip
+    assert "the tensors saved in ema.pt at step 3" in verdict.causes[0].summary
+    assert "EMA" in verdict.causes[0].summary and "frozen" in verdict.causes[0].summary
+    assert verdict.to_dict()["first_divergence"] is None
+
+
+def test_checkpoints_are_compared_only_where_both_runs_saved_them_with_tensors() -> None:
+    """Another path, a step one run never reached (restore --steps), a record from before the field:
+    nothing to compare; a timestamp saved beside the tensors never reaches the fingerprint."""
+    trace = [_record(i) for i in range(4)]
+    a, b = _manifest("a" * 32), _manifest("b" * 32)
+    a["checkpoints"] = [_saved("a.pt", 1, "1" * 16), _saved("last.pt", 9, "2" * 16), _saved("old.pt", 2, None)]
+    b["checkpoints"] = [_saved("b.pt", 1, "5" * 16), _saved("old.pt", 2, "6" * 16)]
+    assert judge(as_record(a), as_record(b), trace, copy.deepcopy(trace)).verdict == "BITWISE_IDENTICAL"
