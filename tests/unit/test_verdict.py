@@ -383,6 +383,7 @@ def test_checkpoints_are_compared_only_where_both_runs_saved_them_with_tensors()
     nothing to compare; a timestamp saved beside the tensors never reaches the fingerprint."""
     trace = [_record(i) for i in range(4)]
     a, b = _manifest("a" * 32), _manifest("b" * 32)
-    a["checkpoints"] = [_saved("a.pt", 1, "1" * 16), _saved("last.pt", 9, "2" * 16), _saved("old.pt", 2, None)]
+    a["checkpoints"] = [_saved("a.pt", 1, "1" * 16), _saved("last.pt", 9, "2" * 16),
+                        _saved("old.pt", 2, None)]  # fmt: skip
     b["checkpoints"] = [_saved("b.pt", 1, "5" * 16), _saved("old.pt", 2, "6" * 16)]
     assert judge(as_record(a), as_record(b), trace, copy.deepcopy(trace)).verdict == "BITWISE_IDENTICAL"
