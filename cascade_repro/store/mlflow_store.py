@@ -67,6 +67,27 @@ def probe_store(uri: str, timeout_s: float = 3.0) -> None:
         directory = path.parent
         if not directory.is_dir():
             raise StoreError(f"the directory of the MLflow store {path} does not exist", hint=fix)
+    elif not _known_scheme(parts.scheme):
+        raise StoreError(
+            f"the store address {uri} is not a kind of store MLflow can use (sqlite:///, file:, "
+            "http(s)://, postgresql://, mysql://, mssql://, databricks)",
+            hint="fix tracking_uri in cascade.yaml or MLFLOW_TRACKING_URI, or unset it for the project's "
+            "own sqlite store",
+        )
+
+
+KNOWN_SCHEMES = ("", "file", "sqlite", "http", "https", "uc")
+KNOWN_SCHEME_FAMILIES = ("postgresql", "mysql", "mssql", "databricks")
+
+
+def _known_scheme(scheme: str) -> bool:
+    """A tracking store MLflow has, or one a plugin registers (its `mlflow.tracking_store` entry
+    points, read only for a scheme MLflow itself lacks)."""
+    if scheme in KNOWN_SCHEMES or scheme.startswith(KNOWN_SCHEME_FAMILIES):
+        return True
+    from importlib.metadata import entry_points
+
+    return any(point.name == scheme for point in entry_points(group="mlflow.tracking_store"))
 
 
 # SQLAlchemy's dialect[+driver] → the module it imports and how to install it. Without it MLflow
