@@ -312,12 +312,22 @@ def init_repository(root: Path, remote_dir: Path) -> tuple[bool, str | None]:
             return initialized, repo.config["core"].get("remote") or next(iter(remotes))
         remote_dir.mkdir(parents=True, exist_ok=True)
         # config.local: a machine-specific path must not end up in the committed .dvc/config.
-        with repo.config.edit("local") as conf:
-            conf["remote"]["cascade-local"] = {"url": str(remote_dir)}
-            conf["core"]["remote"] = "cascade-local"
+        _set_local_remote(root / ".dvc" / "config.local", "cascade-local", remote_dir)
         return initialized, "cascade-local"
     finally:
         repo.close()
+
+
+def _set_local_remote(path: Path, name: str, url: Path) -> None:
+    """The remote `name` at `url`, the default, in DVC's config file `path` (its other settings kept):
+    written as UTF-8, as DVC reads it (DVC's own writer encodes ASCII: a path such as `prøject`
+    failed there, the project half set up)."""
+    from configobj import ConfigObj  # DVC's own config format
+
+    config = ConfigObj(str(path), encoding="utf-8", write_empty_values=True)
+    config[f'remote "{name}"'] = {"url": str(url)}
+    config.setdefault("core", {})["remote"] = name
+    config.write()
 
 
 def _place(source: Path, target: Path, hardlink: bool) -> str:
