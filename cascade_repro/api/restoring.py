@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from cascade_repro.api.compare import machine_record
+from cascade_repro.api.data import fetch_files, not_restorable
 from cascade_repro.api.judging import judge_runs, record_verdict
 from cascade_repro.api.loading import dvc_cache, load_project
 from cascade_repro.api.runs import RunRequest, run
@@ -43,6 +44,28 @@ class RestoreResult:
     verdict: Verdict | None
     image: PreparedImage | None = None  # --docker: the recorded image, or the one rebuilt
     drift: tuple[PackageChange, ...] = ()  # --docker, rebuilt: packages that differ from the record
+    store: tuple[str, str] | None = None  # (tracking URI, experiment) the restore read the run from
+
+    @property
+    def rerun_command(self) -> str:
+        """--no-run: the shell command that re-runs it by hand, recording into the store and experiment
+        the run came from (from the worktree, cascade.yaml's would be a store of the worktree's own)."""
+        import shlex
+
+        plan = self.plan
+        shell = {slot.variable: f"${{{slot.variable}}}" for slot in plan.secret_args}
+        argv, _ = fill_argv(plan.argv, shell)  # redacted values from the variables the plan named
+
+        def quoted(word: str) -> str:  # (a secret's ${VARIABLE} expands: double quotes)
+            escaped = word.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
+            return f'"{escaped}"' if "${CASCADE_SECRET_" in word else shlex.quote(word)
+
+        words = ["cascade", "run", "--seed", str(plan.seed), "--deterministic", plan.determinism, plan.script,
+                 *argv]  # fmt: skip
+        where = [f"MLFLOW_TRACKING_URI={shlex.quote(self.store[0])}",
+                 f"CASCADE_EXPERIMENT={shlex.quote(self.store[1])}"] if self.store else []  # fmt: skip
+        return f"cd {shlex.quote(str(self.worktree.path / plan.cwd))} && " + " ".join(
+            [*where, *map(quoted, words)])
 
     @property
     def reproduced(self) -> bool:
@@ -105,7 +128,7 @@ def restore(
     _refuse_what_cannot_run(plan, execute)  # before anything is written
     tree = _materialize(plan, manifest, settings, store, execute, notify)
     if not execute:
-        return RestoreResult(plan, tree, None, None)
+        return RestoreResult(plan, tree, None, None, store=(settings.tracking_uri, plan.experiment))
     image, drift = (
         (None, []) if not docker else _restore_image(store, manifest, plan, tree.path, settings, notify)
     )
@@ -168,16 +191,18 @@ def _materialize(plan: RestorePlan, manifest: Manifest, settings: Settings, stor
                  execute: bool, notify: Notify) -> Worktree:  # fmt: skip
     """The worktree with the recorded data, checkpoints and inputs in it: every DVC object fetched and
     verified before the worktree is made; a worktree made here is removed again if that fails."""
-    from cascade_repro import checkout as checking
     from cascade_repro import restore as restoring
 
     root = settings.root
     wanted = _restore_objects(plan, manifest, execute)
+    for path in not_restorable(manifest):  # (a re-run reads what the worktree has there, if anything)
+        notify(f"not restored: {path}: the record has no copy of the bytes the run read")
     cache = dvc_cache(root) if wanted or Cache.exists_for(root) else None
     try:
-        fetched = (
-            [checking.fetch(cache, path, md5, settings.dvc_remote) for path, md5 in wanted] if cache else []
-        )
+        fetched = []  # a directory's files each, its listing's paths checked (untrusted: a shared remote)
+        for path, md5 in wanted:
+            assert cache is not None  # (opened whenever something is wanted)
+            fetched += [item for _, item in fetch_files(cache, path, md5, settings.dvc_remote)]
         tree = restoring.materialize(plan, root, store, notify)
         try:
             if cache is not None and Cache.exists_for(tree.path) and not tree.reused:
@@ -193,7 +218,9 @@ def _materialize(plan: RestorePlan, manifest: Manifest, settings: Settings, stor
         if cache is not None:
             cache.close()
     if fetched:
-        notify(f"restored {len(fetched)} DVC object(s) into the worktree, md5-verified")
+        notify(
+            f"restored {len(fetched)} file(s) of {len(wanted)} DVC object(s) into the worktree, md5-verified"
+        )
     if copied:
         notify(f"copied {len(copied)} input file(s) from your checkout into the worktree, sha256-verified")
     return tree

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-from cascade_repro.redaction import fill_argv
 from cascade_repro.render.console import notice
 from cascade_repro.render.runs import run_result
 from cascade_repro.render.verdicts import verdict
@@ -72,11 +71,7 @@ def restore_result(result: RestoreResult) -> None:
     tree = result.worktree
     if result.run is None:
         notice(f"restored into {tree.path}" + (" (reused)" if tree.reused else ""))
-        shell = {slot.variable: f"${{{slot.variable}}}" for slot in result.plan.secret_args}
-        argv, _ = fill_argv(result.plan.argv, shell)  # redacted values from the variables the plan named
-        command = " ".join(("cascade", "run", "--seed", str(result.plan.seed), "--deterministic",
-                            result.plan.determinism, result.plan.script, *argv))  # fmt: skip
-        notice(f"run it: cd {tree.path / result.plan.cwd} && {command}")
+        notice(f"run it: {result.rerun_command}")
         return
     run_result(result.run)
     if result.verdict is not None:
@@ -96,6 +91,7 @@ def restore_dict(result: RestoreResult) -> dict[str, Any]:
         "run": None
         if run is None
         else {"run_id": run.run_id, "status": run.status, "exit_code": run.exit_code},
+        "rerun_command": result.rerun_command if run is None else None,
         "verdict": None if result.verdict is None else result.verdict.to_dict(),
         "image": None
         if result.image is None
@@ -115,3 +111,5 @@ def checkout_result(result: CheckoutResult) -> None:
         notice(f"took {entry.path} ({step}{result.chosen.why})")
     for item in result.items:
         notice(f"{item.path} → {item.written_to} (md5 {item.md5[:12]} verified, from the {item.source})")
+    for path in result.not_kept:
+        notice(f"not checked out: {path}: the record has no copy of the bytes the run read")

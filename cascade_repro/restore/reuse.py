@@ -54,7 +54,8 @@ def check_reusable(root: Path, workdir: Path, plan: RestorePlan) -> Mapping[str,
     refuse_hint = f"remove it (`git worktree remove --force {workdir}`) or pass --workdir elsewhere"
     marker = git_repo.git_dir(workdir) / MARKER if (workdir / ".git").is_file() else None
     if marker is None or not marker.is_file():
-        raise RestoreRefused(f"{workdir} exists and is not a cascade restore worktree", hint=refuse_hint)
+        raise RestoreRefused(f"{workdir} exists and is not a cascade restore worktree",
+                             hint="restore into a new directory: --workdir NEW_DIR")  # fmt: skip
     recorded = json.loads(marker.read_text(encoding="utf-8"))
     if recorded.get("run_id") != plan.run_id:
         raise RestoreRefused(

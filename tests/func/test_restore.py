@@ -113,6 +113,34 @@ def test_restore_reuses_an_unchanged_worktree_and_refuses_a_modified_one(
     assert git(worktree, "rev-parse", "HEAD").strip() == commit
 
 
+def test_the_command_restore_no_run_prints_records_into_the_project_s_store(
+    tagged: tuple[Project, str, str], tmp_path: Path,
+) -> None:
+    """`run it: cd WORKTREE && cascade run ...` recorded into a new mlflow.db in the worktree, invisible
+    to the project's `cascade ls` and `verify v1 RUN`; a directory that is not a restore worktree was
+    refused with a hint (`git worktree remove`) that fails there."""
+    import os
+    import subprocess
+    import sys
+
+    project, _, _ = tagged
+    plain = tmp_path / "my files"
+    plain.mkdir()
+    (plain / "mine.txt").write_text("keep")
+    code, _, stderr = _restore(project, "v1", "--no-run", "--workdir", str(plain))
+    assert code == 1 and "is not a cascade restore worktree" in stderr
+    assert "git worktree remove" not in stderr and "--workdir" in stderr
+    result = project.cascade("restore", "v1", "--no-run")
+    assert result.returncode == 0, result.stderr
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("cascade: run it: ")]
+    runs_before = {r.info.run_id for r in project.runs()}
+    on_path = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # (cascade)
+    subprocess.run(["bash", "-c", line.removeprefix("cascade: run it: ")], check=True, capture_output=True,
+                   timeout=300, env=on_path)  # fmt: skip
+    (new,) = {r.info.run_id for r in project.runs()} - runs_before
+    assert project.cascade("verify", "v1", new).returncode == 0
+
+
 def test_restore_steps_reruns_and_verifies_a_prefix(tagged: tuple[Project, str, str]) -> None:
     project, _, _ = tagged
     code, data, stderr = _restore(project, "v1", "--steps", "5")
