@@ -11,8 +11,9 @@ from cascade_repro.api.judging import judge_runs, record_verdict, trace_records
 from cascade_repro.api.loading import load_project
 from cascade_repro.child.trace_budget import parse_budget, parse_cost, parse_schedule
 from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
+from cascade_repro.errors import CascadeError
 from cascade_repro.manifest import Manifest
-from cascade_repro.store.run_store import RunStore
+from cascade_repro.store.run_store import RunStore, StoredRun
 
 if TYPE_CHECKING:
     from cascade_repro.determinism.verdict import Verdict
@@ -103,6 +104,26 @@ def _budget(value: Any) -> float | None:
     return 0.0 if value is None else parse_budget(value)
 
 
+def _refuse_running(run: StoredRun) -> None:
+    """A run in progress has stored no trace yet (it is stored when the run ends): nothing to judge."""
+    if run.status != "RUNNING":
+        return
+    import time
+
+    from cascade_repro.api.browsing import STALE_AFTER_S
+
+    beat = run.heartbeat_s
+    if beat is not None and time.time() - beat > STALE_AFTER_S:
+        since = time.strftime("%Y-%m-%d %H:%M", time.localtime(beat))
+        raise CascadeError(f"run {run.run_id[:12]} is still RUNNING in the store, but its cascade process "
+                           f"has not been heard from since {since}",
+                           hint="on the machine that ran it, `cascade sync` finishes it")  # fmt: skip
+    at = time.strftime("%H:%M:%S", time.localtime(run.start_ms / 1000)) if run.start_ms else None
+    started = f", started {at}" if at else ""
+    raise CascadeError(f"run {run.run_id[:12]} is still RUNNING{started}: its trace is stored when it ends",
+                       hint="verify it once it has ended (`cascade ls --running` lists runs in progress)")
+
+
 def verify(
     ref_a: str,
     ref_b: str,
@@ -122,6 +143,8 @@ def verify(
     settings = load_project(cwd)
     store = RunStore.open(settings, fast_reads=True)
     runs = [store.resolve(ref) for ref in (ref_a, ref_b)]
+    for run in runs:
+        _refuse_running(run)
     earlier, later = sorted(runs, key=lambda r: r.start_ms or 0)
     manifests = [store.record(r.run_id) for r in runs]
     verdict = judge_runs(store, manifests[0], manifests[1], rtol, atol)

@@ -86,3 +86,41 @@ def _heartbeat(project: Project, run_id: str, wait_s: float) -> float | None:
             return float(value)
         time.sleep(0.1)
     return None
+
+
+SLOW = """
+import pathlib, time, torch
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    opt.zero_grad(); model(torch.randn(4, 2)).sum().backward(); opt.step()
+pathlib.Path("started").write_text("1")
+deadline = time.time() + 120
+while not pathlib.Path("stop").exists() and time.time() < deadline:
+    time.sleep(0.1)
+"""
+
+
+def test_verify_of_a_run_still_running_says_so(project: Project) -> None:
+    """It said INCOMPARABLE, "run ... has no step trace (recorded with --trace-interval 0)", exit 3: the
+    trace of a run in progress is stored when it ends."""
+    import subprocess
+
+    from tests.plugin import CASCADE, wait_for_file
+
+    project.write("slow.py", SLOW)
+    project.write(".gitignore", "mlflow.db\nmlruns/\n.cascade/\nout/\nstarted\nstop\n")
+    project.commit("a slow script")
+    done = project.record("train.py")
+    running = subprocess.Popen([*CASCADE, "run", "slow.py"], cwd=project.root, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_for_file(project.root / "started", running)
+        (other,) = {r.info.run_id for r in project.runs()} - {done}
+        result = project.invoke("verify", done, other)
+        assert result.returncode == 1, result.stderr
+        assert f"run {other[:12]} is still RUNNING" in result.stderr
+        assert "--trace-interval" not in result.stderr
+    finally:
+        (project.root / "stop").write_text("1")
+        running.wait(timeout=120)
