@@ -154,8 +154,9 @@ def main(argv: list[str]) -> None:
 
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    interrupted = [False]  # a Ctrl-C reached the script (its handler raised KeyboardInterrupt)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _interrupt_once_per_second())
+        signal.signal(signal.SIGINT, _interrupt_once_per_second(interrupted))
     _record_uncaught_exceptions(facts, determinism)
     _record_nondeterministic_ops(facts, determinism)
     reads = env_reads.record_reads()
@@ -164,9 +165,19 @@ def main(argv: list[str]) -> None:
 
     sys.argv = [script, *args]
     sys.path[0] = str(Path(script).resolve().parent)
+    _run_script(script, interrupted)
+
+
+def _run_script(script: str, interrupted: list[bool]) -> None:
+    """The script as `__main__`; a Ctrl-C ends it as Ctrl-C (130), also where the script turned it
+    into another error (an import it cut half-way fails the next time it runs)."""
     try:
         runpy.run_path(script, run_name="__main__")
     except KeyboardInterrupt:
+        _die_of_sigint()
+    except Exception:
+        if not interrupted[0]:
+            raise
         _die_of_sigint()
 
 
@@ -269,7 +280,7 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
-def _interrupt_once_per_second() -> Callable[[int, FrameType | None], None]:
+def _interrupt_once_per_second(interrupted: list[bool]) -> Callable[[int, FrameType | None], None]:
     # A terminal's Ctrl-C reaches the child twice (directly and forwarded by the parent); the
     # repeat must not interrupt the clean-up that the first one started.
     last = [-10.0]
@@ -279,6 +290,7 @@ def _interrupt_once_per_second() -> Callable[[int, FrameType | None], None]:
         if now - last[0] < 1.0:
             return
         last[0] = now
+        interrupted[0] = True
         raise KeyboardInterrupt
 
     return handler

@@ -126,3 +126,23 @@ def test_a_script_that_ignores_ctrl_c_and_finishes_is_finished_not_killed(projec
     manifest = project.manifest(run.info.run_id)
     assert run.info.status == "FINISHED" and manifest["outcome"]["status"] == "FINISHED"
     assert manifest["outcome"]["signal"] == signal.SIGINT and run.data.metrics["done"] == 1.0
+
+
+def test_a_ctrl_c_that_the_script_turns_into_another_error_still_ends_it_as_interrupted(
+    project: Project,
+) -> None:
+    """A tester's Ctrl-C landed while numpy was importing: the import failed half-way, the next import
+    raised `ImportError: cannot load module more than once per process`, and `cascade run` exited 1
+    (KILLED, exit 1) where every other Ctrl-C exits 130."""
+    project.write(
+        "interrupted.py",
+        "import os, signal, time\ntry:\n    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, mid-import\n"
+        "    time.sleep(5)\nexcept KeyboardInterrupt:\n    pass\n"
+        "raise ImportError('cannot load module more than once per process')\n",
+    )
+    project.commit("interrupted")
+    result = project.cascade("run", "interrupted.py")
+    assert result.returncode == 130, result.stderr
+    assert "ImportError: cannot load module more than once per process" in result.stderr  # its traceback
+    manifest = project.manifest(project.only_run().info.run_id)
+    assert manifest["outcome"]["status"] == "KILLED" and manifest["outcome"]["exit_code"] == 130
