@@ -41,6 +41,9 @@ NOT_CAPTURED = "not captured: the cascade process ended before capture finished"
 UNTRACKED_DIR = "untracked"  # in the run directory: the untracked files as capture read and hashed them
 
 
+_CLOCK_SLACK_MS = 20  # file times come from the kernel's coarse clock, a tick behind time.time()
+
+
 class Worker(threading.Thread):
     """A thread that keeps its result or exception for the joiner."""
 
@@ -219,6 +222,8 @@ class Recording:
             self.warnings.append(f"capture failed: {exc}")
             captured = empty_snapshot()
         files = self._run_files(captured)
+        if files.left_out:  # named by show, diff and restore: the record does not hold every input
+            outcome["inputs_not_recorded"] = files.left_out
         checkpoints = self._checkpoints(captured, files)
         self._remember_outputs(files, checkpoints)
         for name in (protocol.OUTPUT_LOG, protocol.TRACE_FILE):  # before the record, which says if stored
@@ -340,7 +345,8 @@ class Recording:
             opened = read_opened(self.run_dir / protocol.FILES_FILE, settings.root)
             files = sort_files(settings.root, opened, redirected_outputs(settings.root),
                                self.plan.exclude, [u.path for u in git.untracked],
-                               [str(d.get("path")) for d in captured.get("data") or []])  # fmt: skip
+                               [str(d.get("path")) for d in captured.get("data") or []], self.run_dir,
+                               (self.start_ms - _CLOCK_SLACK_MS) * 1_000_000)  # fmt: skip
         except Exception as exc:  # the run is still recorded, without them
             self.warnings.append(f"inputs and outputs not recorded: {type(exc).__name__}: {exc}")
             return RunFiles()
@@ -349,9 +355,14 @@ class Recording:
             kept = tuple(u for u in git.untracked if u.path not in written)
             captured["git"] = replace(git, untracked=kept, dirty=bool(git.patch) or bool(kept))
         if files.left_out:
-            self.warnings.append(f"{files.left_out} more input file(s) were read than the record holds")
+            self.warnings.append(
+                f"{files.left_out} more input file(s) were read than the record holds ({len(files.inputs)}): "
+                "a restore cannot provide them; track their directory with `dvc add DIR`"
+            )
         if self.plan.track_inputs and files.inputs:
-            self._track_inputs(files.inputs)
+            self._track_inputs(files.inputs, files.kept)
+        elif files.kept:  # read, then rewritten: these bytes exist nowhere else
+            self._track_inputs([i for i in files.inputs if i["path"] in files.kept], files.kept, quiet=True)
         warning = inputs_warning(files.inputs)
         if warning:
             self.warnings.append(warning)
@@ -371,16 +382,22 @@ class Recording:
         except Exception as exc:  # the next run then records them as untracked files, as it would have
             self.warnings.append(f"this run's outputs are not noted for the next run's capture: {exc}")
 
-    def _track_inputs(self, inputs: list[dict[str, Any]]) -> None:
-        """`--track-inputs`: each input into the DVC cache (reflinked where it can be, else copied)."""
+    def _track_inputs(self, inputs: list[dict[str, Any]], kept: Mapping[str, Path],
+                      quiet: bool = False) -> None:  # fmt: skip
+        """`--track-inputs`: each input into the DVC cache (reflinked where it can be, else copied); an
+        input the run rewrote from the copy the child kept of it as read (`kept`), never the file now.
+        `quiet`: only those rewritten ones, without --track-inputs, and only where DVC is."""
         cache = self.keeper.cache
         if cache is None:
-            self.warnings.append("--track-inputs: this project has no DVC repository; `cascade init` "
-                                 "(it runs `dvc init`), then run again")  # fmt: skip
+            if not quiet:
+                self.warnings.append("--track-inputs: this project has no DVC repository; `cascade init` "
+                                     "(it runs `dvc init`), then run again")  # fmt: skip
             return
         for item in inputs:
+            if item.get("rewritten") and item["path"] not in kept:
+                continue  # its bytes as read were not kept (larger than the child copies)
             try:
-                stored = cache.add(self.plan.settings.root / item["path"])
+                stored = cache.add(kept.get(item["path"]) or self.plan.settings.root / item["path"])
             except Exception as exc:  # DataError, OSError: the input stays recorded by its hash
                 self.warnings.append(f"--track-inputs: {item['path']} not cached: {exc}")
                 continue
@@ -390,7 +407,8 @@ class Recording:
             item["md5"] = stored.md5
         cached = [i for i in inputs if i.get("md5")]
         if cached:
-            self.notify(f"kept {len(cached)} input file(s) in the DVC cache (--track-inputs)")
+            how = "as the run read them, before it rewrote them" if quiet else "(--track-inputs)"
+            self.notify(f"kept {len(cached)} input file(s) in the DVC cache {how}")
 
     def _manifest(self, captured: dict[str, Any], facts: dict[str, Any]) -> Manifest:
         return build_manifest(self.plan, self.opened, self.start_ms, self.run_dir, captured, facts)

@@ -6,6 +6,16 @@ run` was redirected to): it is never snapshotted as an untracked input. An input
 script read that git does not track (ignored, like nanoGPT's `*.bin`), that is not untracked (the
 dirty state keeps those) and that no DVC output covers: it is hashed once here, and with
 `--track-inputs` put into the DVC cache.
+
+A file the script read and then rewrote (a counter, a state file) is both: an output, and an input
+whose bytes as read the child hashed just before its first write and kept a copy of in the run
+directory (`read_before_write/`, up to 64 MiB; child/file_access.py). The entry says `rewritten`;
+the parent puts that copy into the DVC cache when the project has one, so restore takes it from
+there, and otherwise restore refuses, naming the file (the checkout holds what the run wrote).
+
+Files written other than through Python's `open` (sqlite, a subprocess, a C library) are outputs
+too when they are untracked and their mtime or ctime is not older than the run's start: one
+`git ls-files --others` and one `lstat` each at the end.
 """
 
 from __future__ import annotations
@@ -20,11 +30,12 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from cascade_repro.capture.git import excluded
+from cascade_repro.child.file_access import KEPT_DIR
 from cascade_repro.child.protocol import CHECKPOINTS_FILE
 from cascade_repro.store import git_repo
 
-MAX_INPUTS = 1000  # the record stays bounded; the rest are named as left out
-MAX_OUTPUTS = 1000
+MAX_INPUTS = 10_000  # record_shape.MAX_FILE_ENTRIES: the rest are counted, and the record says how many
+MAX_OUTPUTS = 10_000
 _BATCH = 200  # paths per `git ls-files` call
 MAX_OPENED_LINES = 100_000  # of the child's files.jsonl (each process notes a path once)
 
@@ -34,6 +45,7 @@ class RunFiles:
     inputs: list[dict[str, Any]] = field(default_factory=list)  # path, size, sha256 (md5 once cached)
     outputs: list[dict[str, Any]] = field(default_factory=list)  # path, size
     left_out: int = 0  # inputs beyond MAX_INPUTS, not recorded
+    kept: dict[str, Path] = field(default_factory=dict)  # a rewritten input → its bytes as read (a copy)
 
 
 def redirected_outputs(root: Path) -> tuple[str, ...]:
@@ -53,14 +65,22 @@ def redirected_outputs(root: Path) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
-def read_opened(path: Path, root: Path | None = None) -> dict[str, list[str]]:
-    """The child's `files.jsonl` as {"read": [...], "written": [...]} (first seen first, no repeats);
-    a line cut short by a killed process is skipped. Given the `root`, the checkpoints the child
-    announced beside it (`checkpoints.jsonl`) are written too: torch.save by path writes through
-    torch's own file writer, which the open() hook never sees, so a checkpoint read back later (the
-    best model, loaded for the test set) was taken for an input."""
+def read_opened(path: Path, root: Path | None = None) -> dict[str, Any]:
+    """The child's `files.jsonl` as {"read": [...], "written": [...], "as_read": {path: {"sha256",
+    "size", "kept"}}} (first seen first, no repeats); a line cut short by a killed process is
+    skipped. Given the `root`, the checkpoints the child announced beside it (`checkpoints.jsonl`)
+    are written too: torch.save by path writes through torch's own file writer, which the open()
+    hook never sees, so a checkpoint read back later (the best model, loaded for the test set) was
+    taken for an input."""
     opened: dict[str, dict[str, None]] = {"read": {}, "written": {}}
+    as_read: dict[str, dict[str, Any]] = {}
     for entry in _json_lines(path):
+        rewritten = entry.get("as_read")
+        if isinstance(rewritten, str):
+            if rewritten not in as_read and _hex64(entry.get("sha256")) and _size(entry.get("size")):
+                as_read[rewritten] = {"sha256": entry["sha256"], "size": entry["size"],
+                                      "kept": entry.get("kept") is True}  # fmt: skip
+            continue
         for kind, rel in entry.items():
             if kind in opened and isinstance(rel, str):
                 opened[kind][rel] = None
@@ -71,7 +91,15 @@ def read_opened(path: Path, root: Path | None = None) -> dict[str, list[str]]:
             if isinstance(saved, str):
                 with contextlib.suppress(ValueError, OSError):  # outside the repository: not its file
                     opened["written"][Path(saved).resolve().relative_to(real_root).as_posix()] = None
-    return {kind: list(paths) for kind, paths in opened.items()}
+    return {**{kind: list(paths) for kind, paths in opened.items()}, "as_read": as_read}
+
+
+def _hex64(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def _size(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _json_lines(path: Path) -> Iterator[dict[str, Any]]:
@@ -92,26 +120,34 @@ def _json_lines(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def sort_files(root: Path, opened: Mapping[str, Any], redirected: Sequence[str], exclude: tuple[str, ...],
-               untracked: Iterable[str], dvc_outs: Iterable[str]) -> RunFiles:  # fmt: skip
-    """`opened`: the child's {"read": [...], "written": [...]} (root-relative); `exclude`: cascade's
-    own paths and the checkpoints directory; `untracked`: paths the dirty state already holds;
-    `dvc_outs`: paths DVC tracks (a file, or a directory covering what is under it)."""
+               untracked: Iterable[str], dvc_outs: Iterable[str], run_dir: Path | None = None,
+               changed_since_ns: int | None = None) -> RunFiles:  # fmt: skip
+    """`opened`: the child's {"read": [...], "written": [...], "as_read": {...}} (root-relative);
+    `exclude`: cascade's own paths and the checkpoints directory; `untracked`: paths the dirty state
+    already holds; `dvc_outs`: paths DVC tracks (a file, or a directory covering what is under it);
+    `run_dir`: where the child kept the bytes of files it read and then rewrote; `changed_since_ns`:
+    the run's start, when untracked files changed since then (by any process) are outputs too."""
     read = [p for p in _paths(opened.get("read")) if not excluded(p, exclude)]
     written = [p for p in (*redirected, *_paths(opened.get("written"))) if not excluded(p, exclude)]
+    if changed_since_ns is not None:
+        written += [p for p in changed_untracked(root, changed_since_ns) if not excluded(p, exclude)]
     outputs: list[dict[str, Any]] = []
     for rel in dict.fromkeys(written):
         path = root / rel
         if path.is_file() and len(outputs) < MAX_OUTPUTS:  # a temporary file already gone is no output
             outputs.append({"path": rel, "size": path.stat().st_size})
-    out_paths = set(written)
-    known = set(untracked)
+    as_read = _as_read(opened.get("as_read"), exclude)
+    out_paths = set(written) - set(as_read)  # read, then rewritten: its bytes as read are an input
+    known = set(untracked) - set(as_read)  # (the dirty state drops a file the run wrote)
     outs = tuple(dvc_outs)
     candidates = [
         p for p in dict.fromkeys(read)
-        if p not in out_paths and p not in known and not excluded(p, outs) and regular_inside(root, p)
+        if p not in out_paths and p not in known and not excluded(p, outs)
+        and (p in as_read or regular_inside(root, p))
     ]  # fmt: skip
     tracked = _git_tracked(root, candidates)
     inputs: list[dict[str, Any]] = []
+    kept: dict[str, Path] = {}
     left_out = 0
     for rel in candidates:
         if rel in tracked:
@@ -119,9 +155,47 @@ def sort_files(root: Path, opened: Mapping[str, Any], redirected: Sequence[str],
         if len(inputs) >= MAX_INPUTS:
             left_out += 1
             continue
-        digest, size = sha256_and_size(root / rel)
-        inputs.append({"path": rel, "size": size, "sha256": digest})
-    return RunFiles(sorted(inputs, key=lambda i: i["path"]), outputs, left_out)
+        before = as_read.get(rel)
+        if before is None:
+            digest, size = sha256_and_size(root / rel)
+            inputs.append({"path": rel, "size": size, "sha256": digest})
+            continue
+        inputs.append({"path": rel, "size": before["size"], "sha256": before["sha256"], "rewritten": True})
+        copy = _kept_copy(run_dir, rel, before) if before["kept"] else None
+        if copy is not None:
+            kept[rel] = copy
+    return RunFiles(sorted(inputs, key=lambda i: i["path"]), outputs, left_out, kept)
+
+
+def _as_read(value: Any, exclude: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {p: value[p] for p in _paths(list(value)) if not excluded(p, exclude)}
+
+
+def _kept_copy(run_dir: Path | None, rel: str, before: Mapping[str, Any]) -> Path | None:
+    """The child's copy of `rel` as the run read it, when it is still exactly those bytes."""
+    if run_dir is None:
+        return None
+    copy = run_dir / KEPT_DIR / rel
+    if not regular_inside(run_dir / KEPT_DIR, rel):
+        return None
+    return copy if sha256_and_size(copy) == (before["sha256"], before["size"]) else None
+
+
+def changed_untracked(root: Path, since_ns: int) -> list[str]:
+    """Untracked (not ignored) files whose mtime or ctime is not older than `since_ns`: written
+    during the run by any process (sqlite, a subprocess), not only through the hooked `open`."""
+    listing = git_repo.output(root, "ls-files", "-z", "--others", "--exclude-standard")
+    changed = []
+    for rel in git_repo.names(listing):
+        try:
+            now = os.lstat(root / rel)
+        except OSError:
+            continue
+        if stat.S_ISREG(now.st_mode) and max(now.st_mtime_ns, now.st_ctime_ns) >= since_ns:
+            changed.append(rel)
+    return changed
 
 
 def sha256_and_size(path: Path) -> tuple[str, int]:
@@ -135,15 +209,24 @@ def sha256_and_size(path: Path) -> tuple[str, int]:
 
 def inputs_warning(inputs: Sequence[Mapping[str, Any]]) -> str | None:
     """What to do about inputs only this checkout has (None when every one is in the DVC cache)."""
-    loose = [str(i["path"]) for i in inputs if not i.get("md5")]
-    if not loose:
-        return None
-    shown = " ".join(loose[:8]) + (" ..." if len(loose) > 8 else "")
-    return (
-        f"the script read {len(loose)} file(s) that neither git nor DVC tracks ({shown}): a restore takes "
-        f"them from your checkout only while they stay as they are. Track them: `dvc add {shown}` (then "
-        "commit the .dvc files), or `cascade run --track-inputs ...` to keep them in the DVC cache"
-    )
+    loose = [str(i["path"]) for i in inputs if not i.get("md5") and not i.get("rewritten")]
+    lost = [str(i["path"]) for i in inputs if not i.get("md5") and i.get("rewritten")]
+    said = []
+    if loose:
+        shown = " ".join(loose[:8]) + (" ..." if len(loose) > 8 else "")
+        said.append(
+            f"the script read {len(loose)} file(s) that neither git nor DVC tracks ({shown}): a restore "
+            f"takes them from your checkout only while they stay as they are. Track them: `dvc add {shown}` "
+            "(then commit the .dvc files), or `cascade run --track-inputs ...` to keep them in the DVC cache"
+        )
+    if lost:
+        shown = " ".join(lost[:8]) + (" ..." if len(lost) > 8 else "")
+        said.append(
+            f"the script read {len(lost)} file(s) and then rewrote them ({shown}): the bytes it read are "
+            "recorded by their sha256 but kept nowhere, so a restore cannot provide them. `cascade init` "
+            "(DVC) keeps them next time, up to 64 MiB each; or have the script write a new file instead"
+        )
+    return "; ".join(said) or None
 
 
 def _paths(value: Any) -> list[str]:

@@ -74,4 +74,41 @@ def test_forked_workers_add_what_they_open_to_the_log(
             os._exit(0)
     os.waitpid(pid, 0)
     log.write_text(log.read_text() + '{"read": "cut sh')  # a process killed mid-line
-    assert read_opened(log) == {"read": ["data/train.bin"], "written": ["data/worker.txt"]}
+    assert read_opened(log) == {"read": ["data/train.bin"], "written": ["data/worker.txt"], "as_read": {}}
+
+
+def test_a_file_read_and_then_rewritten_is_hashed_and_kept_as_read_before_the_write(
+    watched: tuple[FileAccess, Path], tmp_path: Path
+) -> None:
+    """Defect A: the bytes the run read survive its rewrite (a hash and a copy, taken before the open
+    that truncates), once; a file only written, or written before it is read, costs nothing."""
+    import hashlib
+
+    access, root = watched
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    log = os.open(run_dir / "files.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    access.log, access.keep_dir = log, str(run_dir / "read_before_write")
+    for rel, content in (("counter.txt", b"1\n"), ("state.txt", b"old state")):  # (io.FileIO: not hooked)
+        with io.FileIO(root / "data" / rel, "w") as setup:
+            setup.write(content)
+    count = int(Path("data/counter.txt").read_text())
+    Path("data/counter.txt").write_text(str(count + 1))  # truncates what the run read
+    with open("data/counter.txt", "a") as again:  # a second write: already noted, not hashed again
+        again.write("0")
+    with open("data/state.txt", "r+") as both:  # reads and writes in one open
+        both.write("new")
+    with open("fresh.txt", "w") as fresh:  # written first, then read: its own output
+        fresh.write("x")
+    Path("fresh.txt").read_text()
+    os.close(log)
+    opened = read_opened(run_dir / "files.jsonl")
+    assert opened["as_read"] == {
+        "data/counter.txt": {"sha256": hashlib.sha256(b"1\n").hexdigest(), "size": 2, "kept": True},
+        "data/state.txt": {"sha256": hashlib.sha256(b"old state").hexdigest(), "size": 9, "kept": True},
+    }
+    assert (run_dir / "read_before_write" / "data" / "counter.txt").read_bytes() == b"1\n"
+    assert (run_dir / "read_before_write" / "data" / "state.txt").read_bytes() == b"old state"
+    assert (root / "data" / "counter.txt").read_text() == "20"
+    assert opened["read"] == ["data/counter.txt", "data/state.txt", "fresh.txt"]
+    assert opened["written"] == ["data/counter.txt", "data/state.txt", "fresh.txt"]
