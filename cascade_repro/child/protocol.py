@@ -33,9 +33,10 @@ RUN_ID_FILE = "mlflow_run_id"  # parent → child: written once the MLflow run e
 EVENTS_FILE = "events.jsonl"  # child → parent: metric events, one JSON array per line
 FACTS_FILE = "child.json"  # child → parent: flags applied, torch stack, exception, GPU memory
 TRACE_FILE = "trace.jsonl"  # child → parent: one JSON record per traced step
-# its rule, as the record's trace.format says: /2, a step holds every batch and loss it trained on
-# (determinism/trace_formats.py compares a /1 trace, one micro-batch a step, with it)
-TRACE_FORMAT = "cascade.trace/2"
+# its rule, as the record's trace.format says: /2, a step holds every batch and loss it trained on;
+# /3, under a GradScaler, the loss the script scaled and a step the scaler skipped as its own
+# (determinism/trace_formats.py compares older traces with it as far as they allow)
+TRACE_FORMAT = "cascade.trace/3"
 CHECKPOINTS_FILE = "checkpoints.jsonl"  # child → parent: one line per checkpoint saved or pruned
 FILES_FILE = "files.jsonl"  # child → parent: {"read"|"written": path} per repository file opened
 OUTPUT_LOG = "output.log"  # parent: the script's stdout and stderr as the terminal saw them

@@ -300,9 +300,15 @@ def named_parameters(torch: Any, modules: list[Any] | None = None) -> list[tuple
     return found
 
 
+COMPILED = "_orig_mod"  # where torch.compile's OptimizedModule holds the module it compiled
+
+
 def roots_parameters(modules: list[Any]) -> tuple[list[tuple[str, Any]], bool]:
     """The parameters of those of `modules` that are no other's child, named from their root and
-    sorted by name; and whether a parameter is under two roots (named from the first of them)."""
+    sorted by name; and whether a parameter is under two roots (named from the first of them).
+
+    A module compiled with `torch.compile` names them as the module itself does (its `_orig_mod`
+    left out of the path), so a compiled run's trace compares with an uncompiled one's."""
     children = {id(c) for m in modules for c in m.children()}
     seen: set[int] = set()
     found: list[tuple[str, Any]] = []
@@ -315,5 +321,7 @@ def roots_parameters(modules: list[Any]) -> tuple[list[tuple[str, Any]], bool]:
                 shared = True
             else:
                 seen.add(id(param))
+                if COMPILED in name:
+                    name = ".".join(part for part in name.split(".") if part != COMPILED)
                 found.append((name, param))
     return sorted(found, key=lambda item: item[0]), shared

@@ -1,7 +1,9 @@
 """The per-step trace, recorded from inside the training process without touching the script
 (where it hooks into torch: child/trace_install.py).
 
-A step is one `optimizer.step()` of any torch.optim optimizer (global step hooks), numbered from 0.
+A step is one `optimizer.step()` of any torch.optim optimizer (global step hooks), numbered from 0,
+or one that mixed precision's GradScaler skipped (inf/NaN gradients: its record says "skipped": true;
+its loss is the one the script handed to `scaler.scale`, as for every step; child/trace_install.py).
 For step k the record holds, in causal order: the RNG fingerprints at the step's start, the
 fingerprint of the last batch a DataLoader yielded (by a loader that fetches one ahead: the one it
 handed out), the loss of the last
@@ -82,6 +84,9 @@ class StepTracer:
         # (step, where the losses of its optimizer's closure begin in its list), from the closure's
         # first backward (child/trace_install.py)
         self.closure_from: tuple[int, int] = (-1, 0)
+        self.scaled: tuple[Any, Any] | None = None  # a GradScaler's last (scaled loss, the loss it scaled)
+        self.skipping = False  # a GradScaler skipped the optimizer's step: it ends through the hooks, marked
+        self.grad_scaler = False  # a GradScaler scaled a loss: the header says so (trace_formats.py)
         self.backwards = 0  # backward() calls so far
         self._last_optimizer: Any = None  # the last step's (its weights are read at exit)
         self._last_recorded = -1  # the last step that got a record
@@ -558,6 +563,8 @@ class StepTracer:
         }
         if self._batches > 1 and self._mode != "manual" and record["batch"] is not None:
             record["batches"] = self._batches  # (a trace from before them: determinism/trace_formats.py)
+        if self.skipping:  # (before the sampled facets: compared wherever the two records are)
+            record["skipped"] = True
         if self._mode != "undecided":  # (undecided: the first optimizer step may be yet to come)
             self._batch_open = False
         self._hash_s = 0.0
@@ -618,6 +625,8 @@ class StepTracer:
             header["grads_rule"] = rule
         if self.stop_after is not None:
             header["stopped_after_steps"] = self.stop_after
+        if self.grad_scaler:
+            header["grad_scaler"] = True
         cost = self.sampling.cost()
         if cost is not None:  # (measured by the budget's clock, whatever the budget)
             header["cost"] = cost

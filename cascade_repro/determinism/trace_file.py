@@ -120,6 +120,8 @@ def record_problem(record: dict[str, Any]) -> str | None:
     batches = record.get("batches")  # (a step of several: determinism/trace_formats.py)
     if batches is not None and not (_whole(batches) and 1 < batches < MAX_STEP):
         return "its batches is not a count of batches"
+    if "skipped" in record and record["skipped"] is not True:  # (a GradScaler skipped the update)
+        return "its skipped is not true"
     for facet in FACET_FIELDS:
         if not isinstance(record.get(facet), (dict, type(None))):
             return f"its {facet} is not an object of fingerprints"

@@ -6,6 +6,12 @@ every batch the step trained on (fingerprinted together, `"batches": N` where N 
 its losses, each one's bits kept (`"parts": N`). Steps of one batch and one loss read the same in
 both. Where the two runs were recorded under different rules, a step of several batches or losses is
 compared on what both kept: its last loss, and not its batch. A record without a format is /1.
+
+`cascade.trace/3` records, under mixed precision's GradScaler, the loss the script handed to
+`scaler.scale` and a step the scaler skipped as a step of its own (`"skipped": true`); before it, the
+scaled loss (times a scale that changes over the run) and a skipped step merged into the next, every
+later step numbered one lower. A run of a GradScaler (its header: `grad_scaler`) does not compare
+with one recorded before /3: the verdict says so (`scaler_incomparable`) rather than a divergence.
 """
 
 from __future__ import annotations
@@ -21,6 +27,21 @@ Records = Sequence[dict[str, Any]]
 
 def recorded_one_micro_batch(header: Mapping[str, Any]) -> bool:
     return header.get("format", ONE_MICRO_BATCH) == ONE_MICRO_BATCH
+
+
+SCALED_LOSS = (ONE_MICRO_BATCH, "cascade.trace/2")  # a GradScaler's scaled loss, its skipped steps merged
+
+
+def scaler_incomparable(header_a: Mapping[str, Any], header_b: Mapping[str, Any], id_a: str,
+                        id_b: str) -> str | None:  # fmt: skip
+    """Why a GradScaler run recorded now cannot be compared with one recorded before /3 (None: it can)."""
+    for older, newer, run_id in ((header_a, header_b, id_a), (header_b, header_a, id_b)):
+        before = older.get("format", ONE_MICRO_BATCH) in SCALED_LOSS
+        if before and newer.get("grad_scaler") and newer.get("format") not in SCALED_LOSS:
+            return (f"run {run_id[:12]} was recorded by a cascade that traced a GradScaler's scaled loss and "
+                    "merged a step it skipped into the next, the other one's loss as the script computed "
+                    "it: their traces do not compare; record both with this cascade")  # fmt: skip
+    return None
 
 
 def as_one_micro_batch(older: Records, newer: Records) -> tuple[Records, Records, bool]:

@@ -159,7 +159,7 @@ def _incomparable(manifest_a: Manifest, manifest_b: Manifest, traced_a: bool,
     for key in ("algorithm", "interval"):
         if header_a.get(key) != header_b.get(key):
             return f"the traces differ in {key}: {header_a.get(key)} vs {header_b.get(key)}"
-    return None
+    return trace_formats.scaler_incomparable(header_a, header_b, manifest_a.run_id, manifest_b.run_id)
 
 
 def judge(

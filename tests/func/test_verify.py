@@ -227,7 +227,7 @@ def _as_recorded_one_micro_batch_a_step(project: Project, run_id: str) -> None:
         lines.append(json.dumps(record, separators=(",", ":")))
     (artifacts / "trace.jsonl").write_text("\n".join(lines) + "\n")
     record = json.loads((artifacts / "run.json").read_text())
-    assert record["trace"]["format"] == "cascade.trace/2"
+    assert record["trace"]["format"] == "cascade.trace/3"
     record["trace"]["format"] = "cascade.trace/1"
     (artifacts / "run.json").write_text(json.dumps(record))
 

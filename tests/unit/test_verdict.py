@@ -387,3 +387,20 @@ def test_checkpoints_are_compared_only_where_both_runs_saved_them_with_tensors()
                         _saved("old.pt", 2, None)]  # fmt: skip
     b["checkpoints"] = [_saved("b.pt", 1, "5" * 16), _saved("old.pt", 2, "6" * 16)]
     assert judge(as_record(a), as_record(b), trace, copy.deepcopy(trace)).verdict == "BITWISE_IDENTICAL"
+
+
+def test_a_grad_scaler_run_recorded_before_trace_3_is_incomparable_with_one_recorded_now() -> None:
+    """Before cascade.trace/3 a GradScaler run's trace held the scaled loss (times a scale that changes)
+    and merged a skipped step into the next: against one recorded now, a false "the loss differs"."""
+    trace = [_record(i) for i in range(3)]
+    old, new = _manifest("a" * 32), _manifest("b" * 32)
+    old["trace"] = {"algorithm": "xxh3_64", "interval": 1, "format": "cascade.trace/2"}
+    new["trace"] = {"algorithm": "xxh3_64", "interval": 1, "format": "cascade.trace/3", "grad_scaler": True}
+    other = copy.deepcopy(trace)
+    other[0]["loss"]["bits"] += 1
+    for a, b in ((old, new), (new, old)):
+        verdict = judge(as_record(a), as_record(b), trace, other)
+        assert verdict.verdict == "INCOMPARABLE" and "GradScaler's scaled loss" in verdict.summary
+        assert verdict.summary.startswith(f"run {'a' * 12} was recorded by a cascade")
+    plain = {**new, "trace": {**new["trace"], "grad_scaler": False}}  # no scaler: compared as ever
+    assert judge(as_record(old), as_record(plain), trace, other).verdict == "DIVERGED"
