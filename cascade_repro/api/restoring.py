@@ -125,6 +125,11 @@ def restore(
                                   machine_record(settings, os.environ, probe_torch=False))  # fmt: skip
     plan = restoring.locate_inputs(plan, root)
     show_plan(plan)
+    unrecorded = manifest.outcome.get("inputs_not_recorded")
+    if isinstance(unrecorded, int) and unrecorded > 0:  # (past the record's 10,000)
+        notify(f"warning: the run read {unrecorded} more input file(s) than its record holds: the re-run "
+               "does not get them from the record (it reads them from the worktree, if anything puts them "
+               "there); track their directory with `dvc add DIR` next time")  # fmt: skip
     _refuse_what_cannot_run(plan, execute)  # before anything is written
     tree = _materialize(plan, manifest, settings, store, execute, notify)
     if not execute:

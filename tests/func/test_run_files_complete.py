@@ -118,6 +118,9 @@ def test_inputs_past_the_record_bound_are_counted_and_said(project: Project) -> 
     assert "7 more input file(s) were read than the record holds (10000)" in " ".join(result.stderr.split())
     shown = " ".join(project.cascade("show", "many", check=True).stdout.split())
     assert "10007 file(s) not tracked by git or DVC, 7 of them NOT recorded" in shown
+    restored = project.cascade("restore", "many", "--no-run")  # (it said nothing of the 7)
+    assert restored.returncode == 0, restored.stderr
+    assert "the run read 7 more input file(s) than its record holds" in " ".join(restored.stderr.split())
     print(f"10,007 inputs: run {took:.1f} s, record {len(json.dumps(record)) / 1e6:.2f} MB")
 
 
