@@ -363,6 +363,7 @@ class Recording:
             self._track_inputs(files.inputs, files.kept)
         elif files.kept:  # read, then rewritten: these bytes exist nowhere else
             self._track_inputs([i for i in files.inputs if i["path"] in files.kept], files.kept, quiet=True)
+        self._name_earlier_checkpoints(files.inputs)
         warning = inputs_warning(files.inputs)
         if warning:
             self.warnings.append(warning)
@@ -410,6 +411,23 @@ class Recording:
             how = "as the run read them, before it rewrote them" if quiet else "(--track-inputs)"
             self.notify(f"kept {len(cached)} input file(s) in the DVC cache {how}")
 
+    def _name_earlier_checkpoints(self, inputs: list[dict[str, Any]]) -> None:
+        """An input that is an earlier run's checkpoint, unchanged (a resume), has its bytes in the DVC
+        cache already: its md5 goes into the record, so a restore takes it from there once a later run
+        has saved over it. Nothing is copied: an earlier output the cache lacks stays as it is."""
+        cache = self.keeper.cache
+        candidates = [i for i in inputs if not i.get("md5")]
+        if cache is None or not candidates:
+            return
+        for path in sorted(_earlier_outputs_read(self.plan.settings.root, candidates)):
+            item = next(i for i in candidates if i["path"] == path)
+            try:
+                stored = cache.add(self.plan.settings.root / path, present_only=True)
+            except Exception:  # (DataError, OSError: the input stays recorded by its hash)
+                continue
+            if stored is not None and stored.size == item.get("size"):
+                item["md5"] = stored.md5
+
     def _manifest(self, captured: dict[str, Any], facts: dict[str, Any]) -> Manifest:
         return build_manifest(self.plan, self.opened, self.start_ms, self.run_dir, captured, facts)
 
@@ -441,3 +459,12 @@ def _vm_hwm_mb(pid: int) -> float:
     except (OSError, ValueError):
         return 0.0
     return 0.0
+
+
+def _earlier_outputs_read(root: Path, inputs: list[dict[str, Any]]) -> set[str]:
+    """The inputs that are files an earlier run wrote, unchanged since (capture/earlier_outputs.py)."""
+    from cascade_repro.capture import earlier_outputs
+
+    index = earlier_outputs.load(root)
+    paths = [str(i["path"]) for i in inputs]
+    return {p for p in paths if p in index and earlier_outputs.unchanged(root, p, index[p])}

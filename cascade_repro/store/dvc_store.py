@@ -126,10 +126,12 @@ class Cache:
         return Path(self.repo().cache.local.oid_to_path(md5))
 
     def add(
-        self, path: Path, expect: tuple[Any, Any, Any] | None = None, hardlink: bool = False
+        self, path: Path, expect: tuple[Any, Any, Any] | None = None, hardlink: bool = False,
+        present_only: bool = False,
     ) -> Stored | None:
         """Hash `path` once, put it in the cache, record the state entry. None if the file is gone
-        or is not the one announced (`expect`: inode, size, mtime_ns) or changed while hashed.
+        or is not the one announced (`expect`: inode, size, mtime_ns) or changed while hashed, or,
+        `present_only`, if the cache does not hold its bytes already (nothing is placed then).
 
         `hardlink` only where nothing rewrites the file in place (checkpoints: the torch.save hook
         unlinks before writing); a data file edited in place, by root, would corrupt the object."""
@@ -153,6 +155,8 @@ class Cache:
             ):
                 return None
             target = self.object_path(md5)
+            if present_only and not target.exists():
+                return None
             link = "present" if target.exists() else _place(path, target, hardlink)
         except FileNotFoundError:
             return None

@@ -147,6 +147,14 @@ def test_an_earlier_checkpoint_the_next_run_reads_is_its_input(writer: Project) 
     result = project.cascade("restore", second_id, "--no-run", "--workdir", str(workdir))
     assert result.returncode == 0, result.stderr
     assert (workdir / "runs/0/model.pt").read_bytes() == data
+    # the checkpoint is in the DVC cache (the first run kept it there): the input names its md5, so a
+    # restore takes it from there once the checkout's copy is gone (it refused: "changed since the run")
+    assert inputs["runs/0/model.pt"]["md5"] == hashlib.md5(data).hexdigest()
+    (project.root / "runs/0/model.pt").unlink()  # a later run's torch.save over it (a new inode, as
+    (project.root / "runs/0/model.pt").write_bytes(b"overwritten by a later run")  # cascade's hook does)
+    again = project.cascade("restore", second_id, "--no-run", "--workdir", str(workdir.parent / "again"))
+    assert again.returncode == 0, again.stderr
+    assert (workdir.parent / "again" / "runs/0/model.pt").read_bytes() == data
 
 
 def test_a_file_replaced_with_the_same_size_is_captured(writer: Project) -> None:
