@@ -84,6 +84,7 @@ class Recording:
         self.writer: MetricsWriter | None = None
         self.delivery: Delivery | None = None
         self.warnings: list[str] = []
+        self.read_outside: list[str] = []  # files the script read outside the repository (named only)
         self.peak_rss_mb = 0.0
         self.ledger = spool.Ledger.load(run_dir)
         self.tags = {**start_tags(plan), spool.SPOOL_TAG: run_dir.name}
@@ -224,6 +225,7 @@ class Recording:
         files = self._run_files(captured)
         if files.left_out:  # named by show, diff and restore: the record does not hold every input
             outcome["inputs_not_recorded"] = files.left_out
+        self._note_read_outside(outcome)
         checkpoints = self._checkpoints(captured, files)
         self._remember_outputs(files, checkpoints)
         for name in (protocol.OUTPUT_LOG, protocol.TRACE_FILE):  # before the record, which says if stored
@@ -336,6 +338,19 @@ class Recording:
                 "raise untracked_max_bytes in cascade.yaml"
             )
 
+    def _note_read_outside(self, outcome: dict[str, Any]) -> None:
+        """Files the script read outside the repository: named in the record (verify names them where
+        the runs differ), never hashed, and said."""
+        if not self.read_outside:
+            return
+        outcome["read_outside"] = {"count": len(self.read_outside), "paths": self.read_outside[:20]}
+        shown = ", ".join(self.read_outside[:3]) + (" …" if len(self.read_outside) > 3 else "")
+        self.warnings.append(
+            f"the script read {len(self.read_outside)} file(s) outside the repository ({shown}): not "
+            "recorded, so neither restore nor verify can check them; keep data inside the repository "
+            "(`dvc add` it) to have it recorded"
+        )
+
     def _run_files(self, captured: dict[str, Any]) -> RunFiles:
         """Inputs git and DVC cannot see, hashed (and with --track-inputs cached), and outputs the run
         wrote, which leave the dirty state: a file written while capture read it is no input."""
@@ -343,6 +358,7 @@ class Recording:
         git: GitState = captured["git"]
         try:
             opened = read_opened(self.run_dir / protocol.FILES_FILE, settings.root)
+            self.read_outside = list(opened.get("outside") or [])
             files = sort_files(settings.root, opened, redirected_outputs(settings.root),
                                self.plan.exclude, [u.path for u in git.untracked],
                                [str(d.get("path")) for d in captured.get("data") or []], self.run_dir,

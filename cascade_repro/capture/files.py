@@ -34,6 +34,7 @@ from cascade_repro.child.file_access import KEPT_DIR
 from cascade_repro.child.protocol import CHECKPOINTS_FILE
 from cascade_repro.store import git_repo
 
+MAX_OUTSIDE_NAMED = 100  # files read outside the repository the record names (the child notes as many)
 MAX_INPUTS = 10_000  # record_shape.MAX_FILE_ENTRIES: the rest are counted, and the record says how many
 MAX_OUTPUTS = 10_000
 _BATCH = 200  # paths per `git ls-files` call
@@ -74,7 +75,13 @@ def read_opened(path: Path, root: Path | None = None) -> dict[str, Any]:
     taken for an input."""
     opened: dict[str, dict[str, None]] = {"read": {}, "written": {}}
     as_read: dict[str, dict[str, Any]] = {}
+    outside: dict[str, None] = {}  # absolute paths read outside the repository (named, never hashed)
     for entry in _json_lines(path):
+        far = entry.get("read_outside")
+        if isinstance(far, str):
+            if len(outside) < MAX_OUTSIDE_NAMED and far.startswith("/"):
+                outside[far] = None
+            continue
         rewritten = entry.get("as_read")
         if isinstance(rewritten, str):
             if rewritten not in as_read and _hex64(entry.get("sha256")) and _size(entry.get("size")):
@@ -85,13 +92,19 @@ def read_opened(path: Path, root: Path | None = None) -> dict[str, Any]:
             if kind in opened and isinstance(rel, str):
                 opened[kind][rel] = None
     if root is not None:
-        real_root = root.resolve()
-        for entry in _json_lines(path.parent / CHECKPOINTS_FILE):
-            saved = entry.get("path") if entry.get("event") == "saved" else None
-            if isinstance(saved, str):
-                with contextlib.suppress(ValueError, OSError):  # outside the repository: not its file
-                    opened["written"][Path(saved).resolve().relative_to(real_root).as_posix()] = None
-    return {**{kind: list(paths) for kind, paths in opened.items()}, "as_read": as_read}
+        opened["written"].update(dict.fromkeys(_checkpoints_saved(path.parent / CHECKPOINTS_FILE, root)))
+    return {**{kind: list(paths) for kind, paths in opened.items()}, "as_read": as_read,
+            "outside": list(outside)}  # fmt: skip
+
+
+def _checkpoints_saved(path: Path, root: Path) -> Iterator[str]:
+    """The root-relative paths the child announced as checkpoints saved (`checkpoints.jsonl`)."""
+    real_root = root.resolve()
+    for entry in _json_lines(path):
+        saved = entry.get("path") if entry.get("event") == "saved" else None
+        if isinstance(saved, str):
+            with contextlib.suppress(ValueError, OSError):  # outside the repository: not its file
+                yield Path(saved).resolve().relative_to(real_root).as_posix()
 
 
 def _hex64(value: Any) -> bool:

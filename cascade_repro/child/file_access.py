@@ -58,6 +58,8 @@ class FileAccess:
         self.read: dict[str, None] = {}  # insertion-ordered sets
         self.written: dict[str, None] = {}
         self.as_read: dict[str, None] = {}  # read, then hashed before the first write
+        self.outside: dict[str, None] = {}  # absolute paths read outside the repository (not the system's)
+        self.system = _system_prefixes()
         self.truncated = False
         self.log = log  # an O_APPEND descriptor of files.jsonl, or None
         self.keep_dir = keep_dir  # where the bytes of a file read and then rewritten are copied
@@ -70,9 +72,15 @@ class FileAccess:
         return path[len(self.root) :].replace(os.sep, "/")
 
     def note(self, file: Any, writing: bool) -> None:
-        rel = self.relative(file)
-        if rel is not None:
-            self.note_relative(rel, writing)
+        path = _absolute(file)
+        if path is None or path.startswith(self.skip):
+            return
+        if path.startswith(self.root):
+            self.note_relative(path[len(self.root) :].replace(os.sep, "/"), writing)
+        elif not writing and path not in self.outside and len(self.outside) < MAX_OUTSIDE \
+                and not path.startswith(self.system) and not path.endswith(CODE):  # fmt: skip
+            self.outside[path] = None
+            self._append({"read_outside": path})
 
     def note_relative(self, rel: str, writing: bool) -> None:
         seen = self.written if writing else self.read
@@ -182,6 +190,22 @@ class FileAccess:
 
 
 _ORIGINAL_OPEN = io.open  # (bound at import, before install: the hook's own reads are not noted)
+MAX_OUTSIDE = 100  # files read outside the repository, named (the record holds fewer)
+CODE = (".py", ".pyc", ".pyi", ".so", ".pth")  # a library's source (a traceback, a warning reads it): no data
+# Where files read are the system's, a library's or a cache of compiled code, not the run's data.
+SYSTEM_DIRS = ("/usr/", "/lib/", "/lib64/", "/bin/", "/sbin/", "/etc/", "/proc/", "/sys/", "/dev/", "/run/",
+               "/var/", "/snap/")  # fmt: skip
+CACHES = ("~/.cache/torch/", "~/.triton/", "~/.nv/", "~/.cascade/", "~/.local/lib/", "~/.config/", "~/.netrc",
+          "~/.keras/", "~/.matplotlib/", "~/.cache/matplotlib/", "~/.cache/pip/")  # fmt: skip
+
+
+def _system_prefixes() -> tuple[str, ...]:
+    prefixes = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}
+    temp = os.environ.get("TMPDIR") or "/tmp"  # (tempfile's choice, without importing it at the start)
+    own = [os.path.join(temp, name) for name in ("torchinductor_", "pymp-", "tmp")]  # compiled, workers'
+    prefixes.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # cascade's own package
+    return (*SYSTEM_DIRS, *(os.path.normpath(p) + os.sep for p in prefixes if p),
+            *(os.path.expanduser(c) for c in CACHES), *own)  # fmt: skip
 
 
 def _same_face(wrapper: Callable[..., Any], original: Callable[..., Any]) -> None:

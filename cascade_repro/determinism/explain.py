@@ -34,15 +34,17 @@ IMPLICATED: dict[str, tuple[str, ...]] = {
             "environment", "packages", "image"),
     # the same RNG, another batch: the data, then what orders it (seeded workers, the loader's code)
     # (a variable the script read that differs is more specific than the trace's "the data differs")
-    "batch": ("data", "world_size", "seed", "environment_read", "batch", "code", "command", "params",
-              "secrets", "environment"),
+    "batch": ("data", "world_size", "seed", "environment_read", "outside", "batch", "code", "command",
+              "params", "secrets", "environment"),
     # the first weights differ: what builds and initializes the model
-    "params_before": ("seed", "code", "command", "params", "data", "environment_read", "secrets",
+    "params_before": ("seed", "code", "command", "params", "data", "environment_read", "outside", "secrets",
                       "environment", "packages"),
     # the same batch and weights give another loss or gradient: nondeterministic computation
-    # (first what the script read that differs: a variable, a data file)
-    "loss": ("environment_read", "data", *_NONDETERMINISM, "code", "command", "params", "secrets"),
-    "grads": ("environment_read", "data", *_NONDETERMINISM, "code", "command", "params", "secrets"),
+    # (first what the script read that differs: a variable, a data file; then a file no record holds)
+    "loss": ("environment_read", "data", "outside", *_NONDETERMINISM, "code", "command", "params",
+             "secrets"),
+    "grads": ("environment_read", "data", "outside", *_NONDETERMINISM, "code", "command", "params",
+              "secrets"),
     # only the weights after the step: the update itself (an optimizer param), or a write outside it
     "params_after": ("params", "environment_read", "secrets", "outside_write", "code", "command",
                      "determinism", "nondeterministic_ops", "threads", "environment"),
@@ -115,6 +117,7 @@ def likely_causes(
     if first is not None:
         candidates += _from_the_trace(a, b, comparison, first, kinds)
     candidates += _secrets(a, b, step)
+    candidates += _read_outside(a, b, step)
     candidates += _nondeterministic_ops(a, b)
     across = "compare within tolerance (--rtol/--atol), or rerun where the record was made"
     fixes_a = {"world_size": f"rerun with the recorded number of processes: cascade run --nproc-per-node "
@@ -215,6 +218,23 @@ def _secrets(a: Manifest, b: Manifest, step: int | None) -> list[tuple[str, Caus
         "their names are recorded, their values are redacted, so neither verify nor restore can compare or "
         "set them",
         "make sure they hold the same values for both runs, or pass such settings as params",
+    ))]  # fmt: skip
+
+
+def _read_outside(a: Manifest, b: Manifest, step: int | None) -> list[tuple[str, Cause]]:
+    """Files a run read outside the repository: named in its record, never hashed, so they may differ."""
+    paths: dict[str, None] = {}
+    for manifest in (a, b):
+        far = manifest.outcome.get("read_outside")
+        for path in (far.get("paths") if isinstance(far, dict) else None) or []:
+            if isinstance(path, str):
+                paths[path] = None
+    if step is None or not paths:
+        return []
+    return [("outside", Cause(
+        "the script read files outside the repository that no record holds: " + _listed(list(paths), 3),
+        "their names are recorded, not their contents: they may differ between the runs",
+        "keep the data inside the repository (`dvc add` it) or compare those files by hand",
     ))]  # fmt: skip
 
 

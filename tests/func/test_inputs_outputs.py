@@ -254,3 +254,37 @@ def test_diff_against_current_compares_the_inputs_as_they_are_here(nano: Project
     changes = {c["key"]: c for s in data["sections"] for c in s["changes"] if c["key"].startswith("data/")}
     assert set(changes) == {"data/train.bin", "data/meta.pkl"}
     assert changes["data/meta.pkl"]["b"] is None and changes["data/train.bin"]["b"] is not None
+
+
+OUTSIDE = """
+import sys, torch
+bias = float(open(sys.argv[1]).read())  # a file outside the repository
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(16, 4) + bias
+for step in range(3):
+    opt.zero_grad(); model(x).pow(2).mean().backward(); opt.step()
+"""
+
+
+def test_a_file_read_outside_the_repository_is_named_not_silently_lost(project: Project,
+                                                                        tmp_path: Path) -> None:  # fmt: skip
+    """A tester's script read /tmp/.../bias.txt: nothing recorded it, no warning, and when it changed
+    verify blamed nondeterministic computation ("rerun with --deterministic strict")."""
+    outside = tmp_path / "elsewhere" / "bias.txt"
+    outside.parent.mkdir()
+    outside.write_text("0.5")
+    project.write("outside.py", OUTSIDE)
+    project.commit("reads a file outside the repository")
+    first = project.cascade("run", "outside.py", str(outside), check=True)
+    assert f"the script read 1 file(s) outside the repository ({outside})" in " ".join(first.stderr.split())
+    a = project.only_run().info.run_id
+    assert project.manifest(a)["outcome"]["read_outside"] == {"count": 1, "paths": [str(outside)]}
+    outside.write_text("0.9")
+    b = project.record("outside.py", str(outside))
+    verdict = json.loads(project.cascade("verify", a, b, "--json").stdout)["data"]
+    assert verdict["verdict"] == "DIVERGED"
+    cause = verdict["likely_causes"][0]
+    assert cause["summary"].startswith("the script read files outside the repository") and str(outside) in \
+        cause["summary"]  # fmt: skip
