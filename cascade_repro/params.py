@@ -65,7 +65,14 @@ def parse_assignment(text: str, option: str) -> tuple[str, Any]:
         raise UsageError(f"{option} expects KEY=VALUE, got {text!r}", hint=f"e.g. {option} optimizer.lr=1e-3")
     try:
         value = parse_yaml(raw, f"{option} {key}", lines=False) if raw.strip() else ""
-    except yaml.YAMLError:
+    except yaml.YAMLError as exc:
+        # `[1,` or `{a: 1` is a list or a mapping gone wrong, not a string (another value YAML cannot
+        # read, `@home`, stays the text typed: a string param is checked against the file's type)
+        if raw.lstrip().startswith(("[", "{", '"', "'")):
+            problem = str(getattr(exc, "problem", None) or "").strip() or "malformed"
+            raise UsageError(f"{option} {key}: {raw!r} is not valid YAML ({problem})",
+                             hint=f"close its brackets or quotes; for the text itself, quote it: "
+                             f"{option} \"{key}='{raw}'\"") from None  # fmt: skip
         value = raw
     except ConfigError as exc:  # an alias bomb or a recursive alias: the command line is at fault
         raise UsageError(exc.message, hint=exc.hint) from None
@@ -85,24 +92,7 @@ def resolve_params(
     # would otherwise break sorting the record. This also copies the values the overrides change.
     values = _string_keys(values, where)
     _check_param_count(values, ConfigError, f"{where} holds", "split off what is not a hyperparameter")
-    overrides: dict[str, Any] = {}
-    for text in sets:
-        key, value = parse_assignment(text, "--set")
-        if not has_key(values, key):
-            raise UsageError(
-                f"--set {key}: no such key in {params_file.name if params_file else 'the params'}"
-                + _closest(key, flatten(values)),
-                hint=f"use --add {key}=... to create a new key",
-            )
-        set_key(values, key, value)
-        overrides[key] = value
-    for text in adds:
-        key, value = parse_assignment(text, "--add")
-        try:
-            set_key(values, key, value)
-        except TypeError as exc:
-            raise UsageError(f"--add {key}: {exc}") from None
-        overrides[key] = value
+    overrides = _override(values, sets, adds, params_file.name if params_file else "the params")
     if overrides:
         values = _string_keys(values, "--set/--add")
         _check_param_count(values, UsageError, "--set/--add make", "override fewer keys")
@@ -117,6 +107,31 @@ def resolve_params(
         except ValueError:
             source = str(params_file)
     return ResolvedParams(values, source, overrides, seed_value, seed_source)
+
+
+def _override(values: dict[str, Any], sets: Iterable[str], adds: Iterable[str], name: str) -> dict[str, Any]:
+    """`--set` and `--add` applied to `values` (the params file `name`'s); the overrides, typed."""
+    overrides: dict[str, Any] = {}
+    for text in sets:
+        key, value = parse_assignment(text, "--set")
+        if not has_key(values, key):
+            raise UsageError(f"--set {key}: no such key in {name}" + _closest(key, flatten(values)),
+                             hint=f"use --add {key}=... to create a new key")  # fmt: skip
+        if key != "seed":  # (the seed has its own check, in _resolve_seed)
+            value = _as_in_file(key, get_key(values, key), value, text.partition("=")[2], name)
+        set_key(values, key, value)
+        overrides[key] = value
+    for text in adds:
+        key, value = parse_assignment(text, "--add")
+        if has_key(values, key):
+            raise UsageError(f"--add {key}: {key} is already in {name} ({_shown(get_key(values, key))})",
+                             hint=f"--add is for a new key; change it with --set {key}=...")  # fmt: skip
+        try:
+            set_key(values, key, value)
+        except TypeError as exc:
+            raise UsageError(f"--add {key}: {exc}") from None
+        overrides[key] = value
+    return overrides
 
 
 def _resolve_seed(
@@ -208,6 +223,81 @@ def has_key(values: Mapping[str, Any], dotted: str) -> bool:
             return False
         node = node[part]
     return True
+
+
+def get_key(values: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = values
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+# What `--set` may change a value's type to, the file's value deciding: the same kind; a number for
+# a float (`lr: 0.1` → 1 is 1.0), a whole number for an integer (`steps: 20` → 1e3 is 1000), the
+# number in a string too (`lr=!!str 1e-3` aside); the text typed for a string (`name: base` →
+# `--set name=2024` is "2024"); anything for a null (unset), and null for anything. Else it is
+# refused: `--set lr=abc` on a float would only crash the script later, `--set steps=2.5` too, and
+# `--set optimizer=3` would drop a whole mapping. An explicit YAML tag says the type is meant:
+# `--set 'optimizer.lr=!!str abc'`.
+_KINDS = ((bool, "boolean", "!!bool"), (int, "integer", "!!int"), (float, "float", "!!float"),
+          (str, "string", "!!str"), (list, "list", "!!seq"), (Mapping, "mapping", "!!map"))  # fmt: skip
+
+
+def _kind(value: Any) -> tuple[str, str]:
+    """The kind of a YAML value as `--set` compares them, and the YAML tag that forces it."""
+    for types, kind, tag in _KINDS:
+        if isinstance(value, types):
+            return kind, tag
+    return type(value).__name__, "!!str"
+
+
+def _number(value: Any) -> int | float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        for parse in (int, float):
+            try:
+                return parse(value.strip())
+            except ValueError:
+                pass
+    return None
+
+
+def _as_in_file(key: str, old: Any, new: Any, raw: str, where: str) -> Any:
+    """`new` (typed from `raw`) as the value of `key`, whose value in the file is `old`; a change of
+    kind that the user cannot have meant is a UsageError naming the key, both kinds and the fix."""
+    if old is None or new is None or raw.lstrip().startswith("!"):
+        return new
+    (was, _), (given, tag) = _kind(old), _kind(new)
+    if was == given:
+        return new
+    if was == "string" and given in ("integer", "float", "boolean", "date", "datetime"):
+        return raw.strip()
+    number = _number(new) if was in ("integer", "float") else None
+    if number is not None and was == "float":
+        return float(number)
+    if number is not None and float(number).is_integer():
+        return int(number)
+    if was == "mapping":
+        fix = f"set one of its keys (--set {key}.{next(iter(old), 'KEY')}=...)"
+    else:
+        fix = "give " + {"integer": "a whole number", "float": "a number", "boolean": "true or false"}.get(
+            was, _a(was))  # fmt: skip
+    raise UsageError(
+        f"--set {key}: {key} is {_a(was)} in {where} ({_shown(old)}), and {raw.strip()!r} is {_a(given)}",
+        hint=f"{fix}; to change its type all the same, tag the value: --set '{key}={tag} {raw.strip()}'",
+    )
+
+
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def set_key(values: dict[str, Any], dotted: str, value: Any) -> None:

@@ -143,10 +143,10 @@ def verify(
     settings = load_project(cwd)
     store = RunStore.open(settings, fast_reads=True)
     runs = [store.resolve(ref) for ref in (ref_a, ref_b)]
+    manifests = [store.record(r.run_id) for r in runs]  # (a run not made by cascade is named first)
     for run in runs:
         _refuse_running(run)
     earlier, later = sorted(runs, key=lambda r: r.start_ms or 0)
-    manifests = [store.record(r.run_id) for r in runs]
     verdict = judge_runs(store, manifests[0], manifests[1], rtol, atol)
     if replay and not verdict.reproduced:
         from cascade_repro.api.replay import replay_divergence

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from cascade_repro.cli.base import _guard, main
+
+if TYPE_CHECKING:
+    from cascade_repro.project import InitResult
 
 
 @main.command()
@@ -19,9 +24,23 @@ def init(ctx: click.Context) -> None:
     def body() -> None:
         from cascade_repro import api, render
 
-        render.init_result(api.init())
+        result = api.init()
+        render.init_result(result, uncommitted=_uncommitted(result))
 
     _guard(body, ctx)
+
+
+def _uncommitted(result: InitResult) -> list[str]:
+    """The files of cascade's set-up (those init wrote or kept, .gitignore, DVC's) that git does not
+    hold as they are: "commit these files" names them, and is not said when there are none."""
+    from cascade_repro.store import git_repo
+
+    paths = [*result.created, *result.kept, ".gitignore", ".dvc", ".dvcignore"]
+    listed = git_repo.run(result.root, "status", "--porcelain", "-z", "--untracked-files=all", "--", *paths)
+    if listed.returncode != 0:  # (not expected after a successful init: say commit, as before)
+        return list(result.created) or [".gitignore"]
+    entries = listed.stdout.decode("utf-8", "surrogateescape").split("\0")
+    return sorted({entry[3:].split("/")[0] for entry in entries if len(entry) > 3})
 
 
 @main.group(name="image")
@@ -54,7 +73,8 @@ def image_build(ctx: click.Context, no_cache: bool, as_json: bool) -> None:
 
 @main.command(name="ui")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (0.0.0.0: all).")
-@click.option("--port", default=5000, show_default=True, help="Port to serve on.")
+@click.option("--port", default=5000, show_default=True, type=click.IntRange(1, 65535),
+              help="Port to serve on.")  # fmt: skip
 @click.pass_context
 def ui_command(ctx: click.Context, host: str, port: int) -> None:
     """The MLflow UI on this project's store (runs, params, metrics, cascade records). Ctrl-C stops it."""

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 @click.option("--versions", "versions_only", is_flag=True, help="Only runs that carry a version.")
 @click.option("--user", metavar="NAME", help="Only runs started by this user (e.g. --user $USER).")
 @click.option("--running", is_flag=True, help="Only runs still RUNNING (stale ones marked).")
-@click.option("--limit", default=50, show_default=True, help="At most this many runs, newest first.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1),
+              help="At most this many runs, newest first.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def list_command(ctx: click.Context, all_experiments: bool, versions_only: bool, user: str | None,
@@ -63,6 +64,8 @@ def show(ctx: click.Context, run_ref: str, with_trace: bool, with_checkpoints: b
         if as_json:
             data = asdict(record)
             data["manifest"] = record.manifest.to_dict()
+            data.update(run_id=record.manifest.run_id, name=record.tags.get("mlflow.runName"),
+                        version=record.tags.get("cascade.version"))  # fmt: skip
             render.emit_json("show", data)
         elif with_checkpoints:
             render.checkpoints(record.manifest.checkpoints)
@@ -146,8 +149,8 @@ def tag_command(ctx: click.Context, run_ref: str, version: str, force: bool, no_
 @click.argument("ref_a", metavar="A")
 @click.argument("ref_b", metavar="B")
 @click.option("--only", "only", multiple=True, metavar="SECTION",
-              help="Only these sections: stack code params seed packages environment data container "
-              "machine metrics checkpoints trace.")  # fmt: skip
+              help="Only these sections (repeat it, or separate them with commas): stack code params seed "
+              "packages environment data container machine metrics checkpoints trace.")  # fmt: skip
 @click.option("--log-to", metavar="RUN", help="Attach the diff report to RUN as an MLflow artifact.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable diff.")
 @click.pass_context
@@ -162,7 +165,8 @@ def diff_command(ctx: click.Context, ref_a: str, ref_b: str, only: tuple[str, ..
     def body() -> None:
         from cascade_repro import api, render
 
-        result = api.diff(ref_a, ref_b, only=only, log_to=log_to)
+        sections = tuple(part.strip() for given in only for part in given.split(",") if part.strip())
+        result = api.diff(ref_a, ref_b, only=sections, log_to=log_to)
         if as_json:
             render.emit_json("diff", result.to_dict())
         else:

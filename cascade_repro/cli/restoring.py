@@ -91,6 +91,7 @@ def checkout_command(ctx: click.Context, ref: str, checkpoint: str | None, data:
             render.emit_json("checkout", {
                 "run_id": result.run_id, "items": [i.to_dict() for i in result.items],
                 "chosen": {"path": chosen.entry.path, "why": chosen.why} if chosen else None,
+                "not_kept": list(result.not_kept),
             })  # fmt: skip
         else:
             render.checkout_result(result)
@@ -140,14 +141,27 @@ def recover_command(ctx: click.Context, as_json: bool) -> None:
 
 @main.command(name="push")
 @click.argument("ref", metavar="RUN|VERSION")
+@click.option("--json", "as_json", is_flag=True, help="What was pushed, as JSON.")
 @click.pass_context
-def push_command(ctx: click.Context, ref: str) -> None:
-    """Push a run's kept checkpoints and data to the DVC remote (retries a failed push)."""
+def push_command(ctx: click.Context, ref: str, as_json: bool) -> None:
+    """Push a run's kept checkpoints and data to the DVC remote (retries a failed push).
+
+    Exit 0: pushed, or nothing to push (the run kept no checkpoints and read no DVC data); 1: error.
+    """
 
     def body() -> None:
         from cascade_repro import api, render
+        from cascade_repro.errors import DataError
 
-        result = api.push(ref)
-        render.notice(f"pushed {result.pushed} object(s) of run {result.run_id[:12]} to {result.remote}")
+        try:
+            result = api.push(ref)
+        except DataError as exc:
+            # api.push says a run with nothing to push is an error; for the command it is a success
+            # (TODO(api/data.py): return an empty PushSummary instead, and drop this)
+            if "has no checkpoints or data in the DVC cache to push" not in exc.message:
+                raise
+            render.push_result(None, exc.message.split()[1], as_json)
+            return
+        render.push_result(result, result.run_id, as_json)
 
     _guard(body, ctx)

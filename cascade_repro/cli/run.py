@@ -93,6 +93,7 @@ def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options
     def body() -> int:
         from cascade_repro import api, render
 
+        _refuse_script(script)
         git_tag = not options.pop("no_git_tag")
         request = api.RunRequest(script=script, args=script_args, git_tag=git_tag, **options)
         result = api.run(request, notify=render.notice)
@@ -104,6 +105,31 @@ def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options
         return result.exit_status
 
     _guard(body, ctx, fast_exit=True)
+
+
+def _refuse_script(script: str) -> None:
+    """What click took for SCRIPT but is not one: an unknown option of cascade run's own (everything
+    before SCRIPT is cascade's), or a directory."""
+    from pathlib import Path
+
+    from cascade_repro.errors import UsageError
+
+    if script.startswith("-") and len(script) > 1:
+        import difflib
+
+        name = script.split("=", 1)[0]
+        ours = sorted(name for param in run.params if isinstance(param, click.Option)
+                      for name in (*param.opts, *param.secondary_opts) if name.startswith("--"))  # fmt: skip
+        close = difflib.get_close_matches(name, ours, n=1, cutoff=0.8)
+        raise UsageError(f"no such option: {name}" + (f"; did you mean {close[0]}?" if close else ""),
+                         hint="`cascade run --help` lists its options; the script's own go after the script "
+                         "(`cascade run train.py --epochs 3`)")  # fmt: skip
+    if Path(script).is_dir():
+        inside = sorted(str(path) for path in Path(script).glob("*.py"))[:3]
+        raise UsageError(
+            f"{script} is a directory, not a script",
+            hint="give the Python file to run" + (f": {', '.join(inside)}?" if inside else ""),
+        )
 
 
 @dataclass(frozen=True)

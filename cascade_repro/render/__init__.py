@@ -3,7 +3,7 @@
     console.py    notices, errors, the JSON envelope, consoles safe for untrusted text, progress
     runs.py       run, init, ls, show, tag, sync, image build, ui
     verdicts.py   verify, diff, check
-    restoring.py  restore, checkout
+    restoring.py  restore, checkout, push
 
 The only modules that print (besides the script's own output, which `cascade run` passes through).
 """
@@ -21,7 +21,13 @@ from cascade_repro.render.console import (
 )
 
 if TYPE_CHECKING:
-    from cascade_repro.render.restoring import checkout_result, restore_dict, restore_plan, restore_result
+    from cascade_repro.render.restoring import (
+        checkout_result,
+        push_result,
+        restore_dict,
+        restore_plan,
+        restore_result,
+    )
     from cascade_repro.render.runs import (
         checkpoints,
         image_result,
@@ -41,7 +47,8 @@ if TYPE_CHECKING:
 # its result, and its script starts sooner for what it does not import first.
 _MODULES = {
     "checkout_result": "restoring", "restore_dict": "restoring", "restore_plan": "restoring",
-    "restore_result": "restoring", "check_report": "verdicts", "diff": "verdicts", "verdict": "verdicts",
+    "restore_result": "restoring", "push_result": "restoring", "check_report": "verdicts", "diff": "verdicts",
+    "verdict": "verdicts",
     "checkpoints": "runs", "image_result": "runs", "init_result": "runs", "misplaced_options": "runs",
     "run_list": "runs", "run_record": "runs", "run_result": "runs", "sync_result": "runs",
     "tag_result": "runs", "ui_started": "runs", "ui_stopped": "runs",
@@ -74,6 +81,7 @@ __all__ = [
     "misplaced_options",
     "notice",
     "printable",
+    "push_result",
     "restore_dict",
     "restore_plan",
     "restore_result",

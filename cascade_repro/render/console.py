@@ -77,13 +77,28 @@ def emit_json(command: str, data: Any) -> None:
     sys.stdout.write(json.dumps(envelope, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def no_color() -> bool:
+    """NO_COLOR set and not empty (https://no-color.org): no colour, and no bold or other style either."""
+    import os
+
+    return bool(os.environ.get("NO_COLOR"))
+
+
 def _console() -> Any:
     from rich.console import Console
 
     # Piped output is for grep and less: do not squeeze tables into 80 columns.
     width = None if sys.stdout.isatty() else 220
     stream = cast(IO[str], _Printable(sys.stdout))
-    return Console(highlight=False, soft_wrap=False, width=width, markup=False, file=stream)
+    # rich's own NO_COLOR support drops colours but keeps bold and underline: no styles at all here
+    return Console(
+        highlight=False,
+        soft_wrap=False,
+        width=width,
+        markup=False,
+        file=stream,
+        color_system=None if no_color() else "auto",
+    )
 
 
 def _styled(*parts: str | tuple[str, str]) -> Any:
@@ -104,7 +119,7 @@ def byte_progress() -> Iterator[Callable[[str, int | None], Callable[[int], None
 
     with Progress(
         "{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-        console=Console(stderr=True), transient=True,
+        console=Console(stderr=True, color_system=None if no_color() else "auto"), transient=True,
     ) as bars:  # fmt: skip
 
         def factory(label: str, total: int | None) -> Callable[[int], None]:

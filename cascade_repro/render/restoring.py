@@ -1,15 +1,16 @@
-"""What `restore` and `checkout` print: the plan before anything heavy, then the result."""
+"""What `restore`, `checkout` and `push` print: the plan before anything heavy, then the result."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Mapping
 
-from cascade_repro.render.console import notice
+from cascade_repro.render.console import emit_json, notice
 from cascade_repro.render.runs import run_result
 from cascade_repro.render.verdicts import verdict
 
 if TYPE_CHECKING:
-    from cascade_repro.api.data import CheckoutResult
+    from cascade_repro.api.data import CheckoutResult, PushSummary
     from cascade_repro.api.restoring import RestoreResult
     from cascade_repro.restore import RestorePlan
 
@@ -107,9 +108,23 @@ def checkout_result(result: CheckoutResult) -> None:
     """`cascade checkout`: the checkpoint chosen and why, and each file fetched, md5-verified."""
     if result.chosen is not None:
         entry = result.chosen.entry
-        step = f"step {entry.step}; " if entry.step is not None else ""
-        notice(f"took {entry.path} ({step}{result.chosen.why})")
+        why = result.chosen.why
+        said = f"step {entry.step}"  # (`--checkpoint 3`: the reason is that step, said once)
+        step = f"{said}; " if entry.step is not None and not why.startswith(said) else ""
+        notice(f"took {entry.path} ({step}{why})")
     for item in result.items:
         notice(f"{item.path} → {item.written_to} (md5 {item.md5[:12]} verified, from the {item.source})")
     for path in result.not_kept:
         notice(f"not checked out: {path}: the record has no copy of the bytes the run read")
+
+
+def push_result(result: PushSummary | None, run_id: str, as_json: bool) -> None:
+    """`cascade push`: how many objects reached the remote, or that the run has nothing to push (None)."""
+    if as_json:
+        data = asdict(result) if result is not None else {"run_id": run_id, "remote": None, "pushed": 0,
+                                                          "failed": []}  # fmt: skip
+        emit_json("push", {**data, "failed": list(data["failed"]), "nothing_to_push": result is None})
+    elif result is None:
+        notice(f"nothing to push: run {run_id[:12]} kept no checkpoints and read no DVC-tracked data")
+    else:
+        notice(f"pushed {result.pushed} object(s) of run {result.run_id[:12]} to {result.remote}")

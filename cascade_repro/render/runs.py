@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from cascade_repro.child.trace_budget import FULL_RECORDS
@@ -32,8 +33,9 @@ if TYPE_CHECKING:
     from cascade_repro.versions import TagResult
 
 
-def init_result(result: InitResult) -> None:
-    """`cascade init`: what was created, what was kept as it was, DVC and its remote."""
+def init_result(result: InitResult, uncommitted: Sequence[str] = ()) -> None:
+    """`cascade init`: what was created, what was kept as it was, DVC and its remote; `uncommitted`:
+    cascade's files that git does not have as they are, to commit next."""
     console = _console()
     console.print(_styled(("cascade project", "bold"), f" at {result.root}"))
     for name in result.created:
@@ -46,7 +48,10 @@ def init_result(result: InitResult) -> None:
         console.print(f"  dvc remote: {result.dvc_remote}")
     if result.ignore_added:
         console.print(f"  .gitignore += {' '.join(result.ignore_added)}")
-    console.print("next: commit these files, then `cascade run train.py`")
+    if uncommitted:
+        console.print(f"next: commit these files ({' '.join(uncommitted)}), then `cascade run train.py`")
+    else:
+        console.print("next: `cascade run train.py`")
 
 
 def _part_of_a_job(result: RunResult) -> None:
@@ -83,6 +88,8 @@ def run_result(result: RunResult) -> None:
         + (" · record incomplete" if result.incomplete else "")
         + (f" · {shown}" if shown else "")
     )
+    if result.version:
+        notice(f"tagged run {result.run_id[:8]} as {result.version}")
     for warning in result.warnings:
         notice(f"warning: {warning}")
     if result.incomplete:
@@ -123,24 +130,6 @@ def run_list(runs: list[RunSummary], show_experiment: bool = False, versions_onl
     """`cascade ls`: one row per run, newest first (pending and stale ones marked)."""
     from rich.table import Table
 
-    table = Table(box=None, header_style="bold")
-    columns = ("run", "name", "version", "status", "user", "start", "duration", "commit", "metrics")
-    for column in ("experiment", *columns) if show_experiment else columns:
-        table.add_column(column)
-    for run in runs:
-        commit = (run.commit or "")[:10] + ("+dirty" if run.dirty else "")
-        table.add_row(
-            *((run.experiment,) if show_experiment else ()),
-            run.run_id[:12] or "(spooled)",
-            run.name or "",
-            run.version or "",
-            _status(run),
-            run.user or "",
-            _time(run.start_time),
-            f"{run.duration_s:.1f}s" if run.duration_s is not None else "",
-            commit,
-            "  ".join(f"{k}={_num(v)}" for k, v in run.metrics.items()),
-        )
     console = _console()
     if not runs:
         if filtered:
@@ -153,7 +142,80 @@ def run_list(runs: list[RunSummary], show_experiment: bool = False, versions_onl
             console.print("no runs yet in this project's experiment: record one with `cascade run train.py`;"
                           " runs of every experiment: `cascade ls --all`")  # fmt: skip
         return
+    cells: dict[str, list[str]] = {"experiment": [r.experiment for r in runs]} if show_experiment else {}
+    cells.update({
+        "run": [r.run_id or "(spooled)" for r in runs],
+        "name": [r.name or "" for r in runs],
+        "version": [r.version or "" for r in runs],
+        "status": [_status(r) for r in runs],
+        "user": [r.user or "" for r in runs],
+        "start": [_time(r.start_time) for r in runs],
+        "duration": [f"{r.duration_s:.1f}s" if r.duration_s is not None else "" for r in runs],
+        "commit": [(r.commit or "")[:10] + ("+dirty" if r.dirty else "") for r in runs],
+        "metrics": ["  ".join(f"{k}={_num(v)}" for k, v in r.metrics.items()) for r in runs],
+    })  # fmt: skip
+    layout = fit_columns(cells, console.width)
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name, width in layout.widths.items():
+        table.add_column(name, no_wrap=True, overflow="ellipsis", min_width=width if name == "run" else None,
+                         max_width=width)  # fmt: skip
+    for index in range(len(runs)):
+        table.add_row(*(_cut(cells[name][index], name, width) for name, width in layout.widths.items()))
     console.print(table)
+    if layout.dropped:
+        console.print(f"({', '.join(layout.dropped)} not shown at this width: a wider terminal, or --json)")
+
+
+# `cascade ls` on a narrow terminal: what gives way, in order, before the run id goes below the 8
+# characters people type (`cascade run` prints `cascade show 1a2b3c4d`). Each step is (column, width):
+# a width shrinks that column to it, 0 drops it.
+ID_WIDTHS = (32, 12, 8)
+_GIVE_WAY = (("metrics", 24), ("run", 12), ("metrics", 0), ("user", 0), ("commit", 0), ("experiment", 16),
+             ("run", 8), ("start", 11), ("name", 16), ("version", 10), ("status", 9), ("name", 10),
+             ("experiment", 8))  # fmt: skip
+_GAP = 2  # between two columns (rich's padding of one on each side)
+
+
+@dataclass(frozen=True)
+class ListLayout:
+    """The columns `cascade ls` shows at a width, each with its width, and those it left out."""
+
+    widths: dict[str, int]
+    dropped: tuple[str, ...]
+
+
+def fit_columns(cells: dict[str, list[str]], width: int) -> ListLayout:
+    """Which of `cells`' columns fit in `width` characters, and how wide: columns nothing fills are
+    left out, and the rest give way in `_GIVE_WAY`'s order; the run id never gets under 8 characters."""
+    widths = {name: max(len(name), *(len(value) for value in values)) for name, values in cells.items()
+              if name == "run" or any(values)}  # fmt: skip
+    widths["run"] = min(widths["run"], ID_WIDTHS[0])
+    dropped: list[str] = []
+
+    def total() -> int:
+        return sum(widths.values()) + _GAP * (len(widths) - 1)
+
+    for name, size in _GIVE_WAY:
+        if total() <= width:
+            break
+        if name not in widths:
+            continue
+        if size == 0:
+            del widths[name]
+            dropped.append(name)
+        else:
+            widths[name] = min(widths[name], max(size, len(name)) if name != "run" else size)
+    return ListLayout(widths, tuple(dropped))
+
+
+def _cut(value: str, column: str, width: int) -> str:
+    """A cell cut to its column: a run id plainly (the part shown is what one types), the start time
+    to month and day, anything else with an ellipsis (by rich)."""
+    if column == "run" and value != "(spooled)":
+        return value[:width]
+    if column == "start" and len(value) > width:
+        return value[5:]  # 2026-12-05 20:47 → 12-05 20:47
+    return value
 
 
 def _status(run: RunSummary) -> str:
@@ -177,7 +239,10 @@ def run_record(record: RunRecord) -> None:
     m = record.manifest
     console = _console()
     outcome = m.outcome
-    console.print(_styled((f"run {m.run_id}", "bold"), f"  {record.status}  experiment {m.experiment}"))
+    name, version = record.tags.get("mlflow.runName"), record.tags.get("cascade.version")
+    console.print(_styled((f"run {m.run_id}", "bold"), f"  {record.status}  experiment {m.experiment}",
+                          f"  name {name}" if name else "", *((("  version ", ""), (version, "bold"))
+                                                              if version else ())))  # fmt: skip
     recovered = str(outcome.get("recovered") or "")
     error = outcome.get("error")
     if isinstance(error, dict) and recovered and error.get("message") == recovered:  # (said once, below)
@@ -195,7 +260,7 @@ def run_record(record: RunRecord) -> None:
         ("not stored", "; ".join(map(str, outcome.get("undelivered") or []))),
         ("commit", uncaptured or f"{m.git.commit} ({m.git.branch or 'detached'})"),
         ("dirty", uncaptured or _dirty(m.git)),
-        ("inputs", _files(m.inputs, "not tracked by git or DVC")),
+        ("inputs", _files(m.inputs, "not tracked by git or DVC", outcome.get("inputs_not_recorded"))),
         ("outputs", _files(m.outputs, "written by the run")),
         ("remotes", ", ".join(f"{k} {v}" for k, v in m.git.get("remotes", {}).items())),
         ("seed", _seed(m)),
@@ -406,18 +471,26 @@ def _earlier_outputs(git: GitSection) -> str:
         " …" if count > len(named) else "")  # fmt: skip
 
 
-def _files(entries: Sequence[FileEntry], what: str) -> str:
-    """`2 file(s) not tracked by git or DVC: data/train.bin (8.0 kB, in the DVC cache), ...`."""
-    if not entries:
+def _files(entries: Sequence[FileEntry], what: str, not_recorded: Any = None) -> str:
+    """`2 file(s) not tracked by git or DVC: data/train.bin (8.0 kB, in the DVC cache), ...`; and
+    `not_recorded`, how many more inputs the run read than its record holds, said first."""
+    unrecorded = not_recorded if isinstance(not_recorded, int) and not isinstance(not_recorded, bool) else 0
+    if not entries and not unrecorded:
         return ""
     shown = []
     for entry in entries[:6]:
         note = f"{entry.size} bytes" if entry.size is not None else ""
+        if entry.get("rewritten"):
+            note += ", as read: the run rewrote it"
         if entry.md5:
             note += ", in the DVC cache"
         shown.append(f"{entry.path} ({note})" if note else entry.path)
     more = f" and {len(entries) - 6} more" if len(entries) > 6 else ""
-    return f"{len(entries)} file(s) {what}: " + ", ".join(shown) + more
+    said = f"{len(entries)} file(s) {what}: " + ", ".join(shown) + more
+    if unrecorded:
+        said = (f"{len(entries) + unrecorded} file(s) {what}, {unrecorded} of them NOT recorded (the record "
+                f"holds {len(entries)}; restore cannot provide the rest: `dvc add` their directory) · {said}")
+    return said
 
 
 def _overrides(overrides: dict[str, Any]) -> str:

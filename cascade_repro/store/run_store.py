@@ -128,7 +128,12 @@ class RunStore:
                 version = {VERSION_TAG: local.version} if local.version else {}
                 return StoredRun(local.run_id, tags=version)
         with translated(f"finding run {ref!r}"):
-            return StoredRun.of(mlflow_store.resolve_run(self.client, ref, self.experiment))
+            try:
+                return StoredRun.of(mlflow_store.resolve_run(self.client, ref, self.experiment))
+            except RunNotFound as exc:
+                runs = mlflow_store.search_runs(self.client, None)
+                known = [(r.info.run_id, r.info.run_name, r.data.tags.get(VERSION_TAG)) for r in runs]
+                raise (unresolved(ref, known) or exc) from None
 
     def get(self, run_id: str) -> StoredRun:
         row = self._tables.run(run_id) if self._tables is not None else None
@@ -297,6 +302,51 @@ def _quoted(value: str) -> str:
     if "'" in value:
         raise CascadeError(f"cannot search for {value!r}: MLflow's filter strings cannot hold a quote")
     return value
+
+
+MIN_PREFIX = 4  # the shortest run id prefix a ref may be (mlflow_store.resolve_run, local_record)
+
+
+def unresolved(ref: str, runs: list[tuple[str, str | None, str | None]]) -> RunNotFound | None:
+    """Why `ref` names no single run of `runs` (id, name, version), with the fix: a prefix too short,
+    a name several runs share (their ids named), a close match that is itself unique; None: as before."""
+    ids = [run_id for run_id, _, _ in runs]
+    named = [run_id for run_id, name, version in runs if ref in (name, version)]
+    if len(named) > 1:
+        shown = ", ".join(run_id[:12] for run_id in named[:5]) + (" …" if len(named) > 5 else "")
+        return RunNotFound(f"{len(named)} runs are named {ref!r}: {shown}",
+                           hint=f"use one of their run ids instead, e.g. {named[0][:12]}")  # fmt: skip
+    lowered = ref.lower()
+    starting = [run_id for run_id in ids if run_id.startswith(lowered)] if lowered else []
+    if starting and not named and len(ref) < MIN_PREFIX:
+        which = (
+            f"e.g. {starting[0][:8]}"
+            if len(starting) == 1
+            else f"{len(starting)} run ids start with it: " + ", ".join(run_id[:8] for run_id in starting[:5])
+        )
+        return RunNotFound(
+            f"run id prefix {ref!r} is too short: use at least {MIN_PREFIX} characters",
+            hint=f"type {MIN_PREFIX} or more characters of the run id ({which})",
+        )
+    if named or starting:
+        return None  # (found, or a prefix several runs share: MLflow's message lists them)
+    import difflib
+
+    labels: dict[str, list[str]] = {}
+    for run_id, name, version in runs:
+        for label in {name, version} - {None}:
+            labels.setdefault(str(label), []).append(run_id)
+    close = difflib.get_close_matches(ref, [*labels, *ids], n=3, cutoff=0.4)
+    if not close:
+        return RunNotFound(f"no run {ref!r} in the store", hint="list runs with `cascade ls`")
+    unique = [label for label in close if len(labels.get(label, ())) <= 1]
+    said = f"did you mean {' or '.join(unique)}?" if unique else ""
+    for label in close:  # a name several runs share names none of them: their ids do
+        shared = labels.get(label, [])
+        if len(shared) > 1:
+            said += (f" {len(shared)} runs are named {label}: use one of their ids, "
+                     f"{', '.join(run_id[:12] for run_id in shared[:5])}")  # fmt: skip
+    return RunNotFound(f"no run {ref!r} in the store", hint=said.strip())
 
 
 @contextlib.contextmanager

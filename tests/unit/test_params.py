@@ -152,3 +152,40 @@ def test_keys_become_the_strings_the_script_sees(tmp_path: Path) -> None:
     path.write_text("layers: {1: 64, '1': 32}\n")
     with pytest.raises(ConfigError, match="keys 1 and '1' are both '1' to the script"):
         resolve_params(path, tmp_path)
+
+
+def test_set_keeps_the_files_kind_where_the_text_allows_it(params_file: Path) -> None:
+    resolved = resolve_params(
+        params_file, params_file.parent,
+        sets=["optimizer.lr=1", "name=2024", "optimizer.betas=!!str none", "epochs=null"],
+    )  # fmt: skip
+    assert resolved.values["optimizer"]["lr"] == 1.0 and isinstance(resolved.values["optimizer"]["lr"], float)
+    assert resolved.values["epochs"] is None  # null: unset, whatever the kind
+    assert resolved.values["name"] == "2024"  # a string param takes the text typed
+    whole = resolve_params(params_file, params_file.parent, sets=["epochs=1e1"]).values["epochs"]
+    assert whole == 10 and isinstance(whole, int)
+    assert resolved.values["optimizer"]["betas"] == "none"  # a YAML tag forces the kind
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("optimizer.lr=abc", "optimizer.lr is a float in hyperparameters.yaml (0.1), and 'abc' is a string"),
+        ("optimizer=3", "optimizer is a mapping in hyperparameters.yaml"),
+        ("epochs=2.5", "epochs is an integer in hyperparameters.yaml (3), and '2.5' is a float"),
+        ("optimizer.betas=0.9", "optimizer.betas is a list in hyperparameters.yaml ([0.9, 0.99])"),
+        ("name={a: 1}", "name is a string in hyperparameters.yaml (\"base\"), and '{a: 1}' is a mapping"),
+        ("optimizer.lr=[1,", "'[1,' is not valid YAML"),
+        ("name={a: 1", "'{a: 1' is not valid YAML"),
+    ],
+)  # fmt: skip
+def test_set_refuses_a_change_of_kind(params_file: Path, override: str, said: str) -> None:
+    with pytest.raises(UsageError) as info:
+        resolve_params(params_file, params_file.parent, sets=[override])
+    assert said in info.value.message
+    assert info.value.hint is not None
+
+
+def test_add_refuses_a_key_the_file_has(params_file: Path) -> None:
+    with pytest.raises(UsageError, match=r"--add optimizer.lr: optimizer.lr is already in hyperparameters"):
+        resolve_params(params_file, params_file.parent, adds=["optimizer.lr=0.5"])
