@@ -249,9 +249,11 @@ class DataEntry(FileEntry):
 
     @property
     def object_md5(self) -> str | None:
-        """The md5 of the bytes the run read (a file's; None for a directory or unknown bytes)."""
+        """The md5 of the bytes the run read: a file's, or a directory's `.dir` object (its listing of
+        files). None for unknown bytes: a missing path, or a modified directory in a record made before
+        cascade committed those ("note": "not restorable: a modified directory")."""
         md5 = self.raw.get("workspace_md5") or (self.raw.get("md5") if self.matches else None)
-        return str(md5) if md5 and not str(md5).endswith(".dir") else None
+        return str(md5) if md5 else None
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,28 @@ from cascade_repro.store.run_store import RunStore
 
 if TYPE_CHECKING:
     from cascade_repro.checkout import Chosen, Fetched
+    from cascade_repro.store.dvc_store import Cache
 
 ProgressFactory = Callable[[str, "int | None"], "Callable[[int], None] | None"]  # (label, total bytes)
+
+
+def fetch_files(
+    cache: Cache, path: str, md5: str, remote: str | None, size: int | None = None,
+    progress: ProgressFactory = lambda label, total: None,
+) -> list[tuple[str, Fetched]]:  # fmt: skip
+    """Each verified file of one recorded object, with its path below `path` ("" for a file): a
+    directory's `.dir` object (`dvc add DIR`, HF's checkpoint-500/) is fetched, verified and expanded
+    into its files. Its listing is untrusted: `directory_entries` refuses a path that leads out."""
+    from cascade_repro import checkout as checking
+
+    if not md5.endswith(DIR_SUFFIX):
+        return [("", checking.fetch(cache, path, md5, remote, progress(f"md5 of {path}", size)))]
+    checking.fetch(cache, path, md5, remote)  # its listing, verified
+    files = []
+    for member, member_md5 in cache.directory_entries(md5):
+        bar = progress(f"md5 of {path}/{member}", None)
+        files.append((member, checking.fetch(cache, f"{path}/{member}", member_md5, remote, bar)))
+    return files
 
 
 @dataclass(frozen=True)
@@ -28,6 +48,7 @@ class CheckoutResult:
     run_id: str
     items: tuple[Fetched, ...]
     chosen: Chosen | None = None  # the checkpoint taken, and why (`--checkpoint` or the default)
+    not_kept: tuple[str, ...] = ()  # --data: "PATH (why)" for data read whose bytes the record has no copy of
 
 
 def checkout(ref: str, checkpoint: str | None = None, data: bool = False, to: Path | None = None,
@@ -50,28 +71,32 @@ def checkout(ref: str, checkpoint: str | None = None, data: bool = False, to: Pa
         wanted.append((entry.path, str(entry.md5)))
         flat.add(entry.path)
         sizes[str(entry.md5)] = entry.size or 0
+    not_kept: tuple[str, ...] = ()
     if data:
         objects = manifest.data_objects
+        not_kept = not_restorable(manifest)
         if not objects:
-            raise DataError(f"run {run_id[:12]} recorded no DVC-tracked data it could restore")
+            raise DataError(f"run {run_id[:12]} recorded no DVC-tracked data it could restore"
+                            + (f": {'; '.join(not_kept)}" if not_kept else ""))  # fmt: skip
         wanted += objects
     items = []
     try:
         for path, md5 in wanted:
             base, relative = (root, path) if to is None else (to, Path(path).name if path in flat else path)
-            if md5.endswith(DIR_SUFFIX):  # a directory checkpoint (HF's checkpoint-500/): file by file
-                checking.fetch(cache, path, md5, settings.dvc_remote)  # its listing, verified
-                for member, member_md5 in cache.directory_entries(md5):
-                    bar = progress(f"md5 of {path}/{member}", None)
-                    fetched = checking.fetch(cache, f"{path}/{member}", member_md5, settings.dvc_remote, bar)
-                    items.append(checking.deliver(fetched, base, f"{relative}/{member}", force))
-                continue
-            bar = progress(f"md5 of {path}", sizes.get(md5))
-            fetched = checking.fetch(cache, path, md5, settings.dvc_remote, bar)
-            items.append(checking.deliver(fetched, base, relative, force))
+            files = fetch_files(cache, path, md5, settings.dvc_remote, sizes.get(md5), progress)
+            for member, fetched in files:  # a directory (HF's checkpoint-500/, `dvc add DIR`): file by file
+                items.append(checking.deliver(fetched, base, f"{relative}/{member}" if member else relative,
+                                              force))  # fmt: skip
     finally:
         cache.close()
-    return CheckoutResult(run_id, tuple(items), chosen)
+    return CheckoutResult(run_id, tuple(items), chosen, not_kept)
+
+
+def not_restorable(manifest: Manifest) -> tuple[str, ...]:
+    """Each DVC-tracked path the run read whose bytes the record has no copy of, as "PATH (why)": a
+    path missing at run time; a modified directory in a record made before such were committed."""
+    return tuple(f"{d.path[:200]} ({str(d.get('note') or 'not restorable')[:120]})"
+                 for d in manifest.data if not d.object_md5)  # fmt: skip
 
 
 def checkpoint_path(ref: str, which: str = "best", cwd: Path | None = None) -> Path:

@@ -1,7 +1,8 @@
 """DVC-tracked inputs at run start: path, md5, whether the workspace matches the committed pointer.
 
-A workspace file that differs is put into the DVC cache as it is (its .dvc file is left alone: no
-git-tracked file changes), so the exact bytes the run read can be restored.
+A workspace file or directory that differs is put into the DVC cache as it is (a directory as a new
+`.dir` object listing its files, as `dvc add DIR` would make it; its .dvc file is left alone: no
+git-tracked file changes), so the exact bytes the run read can be restored, and compared by md5.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ def capture_data(root: Path) -> list[dict[str, Any]]:
             if item["matches"]:
                 continue
             path = root / item["path"]
-            if not path.is_file():
-                item["note"] = "not restorable: " + ("a modified directory" if path.is_dir() else "missing")
+            if not (path.is_file() or path.is_dir()):
+                item["note"] = "not restorable: missing"
                 continue
-            stored = cache.add(path)
-            if stored is not None:
-                item.update(workspace_md5=stored.md5, workspace_size=stored.size, committed_to_cache=True)
+            stored = cache.add_directory(path) if path.is_dir() else cache.add(path)
+            if stored is None:
+                item["note"] = "not restorable: it changed while it was hashed"
+                continue
+            item.update(workspace_md5=stored.md5, workspace_size=stored.size, committed_to_cache=True)
         return outputs
     finally:
         cache.close()

@@ -67,11 +67,15 @@ def test_data_objects_are_the_bytes_the_run_read() -> None:
         {"path": "a.bin", "md5": "committed", "matches": True},
         {"path": "b.bin", "md5": "committed", "matches": False, "workspace_md5": "dirty"},
         {"path": "c.bin", "md5": "committed", "matches": False, "note": "missing"},
-        {"path": "dir", "md5": "x.dir", "matches": True},
+        {"path": "dir", "md5": "x.dir", "matches": True},  # `dvc add DIR`: its .dir object, expanded
+        {"path": "mod", "md5": "y.dir", "matches": False, "workspace_md5": "z.dir"},
+        {"path": "old", "md5": "w.dir", "matches": False, "note": "not restorable: a modified directory"},
     ]
     assert Manifest("r", "e", data=DataEntry.each(data)).data_objects == [
         ("a.bin", "committed"),
         ("b.bin", "dirty"),
+        ("dir", "x.dir"),
+        ("mod", "z.dir"),
     ]
 
 

@@ -65,8 +65,8 @@ def test_the_accessors_read_each_field_once_with_its_type() -> None:
     assert (m.hardware.cpu_model, m.hardware.cpu_count, m.hardware.os_release) == ("Xeon", 16, "6.1")
     assert m.gpus == [{"name": "H200"}]  # torch saw none: the machine's, without the junk entry
     assert (m.container.in_docker, m.container.shm_size) == (True, "2g")
-    # the bytes the run read: the pointer's when it matched, the workspace's when not, never a directory
-    assert m.data_objects == [("a.bin", "1" * 32), ("b.bin", "3" * 32)]
+    # the bytes the run read: the pointer's when it matched, the workspace's when not; a directory's .dir
+    assert m.data_objects == [("a.bin", "1" * 32), ("b.bin", "3" * 32), ("d", "5" * 32 + ".dir")]
     assert [c.path for c in m.kept_checkpoints] == ["c1.pt"] and m.kept_checkpoints[0].metrics == {
         "loss": 0.5
     }
@@ -99,7 +99,15 @@ def test_a_value_of_the_wrong_kind_reads_as_unknown(raw: dict[str, Any], num_thr
 
 def test_a_data_entry_without_known_bytes_stands_for_none() -> None:
     assert DataEntry({"path": "x", "md5": "1" * 32, "matches": False}).object_md5 is None
-    assert DataEntry({"path": "x", "md5": "1" * 32 + ".dir", "matches": True}).object_md5 is None
+    note = "not restorable: a modified directory"
+    old = {"path": "x", "md5": "1" * 32 + ".dir", "matches": False, "note": note}
+    assert DataEntry(old).object_md5 is None  # a record from before modified directories were committed
+
+
+def test_a_directory_entry_stands_for_its_dir_object() -> None:
+    assert DataEntry({"path": "x", "md5": "1" * 32 + ".dir", "matches": True}).object_md5 == "1" * 32 + ".dir"
+    modified = {"path": "x", "md5": "1" * 32 + ".dir", "matches": False, "workspace_md5": "2" * 32 + ".dir"}
+    assert DataEntry(modified).object_md5 == "2" * 32 + ".dir"
 
 
 def test_the_one_way_in_checks_schema_and_shape() -> None:
