@@ -125,6 +125,11 @@ class PushSummary:
     pushed: int
     failed: tuple[str, ...]
 
+    @property
+    def nothing(self) -> bool:
+        """The run kept no checkpoint and read no DVC-tracked data: nothing to push."""
+        return self.remote is None and not self.pushed and not self.failed
+
 
 def push(ref: str, cwd: Path | None = None) -> PushSummary:
     """Push a run's kept checkpoints and the data it read to the DVC remote (retry after a failure)."""
@@ -133,8 +138,8 @@ def push(ref: str, cwd: Path | None = None) -> PushSummary:
     run_id, manifest = record_of(settings, ref)
     md5s = [str(c.md5) for c in manifest.kept_checkpoints]
     md5s += [md5 for _, md5 in manifest.data_objects]
-    if not md5s:
-        raise DataError(f"run {run_id[:12]} has no checkpoints or data in the DVC cache to push")
+    if not md5s:  # nothing to push: done (`PushSummary.nothing`)
+        return PushSummary(run_id, None, 0, ())
     cache = dvc_cache(settings.root)
     try:
         missing = [m for m in md5s if not cache.object_path(m).exists()]

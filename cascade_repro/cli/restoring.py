@@ -151,17 +151,7 @@ def push_command(ctx: click.Context, ref: str, as_json: bool) -> None:
 
     def body() -> None:
         from cascade_repro import api, render
-        from cascade_repro.errors import DataError
 
-        try:
-            result = api.push(ref)
-        except DataError as exc:
-            # api.push says a run with nothing to push is an error; for the command it is a success
-            # (TODO(api/data.py): return an empty PushSummary instead, and drop this)
-            if "has no checkpoints or data in the DVC cache to push" not in exc.message:
-                raise
-            render.push_result(None, exc.message.split()[1], as_json)
-            return
-        render.push_result(result, result.run_id, as_json)
+        render.push_result(api.push(ref), as_json)
 
     _guard(body, ctx)

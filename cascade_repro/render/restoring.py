@@ -118,13 +118,12 @@ def checkout_result(result: CheckoutResult) -> None:
         notice(f"not checked out: {path}: the record has no copy of the bytes the run read")
 
 
-def push_result(result: PushSummary | None, run_id: str, as_json: bool) -> None:
-    """`cascade push`: how many objects reached the remote, or that the run has nothing to push (None)."""
+def push_result(result: PushSummary, as_json: bool) -> None:
+    """`cascade push`: how many objects reached the remote, or that the run has nothing to push."""
     if as_json:
-        data = asdict(result) if result is not None else {"run_id": run_id, "remote": None, "pushed": 0,
-                                                          "failed": []}  # fmt: skip
-        emit_json("push", {**data, "failed": list(data["failed"]), "nothing_to_push": result is None})
-    elif result is None:
-        notice(f"nothing to push: run {run_id[:12]} kept no checkpoints and read no DVC-tracked data")
+        data = asdict(result)
+        emit_json("push", {**data, "failed": list(data["failed"]), "nothing_to_push": result.nothing})
+    elif result.nothing:
+        notice(f"nothing to push: run {result.run_id[:12]} kept no checkpoints and read no DVC-tracked data")
     else:
         notice(f"pushed {result.pushed} object(s) of run {result.run_id[:12]} to {result.remote}")
