@@ -253,7 +253,9 @@ def run_record(record: RunRecord) -> None:
     rows: list[tuple[str, str]] = [
         ("command", " ".join(["cascade run", m.command.get("script", ""), *m.command.get("argv", [])])),
         ("cwd", m.command.get("cwd", "")),
-        ("outcome", f"{_exit(outcome.exit_code, recovered)} after {outcome.get('duration_s')}s"),
+        ("outcome", "still running: its outcome, trace and files are recorded when it ends"
+         if record.status == "RUNNING" and outcome.exit_code is None
+         else f"{_exit(outcome.exit_code, recovered)} after {outcome.get('duration_s')}s"),
         ("error", error_line(error)),
         ("recovered", recovered),
         ("missing", "; ".join(outcome.missing)),
@@ -294,7 +296,7 @@ def run_record(record: RunRecord) -> None:
             params.add_row(printable(key), printable(shown))
         console.print(params)
     if record.trace is not None:
-        _trace_summary(console, record.trace)
+        _trace_summary(console, record.trace, record.status == "RUNNING")
     elif m.trace:
         console.print(f"trace: {m.trace.get('steps')} steps (cascade show --trace for the loss curve)")
     _metrics(console, m.metrics.get("keys") or {}, record.metrics)
@@ -381,14 +383,11 @@ def tag_result(result: TagResult) -> None:
     _console().print(text)
 
 
-def _trace_summary(console: Any, t: Any) -> None:
+def _trace_summary(console: Any, t: Any, running: bool = False) -> None:
     if t.algorithm is None:
-        console.print(
-            _styled(
-                ("trace", "bold"),
-                "  none: the script ran no optimizer step or backward(), or --trace-interval 0",
-            )
-        )
+        why = "  not stored yet: the run is still RUNNING (its trace is stored when it ends)" if running \
+            else "  none: the script ran no optimizer step or backward(), or --trace-interval 0"  # fmt: skip
+        console.print(_styled(("trace", "bold"), why))
         return
     _trace_steps(console, t)
     if t.grads is not None:

@@ -121,6 +121,10 @@ def test_verify_of_a_run_still_running_says_so(project: Project) -> None:
         assert result.returncode == 1, result.stderr
         assert f"run {other[:12]} is still RUNNING" in result.stderr
         assert "--trace-interval" not in result.stderr
+        shown = " ".join(project.invoke("show", other, "--trace", check=True).stdout.split())
+        assert "still running: its outcome, trace and files are recorded when it ends" in shown  # not
+        assert "not stored yet: the run is still RUNNING" in shown  # "no exit code seen after Nones"
+        assert "--trace-interval" not in shown
     finally:
         (project.root / "stop").write_text("1")
         running.wait(timeout=120)
