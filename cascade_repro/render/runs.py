@@ -102,7 +102,9 @@ def run_result(result: RunResult) -> None:
     if is_tracking_server(uri):  # its own UI shows the run
         where = f"{uri} (experiment {result.experiment})"
     else:
-        where = f"mlflow ui --backend-store-uri {uri}"
+        import shlex  # (a path with spaces: the command is pasted into a shell)
+
+        where = f"mlflow ui --backend-store-uri {shlex.quote(uri)}"
     notice(f"see it: cascade show {result.run_id[:8]}  ·  {where}")
 
 

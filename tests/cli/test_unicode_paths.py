@@ -4,6 +4,7 @@ a second `init` failing the same way."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from tests.plugin import SCRIPTS, Project, git
@@ -25,6 +26,9 @@ def test_init_and_a_run_in_a_repository_whose_path_is_not_ascii(tmp_path: Path) 
     again = project.invoke("init")
     assert again.returncode == 0, again.stderr
     project.commit("cascade init")
-    project.cascade("run", "train.py", check=True)
+    ran = project.cascade("run", "train.py", check=True)
     (run,) = project.runs()
     assert run.info.status == "FINISHED"
+    (see,) = [line for line in ran.stderr.splitlines() if "mlflow ui --backend-store-uri" in line]
+    command = shlex.split(see.split("·", 1)[1])  # what a user pastes into a shell (it split at the space)
+    assert command == ["mlflow", "ui", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}"]
