@@ -66,7 +66,8 @@ def list_runs(cwd: Path | None = None, all_experiments: bool = False, limit: int
                 version=run.version,
                 status=str(run.status),
                 start_time=start / 1000 if start else None,
-                duration_s=(end - start) / 1000 if end and start else None,
+                duration_s=(end - start) / 1000 if end and start else  # (RUNNING: so far)
+                (round(now - start / 1000, 1) if start and run.status == "RUNNING" else None),
                 commit=run.tags.get("mlflow.source.git.commit"),
                 dirty={"true": True, "false": False}.get(run.tags.get("cascade.dirty", "")),
                 metrics=_key_metrics(run.metrics, settings.key_metrics),

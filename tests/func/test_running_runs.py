@@ -125,6 +125,9 @@ def test_verify_of_a_run_still_running_says_so(project: Project) -> None:
         assert "still running: its outcome, trace and files are recorded when it ends" in shown  # not
         assert "not stored yet: the run is still RUNNING" in shown  # "no exit code seen after Nones"
         assert "--trace-interval" not in shown
+        rows = json.loads(project.invoke("ls", "--json", check=True).stdout)["data"]
+        listed = {r["run_id"]: r for r in rows}
+        assert listed[other]["duration_s"] > 0  # so far (it was empty while running)
     finally:
         (project.root / "stop").write_text("1")
         running.wait(timeout=120)
