@@ -166,8 +166,9 @@ def test_restore_takes_redacted_values_from_the_environment(secret_project: Proj
     # --no-run needs no value: it prints the command with the variables in their places.
     result = project.cascade("restore", "s2", "--no-run", env=ENV)
     assert result.returncode == 0, result.stderr
-    assert "--api-key=${CASCADE_SECRET_API_KEY} --token ${CASCADE_SECRET_TOKEN}" in result.stderr
-    assert "https://alice:${CASCADE_SECRET_DATA_URL}@data.example.com/set" in result.stderr
+    # (each in double quotes: the shell expands the variable, and a value with a space stays one word)
+    assert '"--api-key=${CASCADE_SECRET_API_KEY}" --token "${CASCADE_SECRET_TOKEN}"' in result.stderr
+    assert '"https://alice:${CASCADE_SECRET_DATA_URL}@data.example.com/set"' in result.stderr
     home = Path(os.environ["HOME"])
     assert _occurrences([project.root, home], skip=(".git", "out")) == {}
     assert [s for s in SECRETS if s.encode() in _git_objects(project.root)] == []
