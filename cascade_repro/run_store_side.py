@@ -8,8 +8,10 @@ output log and trace written before the run is closed with its status.
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import shutil
+import sqlite3
 import threading
 import time
 from dataclasses import replace
@@ -28,7 +30,8 @@ from cascade_repro.params import resolved_dict, unused_overrides, used_params
 from cascade_repro.record_sections import DataEntry
 from cascade_repro.run_plan import Notify, RunPlan, RunResult
 from cascade_repro.run_record import build_manifest, end_tags, seed_notice, start_tags, status_of
-from cascade_repro.store import spool
+from cascade_repro.settings import sqlite_path
+from cascade_repro.store import local_record, spool
 from cascade_repro.store.checkpoint_keeper import CheckpointKeeper, CheckpointsRecorded, finish_checkpoints
 from cascade_repro.store.delivery import Delivery, dir_op, file_op, params_op, record_op, tags_op
 from cascade_repro.store.metrics_writer import HEARTBEAT_S, MetricsWriter
@@ -41,7 +44,10 @@ NOT_CAPTURED = "not captured: the cascade process ended before capture finished"
 UNTRACKED_DIR = "untracked"  # in the run directory: the untracked files as capture read and hashed them
 
 
-_CLOCK_SLACK_MS = 20  # file times come from the kernel's coarse clock, a tick behind time.time()
+# A file the run wrote has a time at or after the run's start: the script starts tens of
+# milliseconds after it, more than the tick the kernel's coarse file clock lags time.time() by. A
+# file written just before (restore's worktree, then its re-run) must not count: no slack.
+_CLOCK_SLACK_MS = 0
 
 
 class Worker(threading.Thread):
@@ -264,13 +270,20 @@ class Recording:
 
     def _logged(self, run_id: str, record: Manifest) -> dict[str, float]:
         """The metrics the script logged into the run through MLflow itself, beyond cascade's own (for
-        the closing line); none where the store cannot say now (it answered everything else)."""
+        the closing line); none where the store cannot say now (it answered everything else). The
+        embedded store is read from its tables: MLflow is not imported for it (test_local_record)."""
         ours = record.metrics.get("keys") or {}
         if self.store is None:
             return {}
+        uri = self.plan.settings.tracking_uri
         try:
-            stored = self.store.get(run_id).metrics
-        except StoreError:
+            if sqlite_path(uri) is not None:
+                tables = local_record.LocalStore.open(uri, os.environ)
+                row = tables.run(run_id) if tables is not None else None
+                stored: Mapping[str, float] = row.metrics if row is not None else {}
+            else:
+                stored = self.store.get(run_id).metrics
+        except (StoreError, OSError, sqlite3.Error):
             return {}
         return {k: v for k, v in stored.items() if k not in ours and not k.startswith("cascade.")}
 
