@@ -272,10 +272,11 @@ def _saved_tensors_differ(a: Manifest, b: Manifest) -> str | None:
     whose tensors' fingerprints differ (child/saved_tensors.py); None where every such pair agrees."""
     def saved(m: Manifest) -> dict[tuple[str, Any, int], str]:
         out: dict[tuple[str, Any, int], str] = {}
+        seen: dict[tuple[str, Any], int] = {}  # saves of each (path, step) so far, with tensors or not
         for entry in m.checkpoints:
-            tensors = entry.raw.get("tensors")
             key = (entry.path, entry.step)
-            occurrence = sum(1 for k in out if k[:2] == key)
+            occurrence = seen[key] = seen.get(key, -1) + 1
+            tensors = entry.raw.get("tensors")
             if isinstance(tensors, str):
                 out[(*key, occurrence)] = tensors
         return out

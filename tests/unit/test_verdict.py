@@ -404,3 +404,20 @@ def test_a_grad_scaler_run_recorded_before_trace_3_is_incomparable_with_one_reco
         assert verdict.summary.startswith(f"run {'a' * 12} was recorded by a cascade")
     plain = {**new, "trace": {**new["trace"], "grad_scaler": False}}  # no scaler: compared as ever
     assert judge(as_record(old), as_record(plain), trace, other).verdict == "DIVERGED"
+
+
+def test_checkpoints_pair_by_their_save_of_a_path_and_step_even_where_one_has_no_fingerprint() -> None:
+    """The second save of ema.pt at step 3 pairs with the other run's second, the first (a record from
+    before the field: no fingerprint) with its first; a record from elsewhere with 10,000 saves of one
+    path is paired in one pass (the occurrence was counted by scanning every pair made so far)."""
+    import time
+
+    trace = [_record(i) for i in range(4)]
+    a, b = _manifest("a" * 32), _manifest("b" * 32)
+    a["checkpoints"] = [_saved("ema.pt", 3, None), _saved("ema.pt", 3, "1" * 16)]
+    b["checkpoints"] = [_saved("ema.pt", 3, "2" * 16), _saved("ema.pt", 3, "1" * 16)]
+    assert judge(as_record(a), as_record(b), trace, copy.deepcopy(trace)).verdict == "BITWISE_IDENTICAL"
+    a["checkpoints"] = b["checkpoints"] = [_saved("ema.pt", 3, "1" * 16)] * 10_000
+    started = time.monotonic()
+    assert judge(as_record(a), as_record(b), trace, copy.deepcopy(trace)).verdict == "BITWISE_IDENTICAL"
+    assert time.monotonic() - started < 5
