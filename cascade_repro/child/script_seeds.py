@@ -9,6 +9,11 @@ first to follow it (null: no step trace), and `drawn_before`, the generators dra
 cascade seeded them (cascade's seed decided those draws). Only the process that runs the script
 records (DataLoader workers seed themselves too).
 
+A `torch.Generator` the script hands a DataLoader (`generator=`, a sampler's) is seeded by a C method
+that cannot be wrapped: its seed (`initial_seed()`) is recorded as a call of `torch.Generator`, for
+generator "DataLoader", when an iteration over that loader starts and the seed is not the one every
+new generator has (a clock-seeded generator otherwise looks like "the data differs" and nothing more).
+
 Functions are wrapped after cascade's own seeding, when their module is imported: nothing here
 imports torch, numpy or a framework. The first MAX_RECORDED calls are kept; later ones are counted.
 """
@@ -47,6 +52,7 @@ class ScriptSeeds:
         self._pid = os.getpid()
         self._local = threading.local()
         self._unchanged: dict[str, Callable[[], bool]] = {}  # generator → still as cascade seeded it?
+        self._loader_seeds: dict[int, int] = {}  # id of a DataLoader's torch.Generator → seed recorded
 
     # -- what gets wrapped ------------------------------------------------------------------------
     def hook_random(self) -> None:
@@ -69,6 +75,39 @@ class ScriptSeeds:
         torch.manual_seed = wrapped
         if getattr(torch, "random", None) is not None:  # torch.random.manual_seed is the same function
             torch.random.manual_seed = wrapped
+        self._hook_loader_generators(torch)
+
+    def _hook_loader_generators(self, torch: Any) -> None:
+        loader = torch.utils.data.DataLoader
+        original_iter = loader.__iter__
+        if getattr(original_iter, WRAPPED, False):
+            return
+        default_seed = torch.Generator().initial_seed()
+        recorder = self
+
+        @functools.wraps(original_iter)
+        def __iter__(self: Any) -> Any:  # noqa: N807 - replaces DataLoader.__iter__
+            if os.getpid() == recorder._pid:
+                try:
+                    recorder._note_loader_generators(self, default_seed)
+                except Exception:  # recording must never break the script's data loading
+                    pass
+            return original_iter(self)
+
+        setattr(__iter__, WRAPPED, True)
+        loader.__iter__ = __iter__
+
+    def _note_loader_generators(self, loader: Any, default_seed: int) -> None:
+        sampler = getattr(loader, "sampler", None)
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        found = (getattr(loader, "generator", None), getattr(sampler, "generator", None),
+                 getattr(getattr(batch_sampler, "sampler", None), "generator", None))  # fmt: skip
+        for generator in {id(g): g for g in found if g is not None and hasattr(g, "initial_seed")}.values():
+            seed = int(generator.initial_seed())
+            if seed == default_seed or self._loader_seeds.get(id(generator)) == seed:
+                continue
+            self._loader_seeds[id(generator)] = seed
+            self._record("torch.Generator", seed, {"generators": {"DataLoader"}, "drawn": set()})
 
     def hook_framework(self, module: ModuleType, name: str) -> None:
         function = getattr(module, name, None)

@@ -90,6 +90,26 @@ for step in range(5):
     opt.step()
 """
 
+# Shuffles with a torch.Generator of its own, seeded from the clock (not a seeding function cascade wraps).
+CLOCK_SEEDED_LOADER = """\
+import time
+
+import torch
+
+generator = torch.Generator()
+generator.manual_seed(time.time_ns() % 2**62)
+x = torch.arange(64, dtype=torch.float32).reshape(32, 2)
+data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))
+loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True, generator=generator)
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.001)
+for epoch in range(2):
+    for inputs, targets in loader:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(inputs), targets).backward()
+        opt.step()
+"""
+
 
 def _verify(project: Project, a: str, b: str) -> tuple[int, dict[str, Any]]:
     result = project.cascade("verify", a, b, "--json")
@@ -108,6 +128,8 @@ def seeding(project: Project) -> Project:
     project.write("reseeds.py", RESEEDS_EACH_EPOCH)
     project.write("late.py", SEEDS_TOO_LATE)
     project.write("torchonly.py", SEEDS_TORCH_ONLY)
+    project.write("clock_loader.py", CLOCK_SEEDED_LOADER)
+    project.write("fixed_loader.py", CLOCK_SEEDED_LOADER.replace("time.time_ns() % 2**62", "20261205"))
     project.commit("self-seeding scripts")
     return project
 
@@ -211,6 +233,35 @@ def test_seeding_after_the_model_is_built_leaves_cascades_seed_a_cause(seeding: 
     result = seeding.cascade("run", "--seed", "7", "late.py", check=True)
     assert "--seed 7 had no effect on random and numpy" in result.stderr
     assert "torch still follows --seed: it was drawn from before the script seeded it" in result.stderr
+
+
+def test_a_dataloader_generator_the_script_seeds_is_recorded_and_named_by_verify(seeding: Project) -> None:
+    a = seeding.record("clock_loader.py")
+    b = seeding.record("clock_loader.py")
+    seeds = [[c for c in _shown(seeding, run)["determinism"]["script_seeds"]] for run in (a, b)]
+    for calls in seeds:
+        (call,) = calls  # once, though the loader is iterated twice with the same generator
+        assert call["function"] == "torch.Generator" and call["generators"] == ["DataLoader"]
+        assert call["step"] == 0 and isinstance(call["seed"], int)
+    assert seeds[0][0]["seed"] != seeds[1][0]["seed"]
+    code, verdict = _verify(seeding, a, b)
+    assert code == 3 and verdict["first_divergence"]["step"] == 0
+    assert verdict["first_divergence"]["facets"][0]["facet"] == "batch"
+    cause = verdict["likely_causes"][0]["summary"]
+    assert cause.startswith("the script's seeds torch.Generator(") and str(seeds[1][0]["seed"]) in cause
+    human = seeding.cascade("show", a, check=True).stdout
+    assert f"torch.Generator({seeds[0][0]['seed']})" in human
+
+
+def test_a_dataloader_generator_with_a_fixed_seed_trains_identically(seeding: Project) -> None:
+    a = seeding.record("--seed", "1", "fixed_loader.py")
+    b = seeding.record("--seed", "1", "fixed_loader.py")
+    calls = _shown(seeding, a)["determinism"]["script_seeds"]
+    assert calls == [
+        {"function": "torch.Generator", "seed": 20261205, "generators": ["DataLoader"], "step": 0}
+    ]
+    code, verdict = _verify(seeding, a, b)
+    assert code == 0 and verdict["verdict"] == "BITWISE_IDENTICAL", verdict["summary"]
 
 
 def _trace(project: Project, run_id: str) -> list[dict[str, Any]]:

@@ -103,6 +103,30 @@ def test_a_script_that_reseeds_every_step_keeps_a_bounded_record(tmp_path: Path)
     assert seeds["script_seeds_omitted"] == 68
 
 
+LOADER_GENERATORS = """\
+import torch
+
+data = torch.utils.data.TensorDataset(torch.arange(12.0))
+unseeded = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator())
+plain = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
+own = torch.Generator()
+by_sampler = torch.utils.data.DataLoader(data, sampler=torch.utils.data.RandomSampler(data, generator=own))
+for epoch in range(3):
+    own.manual_seed(10 + epoch // 2)  # the same seed for epochs 0 and 1: recorded once
+    for loader in (unseeded, plain, by_sampler):
+        list(loader)
+"""
+
+
+def test_a_dataloaders_own_generator_is_recorded_when_its_seed_is_not_the_default(tmp_path: Path) -> None:
+    # with the step trace off: the generators are the seeds' hook's, not the tracer's
+    facts = _run_child(tmp_path, LOADER_GENERATORS)
+    assert facts["determinism"]["script_seeds"] == [
+        {"function": "torch.Generator", "seed": 10, "generators": ["DataLoader"], "step": None},
+        {"function": "torch.Generator", "seed": 11, "generators": ["DataLoader"], "step": None},
+    ]
+
+
 def test_the_child_imports_no_framework_and_no_numpy_itself(tmp_path: Path) -> None:
     facts = _run_child(
         tmp_path, "import sys\nassert 'numpy' not in sys.modules and 'torch' not in sys.modules\n"
