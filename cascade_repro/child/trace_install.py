@@ -36,26 +36,18 @@ def _wrap_backward(tracer: StepTracer) -> None:
     autograd = importlib.import_module("torch.autograd")
     original_backward = autograd.backward
     tensor = importlib.import_module("torch").Tensor
+    note_loss = functools.partial(_note_loss, tracer)
 
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         # Tensor.backward() calls torch.autograd.backward(), so this sees both spellings.
         tracer.backwards += 1  # (a loader that yields twice with none between fetches ahead)
-        if isinstance(tensors, tensor) and tensors.numel() == 1:  # a loss: the step's (no copy; read
-            scaled = tracer.scaled  # when the step ends or, if it has no record, at exit); a GradScaler's:
-            loss = scaled[1] if scaled is not None and scaled[0] is tensors else tensors  # the script's own
-            step, losses = tracer.last_backward
-            if step != tracer.step:
-                tracer.backward_before, tracer.last_backward = tracer.last_backward, (tracer.step, [loss])
-                if tracer.in_step:  # the step's first loss is its closure's
-                    tracer.closure_from = (tracer.step, 0)
-            elif tracer.in_step:  # the optimizer's closure (evaluated again: its last loss is the step's;
-                at, start = tracer.closure_from  # Lightning's last micro-batch runs in it): its
-                if at != tracer.step:  # first backward, after the step's own losses
-                    start = len(losses)
-                    tracer.closure_from = (tracer.step, start)
-                losses[start:] = [loss]
-            elif len(losses) < MAX_LOSSES:  # gradient accumulation: each micro-batch's, in order
-                losses.append(loss)
+        if isinstance(tensors, tensor):
+            if tensors.numel() == 1:  # a loss: the step's (no copy; read when the step ends or, if
+                note_loss(tensors)  # it has no record, at exit)
+        elif isinstance(tensors, (list, tuple)) and all(isinstance(t, tensor) and t.numel() == 1
+                                                        for t in tensors):  # fmt: skip
+            for loss in tensors:  # `autograd.backward([loss_a, loss_b])`: the step's loss is their sum
+                note_loss(loss)
         if tracer.coasting:  # a step without a record: nothing of it is read
             return original_backward(tensors, *args, **kwargs)
         tracer.backward_begins(tensors)
@@ -64,6 +56,25 @@ def _wrap_backward(tracer: StepTracer) -> None:
         return result
 
     autograd.backward = backward  # type: ignore[attr-defined]
+
+
+def _note_loss(tracer: StepTracer, backpropagated: Any) -> None:
+    """One loss backpropagated (a GradScaler's: the script's own, the one it scaled)."""
+    scaled = tracer.scaled
+    loss = scaled[1] if scaled is not None and scaled[0] is backpropagated else backpropagated
+    step, losses = tracer.last_backward
+    if step != tracer.step:
+        tracer.backward_before, tracer.last_backward = tracer.last_backward, (tracer.step, [loss])
+        if tracer.in_step:  # the step's first loss is its closure's
+            tracer.closure_from = (tracer.step, 0)
+    elif tracer.in_step:  # the optimizer's closure (evaluated again: its last loss is the step's;
+        at, start = tracer.closure_from  # Lightning's last micro-batch runs in it): its
+        if at != tracer.step:  # first backward, after the step's own losses
+            start = len(losses)
+            tracer.closure_from = (tracer.step, start)
+        losses[start:] = [loss]
+    elif len(losses) < MAX_LOSSES:  # gradient accumulation: each micro-batch's, in order
+        losses.append(loss)
 
 
 def _wrap_dataloader(tracer: StepTracer) -> None:
