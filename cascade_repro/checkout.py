@@ -117,6 +117,7 @@ def deliver(fetched: Fetched, base: Path, relative: str, force: bool) -> Fetched
     unless forced; a symlink there is replaced, never written through."""
     if not relative or PurePosixPath(relative).is_absolute() or ".." in PurePosixPath(relative).parts:
         raise UnsafeRecord(f"unsafe record: the path {relative!r} leads out of {base}")
+    confined.refuse_git_dir(relative, "the path")
     destination = base / relative
     if destination.is_dir() and not destination.is_symlink():
         raise UsageError(f"{destination} is a directory", hint="give a file path, or --to DIR")

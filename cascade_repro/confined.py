@@ -9,7 +9,9 @@ A record may come from a shared server, so it is not trusted. Two layers, both n
   they write into, component by component, and refuse one outside the target: symlinks that were
   already there (committed ones, the user's own) cannot be written through either.
 
-Both raise `UnsafeRecord`, whose message names the path and the link.
+Both raise `UnsafeRecord`, whose message names the path and the link. Neither writes into git's own
+directory (`refuse_git_dir`): a `.git/config` with an fsmonitor command, a hook, or a `.git` file
+naming another git directory runs whatever it says at the next git command.
 """
 
 from __future__ import annotations
@@ -121,10 +123,20 @@ def _unquote(path: str) -> str:
 
 
 # -- while writing: real paths --------------------------------------------------------------------
+def refuse_git_dir(relative: str, what: str) -> None:
+    """Refuse a record's path with a `.git` component (any case: a case-insensitive disk, a nested
+    repository's): git's own directory is never the record's to write."""
+    if any(part.lower() == ".git" for part in PurePosixPath(relative).parts):
+        raise UnsafeRecord(f"unsafe record: {what} {relative!r} is in a .git directory, git's own",
+                           hint="nothing was written; a run never writes there: the record was altered")  # fmt: skip
+
+
 def real_directory(root: Path, relative: str, what: str) -> Path:
     """The real directory `relative` (a root-relative directory) is, made as needed, each component
-    resolved on disk now and refused when it leads out of `root`."""
+    resolved on disk now and refused when it leads out of `root` or into its `.git`."""
+    refuse_git_dir(relative, what)
     real_root = Path(os.path.realpath(root))
+    git_dir = real_root / ".git"
     current = real_root
     for part in PurePosixPath(relative).parts:
         if part in ("", "."):
@@ -140,6 +152,8 @@ def real_directory(root: Path, relative: str, what: str) -> Path:
                 f"outside {root}",
                 hint=f"nothing was written outside {root}; check the symlinks there",
             )
+        if _within(resolved, git_dir):  # a symlink in the worktree to its .git
+            raise UnsafeRecord(f"unsafe record: {what} would be written into {git_dir} through {part}")
         if not resolved.is_dir():
             raise UnsafeRecord(f"unsafe record: {what} goes through {resolved}, which is not a directory")
         current = resolved
@@ -149,6 +163,7 @@ def real_directory(root: Path, relative: str, what: str) -> Path:
 def write_file(root: Path, relative: str, source: Path, what: str) -> Path:
     """Copy `source` to `root/relative` through a temporary sibling and a rename, so a symlink already
     at the destination is replaced, never followed. Returns the real path written."""
+    refuse_git_dir(relative, what)
     directory = real_directory(root, posixpath.dirname(relative), what)
     destination = directory / posixpath.basename(relative)
     tmp = directory / f".{destination.name}.cascade.tmp"
@@ -163,6 +178,7 @@ def write_file(root: Path, relative: str, source: Path, what: str) -> Path:
 def make_symlink(root: Path, relative: str, target: str, what: str) -> Path:
     """Create the symlink `root/relative` → `target`, refused when the target, resolved from where
     the link really is, leads out of `root`."""
+    refuse_git_dir(relative, what)
     directory = real_directory(root, posixpath.dirname(relative), what)
     real_root = Path(os.path.realpath(root))
     if target.startswith("/") or not _within(Path(os.path.realpath(directory / target)), real_root):

@@ -187,9 +187,9 @@ def _data_here(root: Path) -> list[dict[str, Any]]:
 
 def _code_stat(root: Path, a: Manifest, b: Manifest) -> str | None:
     commits = [m.git.commit or "" for m in (a, b)]
-    if not all(commits) or commits[0] == commits[1]:
+    if not all(git_repo.is_commit_id(c) for c in commits) or commits[0] == commits[1]:
         return None
-    out = git_repo.run(root, "diff", "--stat", commits[0], commits[1])
+    out = git_repo.run(root, "diff", "--stat", "--end-of-options", commits[0], commits[1])
     if out.returncode != 0:
         return "(a commit is not in this repository: git fetch it)"
     return out.stdout.decode(errors="replace")

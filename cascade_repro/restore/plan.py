@@ -23,6 +23,14 @@ from cascade_repro.restore.safety import safe_link, safe_path, untracked_links, 
 
 # Variables restore never copies from a record: they point at this machine's store and run.
 NOT_RESTORED_PREFIXES = ("MLFLOW_", "CASCADE_")
+# Variables that make the interpreter or the loader run code from where they point: a record (from a
+# shared server, not trusted) never sets them for the re-run, which would otherwise run a library or
+# sitecustomize.py from outside the worktree (or, recorded honestly, the user's checkout rather than
+# the restored code). The plan names them; a user who trusts them exports them.
+CODE_LOADING = frozenset({
+    "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP",
+    "PYTHONUSERBASE", "PYTHONPLATLIBDIR", "PYTHONEXECUTABLE",
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -211,16 +219,10 @@ def recorded_environment(recorded: Mapping[str, str], environ: Mapping[str, str]
     """
     changes: dict[str, str | None] = {}
     for name, value in (read or {}).items():
-        if name.startswith(NOT_RESTORED_PREFIXES) or is_redacted(value) or is_launcher_variable(name):
-            continue
-        if environ.get(name) != value:
+        if not _not_restored(name, value) and environ.get(name) != value:
             changes[name] = value
     for name, value in recorded.items():
-        if name.startswith(NOT_RESTORED_PREFIXES) or is_redacted(value) or name == "PYTHONHASHSEED":
-            continue
-        if is_launcher_variable(name):  # the recorded job's torchrun set it; the re-run's torchrun does
-            continue
-        if environ.get(name) != value:
+        if not _not_restored(name, value) and name != "PYTHONHASHSEED" and environ.get(name) != value:
             changes[name] = value
     for name in environ:
         if (
@@ -230,6 +232,14 @@ def recorded_environment(recorded: Mapping[str, str], environ: Mapping[str, str]
         ) and name != "PYTHONHASHSEED":
             changes[name] = None
     return changes
+
+
+def _not_restored(name: str, value: str | None) -> bool:
+    """cascade's own and MLflow's, a redacted value, a launcher's (the recorded job's torchrun set
+    it; the re-run's torchrun does), one that loads code (one here that the run did not have is
+    still unset)."""
+    return (name.startswith(NOT_RESTORED_PREFIXES) or is_redacted(value) or is_launcher_variable(name)
+            or name in CODE_LOADING)  # fmt: skip
 
 
 def machine_differences(manifest: Manifest, here: Manifest) -> list[Difference]:
@@ -247,12 +257,18 @@ def machine_differences(manifest: Manifest, here: Manifest) -> list[Difference]:
     out = [Difference(kind, "A", "; ".join(found)) for kind, found in lines.items()]
     env = [
         c.key for c in compared.section("environment").changes
-        if c.kind == "environment" and not is_redacted(c.a)
+        if c.kind == "environment" and not is_redacted(c.a) and c.key not in CODE_LOADING
     ]  # fmt: skip
     if env:
         out.append(
             Difference("environment", "B", "set to the recorded values for the re-run: " + ", ".join(env))
         )
+    recorded = {**manifest.variables_read, **manifest.environment}
+    loading = sorted(name for name in CODE_LOADING
+                     if recorded.get(name) not in (None, here.environment.get(name)))  # fmt: skip
+    if loading:
+        out.append(Difference("environment", "B", f"not set from the record: {', '.join(loading)} (they load "
+                              "code from where they point; export them yourself if you trust the values)"))
     return out
 
 

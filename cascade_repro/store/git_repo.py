@@ -72,9 +72,16 @@ def head_commit(root: Path) -> str:
     return out.stdout.decode().strip()
 
 
+def is_commit_id(value: object) -> bool:
+    """A full commit id (SHA-1 or SHA-256, lowercase hex): what a record's commit must be before it
+    reaches git, where anything else may read as an option (`--output=FILE`) or a revision range."""
+    return (isinstance(value, str) and len(value) in (40, 64)
+            and all(c in "0123456789abcdef" for c in value))  # fmt: skip
+
+
 def has_commit(root: Path, commit: str) -> bool:
     """Whether `commit` is in the repository at `root` (a record may name one never fetched here)."""
-    return succeeds(root, "cat-file", "-e", f"{commit}^{{commit}}")
+    return is_commit_id(commit) and succeeds(root, "cat-file", "-e", f"{commit}^{{commit}}")
 
 
 def as_committer(root: Path, *args: str) -> subprocess.CompletedProcess[bytes]:

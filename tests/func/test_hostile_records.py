@@ -326,3 +326,62 @@ def test_plain_path_traversal_records_are_refused_before_anything_is_written(
         not (project.root / ".git" / "hooks" / "x").exists() and not (project.root / ".git" / "c.pt").exists()
     )
     assert not (project.root / ".git" / "hooks" / "y").exists()
+
+
+@pytest.mark.parametrize("path", [".git/config", ".git/hooks/post-checkout", ".git", "sub/.git/config",
+                                  ".GIT/config"])  # fmt: skip
+def test_checkout_never_writes_into_git_s_own_directory(attacked: dict[str, Any], path: str) -> None:
+    """A checkpoint or data path in `.git` (a shared DVC remote holding a crafted object): `.git/config`
+    with an fsmonitor command, a hook, or a `.git` file naming another git directory runs the
+    attacker's code at the next git command. restore refused it; checkout wrote it, and with
+    --force overwrote `.git/config`."""
+    project = attacked["project"]
+    git_dir = project.root / ".git"
+    before = {p: p.read_bytes() for p in git_dir.rglob("*") if p.is_file()}
+    record = json.loads(json.dumps(attacked["record"]))
+    record["checkpoints"] = [_checkpoint_entry(record, path)]
+    record["data"] = [_data_entry(record, path)]
+    (attacked["artifacts"] / "run.json").write_text(json.dumps(record))
+    for args in (("checkout", "v1", "--force"), ("checkout", "v1", "--data", "--force"), ("checkout", "v1")):
+        result = project.cascade(*args)
+        assert result.returncode == 1 and "unsafe record" in result.stderr, (args, result.stderr)
+        assert "git" in result.stderr.lower()
+    after = {p: p.read_bytes() for p in git_dir.rglob("*") if p.is_file()}
+    assert after == before
+    assert not (project.root / "sub").exists() and not (project.root / ".GIT").exists()
+
+
+def test_a_recorded_commit_is_never_an_option_to_git(attacked: dict[str, Any]) -> None:
+    """`git.commit = "--output=FILE"` reached `git diff --stat A B` as an option: `cascade diff`
+    truncated FILE (any file the user can write, ~/.bashrc as well)."""
+    project, outside = attacked["project"], attacked["outside"]
+    precious = outside / "precious.txt"
+    precious.write_text("precious data\n")
+    other = project.record("ckpt.py")
+    record = json.loads(json.dumps(attacked["record"]))
+    record["git"]["commit"] = f"--output={precious}"
+    (attacked["artifacts"] / "run.json").write_text(json.dumps(record))
+    for args in (("diff", "v1", other), ("diff", other, "v1"), ("diff", "v1", "current"), ("show", "v1"),
+                 ("verify", "v1", other), ("check", "v1")):  # fmt: skip
+        result = project.cascade(*args)
+        assert precious.read_text() == "precious data\n", args
+        assert "Traceback" not in result.stderr, (args, result.stderr)
+
+
+def test_restore_never_sets_variables_that_load_code_from_the_record(attacked: dict[str, Any]) -> None:
+    """`PYTHONPATH` (a sitecustomize.py) and `LD_PRELOAD` from a record made the re-run load code from
+    wherever the record pointed; recorded honestly, PYTHONPATH pointed at the user's checkout rather
+    than the restored code. The plan names them; the user exports them if they trust them."""
+    project, outside = attacked["project"], attacked["outside"]
+    marker = outside / "ran"
+    (outside / "evil").mkdir()
+    (outside / "evil" / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    record = json.loads(json.dumps(attacked["record"]))
+    record["environment_read"] = {**(record.get("environment_read") or {}), "PYTHONPATH": str(outside / "evil")}
+    record["environment"] = {**record["environment"], "LD_PRELOAD": str(outside / "evil.so")}
+    (attacked["artifacts"] / "run.json").write_text(json.dumps(record))
+    result = project.cascade("restore", "v1")
+    assert result.returncode in (0, 3), result.stderr
+    assert not marker.exists()
+    assert "not set from the record: LD_PRELOAD, PYTHONPATH" in result.stdout + result.stderr
+    assert "evil.so" not in result.stderr  # the loader never tried it
