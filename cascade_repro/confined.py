@@ -127,8 +127,10 @@ def refuse_git_dir(relative: str, what: str) -> None:
     """Refuse a record's path with a `.git` component (any case: a case-insensitive disk, a nested
     repository's): git's own directory is never the record's to write."""
     if any(part.lower() == ".git" for part in PurePosixPath(relative).parts):
-        raise UnsafeRecord(f"unsafe record: {what} {relative!r} is in a .git directory, git's own",
-                           hint="nothing was written; a run never writes there: the record was altered")  # fmt: skip
+        raise UnsafeRecord(
+            f"unsafe record: {what} {relative!r} is in a .git directory, git's own",
+            hint="nothing was written; a run never writes there: the record was altered",
+        )
 
 
 def real_directory(root: Path, relative: str, what: str) -> Path:

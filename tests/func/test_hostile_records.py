@@ -377,7 +377,8 @@ def test_restore_never_sets_variables_that_load_code_from_the_record(attacked: d
     (outside / "evil").mkdir()
     (outside / "evil" / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
     record = json.loads(json.dumps(attacked["record"]))
-    record["environment_read"] = {**(record.get("environment_read") or {}), "PYTHONPATH": str(outside / "evil")}
+    read = record.get("environment_read") or {}
+    record["environment_read"] = {**read, "PYTHONPATH": str(outside / "evil")}
     record["environment"] = {**record["environment"], "LD_PRELOAD": str(outside / "evil.so")}
     (attacked["artifacts"] / "run.json").write_text(json.dumps(record))
     result = project.cascade("restore", "v1")

@@ -43,7 +43,8 @@ tracer.close()
 def _run(tmp_path: Path, weight: str) -> tuple[list[dict[str, Any]], list[list[float]]]:
     out = tmp_path / weight
     out.mkdir()
-    subprocess.run([sys.executable, "-c", textwrap.dedent(PROGRAM), str(out), weight], check=True, timeout=120)
+    program = textwrap.dedent(PROGRAM)
+    subprocess.run([sys.executable, "-c", program, str(out), weight], check=True, timeout=120)
     records = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
     return records, json.loads((out / "losses.json").read_text())
 
