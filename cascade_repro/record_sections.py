@@ -304,6 +304,11 @@ class Outcome(Section):
         return _int(self.raw.get("exit_code"))
 
     @property
+    def signal(self) -> int | None:
+        """A signal the run got from outside (Ctrl-C, SIGTERM), whatever the script then did with it."""
+        return _int(self.raw.get("signal"))
+
+    @property
     def start_time(self) -> float | None:
         value = self.raw.get("start_time")
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

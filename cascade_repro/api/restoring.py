@@ -117,7 +117,7 @@ def restore(
     if steps is None:
         steps, recorded = _steps_a_killed_run_ran(store, manifest)
         if steps is not None:
-            notify(f"the recorded run was KILLED after {steps} steps: re-running those "
+            notify(f"the recorded run {_how_it_stopped(manifest)} after {steps} steps: re-running those "
                    "(--steps N re-runs another number)")  # fmt: skip
     label = (version or run_id[:12]).replace("/", "_")
     workdir = (workdir or settings.paths.restores / label).absolute()
@@ -153,16 +153,33 @@ def restore(
 
 def _steps_a_killed_run_ran(store: RunStore, manifest: Manifest) -> tuple[int | None, TraceRecords | None]:
     """A run stopped from outside (Ctrl-C, SIGTERM, its parent lost) ended at a step nothing in the
-    script chose: the re-run stops there too, and the verdict is about the steps it ran (its trace's
-    last record's step + 1: a budget may have thinned the records); and its trace, read for that."""
+    script chose, KILLED or, where the script caught the signal and ended cleanly (pytorch/examples'
+    "Exiting from training early"), with the signal recorded: the re-run stops there too, and the
+    verdict is about the steps it ran (its trace's last record's step + 1: a budget may have thinned
+    the records); and its trace, read for that."""
     from cascade_repro.api.judging import trace_records
     from cascade_repro.determinism.trace_file import record_steps
 
-    if manifest.outcome.status != "KILLED" or not manifest.trace_header.get("steps"):
+    outcome = manifest.outcome
+    stopped = outcome.status == "KILLED" or outcome.signal is not None
+    if not stopped or not manifest.trace_header.get("steps"):
         return None, None
     records = trace_records(store, manifest.run_id, manifest.trace_header.get("artifact"))
     ran = max(record_steps(records), default=-1) + 1
     return (ran if ran > 0 else None), records
+
+
+def _how_it_stopped(manifest: Manifest) -> str:
+    import signal
+
+    number = manifest.outcome.signal
+    if manifest.outcome.status == "KILLED" or number is None:
+        return "was KILLED"
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = str(number)
+    return f"stopped on {name} (the script ended itself, {manifest.outcome.status})"
 
 
 def _refuse_what_cannot_run(plan: RestorePlan, execute: bool) -> None:

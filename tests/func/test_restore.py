@@ -265,6 +265,54 @@ def test_restore_refuses_tampered_and_unsafe_records_before_writing(
     record_file.write_text(original_record)
 
 
+GRACEFUL = """\
+import time
+from pathlib import Path
+
+import torch
+
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(64, 8)
+try:
+    for step in range(400):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True)).backward()
+        opt.step()
+        if step == 150:
+            Path("out").mkdir(exist_ok=True)
+            Path("out/hold").touch()
+            time.sleep(5)
+except KeyboardInterrupt:
+    print("Exiting from training early")
+torch.save(model.state_dict(), "out/model.pt")
+"""
+
+
+def test_restore_of_a_run_the_script_ended_itself_on_ctrl_c_reruns_the_steps_it_ran(project: Project) -> None:
+    """pytorch/examples' word_language_model catches KeyboardInterrupt and exits 0: the run was
+    FINISHED with the signal recorded, and its restore re-ran all 400 steps ("INCOMPARABLE: the
+    runs have 151 and 400 steps"), exit 3. A Ctrl-C decided where it ended, as for a KILLED run."""
+    import signal
+
+    from tests.faults.helpers import Background, marker
+
+    project.write("graceful.py", GRACEFUL)
+    project.commit("a script that stops cleanly on Ctrl-C")
+    run = Background(project, "--trace-budget", "0", "graceful.py")
+    run.wait_for(lambda: marker(project, "hold").exists(), "step 150")
+    run.process.send_signal(signal.SIGINT)
+    run.finish()
+    stopped = project.only_run()
+    recorded = project.manifest(stopped.info.run_id)
+    assert recorded["outcome"]["signal"] == signal.SIGINT and recorded["trace"]["steps"] == 151
+    code, data, stderr = _restore(project, stopped.info.run_id[:12])
+    assert code == 0, stderr
+    assert "the recorded run stopped on SIGINT (the script ended itself, FINISHED) after 151 steps" in stderr
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL"
+    assert data["verdict"]["steps"]["a"] == data["verdict"]["steps"]["b"] == 151
+
+
 def test_restore_of_a_killed_run_reruns_the_steps_it_ran(project: Project) -> None:
     """A run stopped by Ctrl-C after step 150 of 400: its restore re-ran all 400 steps and said
     INCOMPARABLE ("the runs have 151 and 400 steps"), exit 3. The re-run stops where the recorded one
