@@ -87,6 +87,25 @@ class RunRequest:
     rdzv_id: str | None = None  # with nnodes: the job's id (default: made from the commit and command)
 
 
+def note_redirected_logs(result: RunResult, cwd: Path | None = None) -> None:
+    """Once `cascade run` has printed its last lines: the files its stdout and stderr go to inside the
+    repository (`> run.log 2>&1`), noted again as the run's outputs as they are now. The run noted
+    them before those lines went in, so the next run found them changed since: dirty, and stored
+    again as untracked files (capture/earlier_outputs.py). Never fails the run."""
+    if not result.run_id or result.discarded or result.rank is not None:
+        return
+    from cascade_repro.capture import earlier_outputs
+    from cascade_repro.capture.files import redirected_outputs
+
+    try:
+        root = find_repo_root((cwd or Path.cwd()).resolve())
+        logs = redirected_outputs(root)
+        if logs:
+            earlier_outputs.remember(root, result.run_id, logs)
+    except Exception as exc:  # the next run records them as untracked files, as it would have
+        log.debug("redirected logs not noted: %s", exc)
+
+
 def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult:
     """Record one run of a script. Every check that can refuse happens before the script starts."""
     cwd = (request.cwd or Path.cwd()).resolve()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +103,11 @@ def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options
             misplaced = _misplaced_options(script, script_args, result.usage_error)
             if misplaced:
                 render.misplaced_options(misplaced.options, misplaced.command)
+        from cascade_repro.api.runs import note_redirected_logs
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        note_redirected_logs(result)  # `> run.log 2>&1`: as it is with the lines above in it
         return result.exit_status
 
     _guard(body, ctx, fast_exit=True)

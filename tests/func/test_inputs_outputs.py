@@ -230,6 +230,24 @@ def test_output_written_into_the_repository_is_an_output_and_restore_is_not_refu
     assert restored["verdict"]["verdict"] == "BITWISE_IDENTICAL"
 
 
+def test_an_earlier_run_s_redirected_output_does_not_make_the_next_run_dirty(project: Project) -> None:
+    """`cascade run train.py > d.log 2>&1`: cascade's own last lines ("see it: ...") went into d.log
+    after the run noted it as its output, so the next run (`> e.log 2>&1`) found it changed since:
+    dirty, d.log stored as an untracked file, and "uncommitted changes differ" a cause in verify."""
+    project.write(".gitignore", "mlflow.db\nmlruns/\n.cascade/\n")  # the logs not ignored
+    project.commit("logs not ignored")
+    for log_name in ("d.log", "e.log"):
+        with open(project.root / log_name, "w") as log:
+            subprocess.run([*CASCADE, "run", "train.py"], cwd=project.root, stdout=log,
+                           stderr=subprocess.STDOUT, check=True, timeout=300)  # fmt: skip
+    assert "see it: cascade show" in (project.root / "d.log").read_text()
+    runs = sorted(project.runs(), key=lambda r: r.info.start_time)
+    record = project.manifest(runs[-1].info.run_id)
+    assert [u["path"] for u in record["git"]["untracked"]] == []
+    assert record["git"]["dirty"] is False
+    assert "d.log" in [e["path"] for e in record["git"]["earlier_outputs"]]
+
+
 def test_an_untracked_file_is_stored_as_the_bytes_that_were_hashed(project: Project) -> None:
     project.write("notes/big.txt", "x" * 100_000)
     run_id = project.record("train.py")
