@@ -136,8 +136,12 @@ class StepTracer:
         attribute writes, no clock read, no lock (the hooks' own cost at such a step is then not in
         the trace's measure of itself, only in benchmarks/bench_trace_floor.py's)."""
         before, after = self._guarded(self._before_step), self._guarded(self._after_step)
+        # An optimizer stepped inside another's step (Lookahead's base optimizer, SAM's) is part of that
+        # step: its hooks are left out (they counted every iteration twice).
 
         def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if self.in_step and optimizer is not self._last_optimizer:
+                return
             if self.coasting:
                 self.in_step = True
                 self._last_optimizer = optimizer
@@ -145,6 +149,8 @@ class StepTracer:
             before(optimizer, args, kwargs)
 
         def post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if optimizer is not self._last_optimizer and self.in_step:
+                return
             if self.coasting:
                 if self.step + 1 < self._coast_until:
                     self.in_step = False

@@ -66,3 +66,60 @@ def test_a_changed_auxiliary_loss_differs_at_step_zero(tmp_path: Path) -> None:
     other, _ = _run(tmp_path, "0.25")
     assert plain[0]["loss"]["bits"][0] == other[0]["loss"]["bits"][0]  # the main loss: the same weights
     assert plain[0]["loss"]["bits"][1] != other[0]["loss"]["bits"][1]
+
+
+NESTED = """
+import json, sys, torch
+from pathlib import Path
+from cascade_repro.child.trace import StepTracer
+
+
+class Lookahead(torch.optim.Optimizer):  # as timm's: steps its base optimizer inside its own step
+    def __init__(self, base, k=2, alpha=0.5):
+        self.base, self.k, self.alpha, self.n = base, k, alpha, 0
+        self.param_groups, self.state, self.defaults = base.param_groups, base.state, base.defaults
+        self.slow = [p.detach().clone() for g in self.param_groups for p in g["params"]]
+        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
+
+    def step(self, closure=None):
+        loss = self.base.step(closure)
+        self.n += 1
+        if self.n % self.k == 0:
+            with torch.no_grad():
+                for s, p in zip(self.slow, [p for g in self.param_groups for p in g["params"]]):
+                    s.add_(p - s, alpha=self.alpha)
+                    p.copy_(s)
+        return loss
+
+
+out = Path(sys.argv[1])
+tracer = StepTracer(torch, out / "trace.jsonl", budget=0.0)
+tracer.install()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+x = torch.randn(32, 4)
+opt = Lookahead(torch.optim.SGD(model.parameters(), lr=0.05))
+losses = []
+for i in range(6):
+    loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+tracer.close()
+(out / "losses.json").write_text(json.dumps(losses))
+"""
+
+
+def test_an_optimizer_stepped_inside_another_s_step_is_one_step(tmp_path: Path) -> None:
+    """timm's Lookahead steps its base optimizer inside its own step(): both are torch optimizers, and
+    every iteration was counted twice (steps 0, 0, 2, 2, ...; half the records without a loss)."""
+    out = tmp_path / "nested"
+    out.mkdir()
+    subprocess.run([sys.executable, "-c", textwrap.dedent(NESTED), str(out)], check=True, timeout=120)
+    records = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
+    script = json.loads((out / "losses.json").read_text())
+    steps = [r for r in records if "step" in r]
+    assert [r["step"] for r in steps] == list(range(6))
+    assert [r["loss"]["bits"] for r in steps] == [_float32_bits(loss) for loss in script]
+    assert all(r.get("params_after") for r in steps)
