@@ -30,7 +30,8 @@ _NONDETERMINISM = ("nondeterministic_ops", "nondeterministic", "determinism", "t
 # causes read from the trace. Kinds not named rank after these, in their usual order.
 IMPLICATED: dict[str, tuple[str, ...]] = {
     # the RNG differs before any batch or weight: what seeds it (or a generator only one side has)
-    "rng": ("installed_in_one", "seed", "unseeded", "code", "command", "environment_read", "secrets",
+    # (data that differs may change what is drawn before step 0: a vocabulary, so a model's shape)
+    "rng": ("installed_in_one", "seed", "unseeded", "code", "command", "data", "environment_read", "secrets",
             "environment", "packages", "image"),
     # the same RNG, another batch: the data, then what orders it (seeded workers, the loader's code)
     # (a variable the script read that differs is more specific than the trace's "the data differs")
@@ -155,7 +156,7 @@ def _from_the_trace(a: Manifest, b: Manifest, comparison: TraceComparison, first
             "a generator only where its library is installed",
             "install the same packages in both (a lock file for the image, or cascade restore --docker)",
         )))  # fmt: skip
-    elif first == "rng" and not kinds & _INPUTS:
+    elif first == "rng" and not kinds & {*_INPUTS, "data"}:
         out.append(("unseeded", Cause(
             f"unseeded randomness: the RNG state ({', '.join(names)}) already differs at step {step}",
             f"{FACET_WORDS['rng']} differs before any batch or weight",

@@ -28,7 +28,7 @@ def _manifest(run_id: str, **torch: Any) -> dict[str, Any]:
     return {
         "run_id": run_id,
         "params": {"values": {"lr": 0.1}, "seed": 0},
-        "git": {"commit": "c1"},
+        "git": {"commit": "c1" * 20},
         "command": {"script": "t.py", "argv": []},
         "determinism": {"mode": "warn"},
         "torch": {"version": "2.13.0", "num_threads": 2, **torch},
@@ -421,3 +421,23 @@ def test_checkpoints_pair_by_their_save_of_a_path_and_step_even_where_one_has_no
     started = time.monotonic()
     assert judge(as_record(a), as_record(b), trace, copy.deepcopy(trace)).verdict == "BITWISE_IDENTICAL"
     assert time.monotonic() - started < 5
+
+
+def test_a_data_file_that_differs_is_named_before_unseeded_randomness_when_the_rng_differs_first() -> None:
+    """word_language_model with one word of its git-ignored corpus changed: its vocabulary, so its
+    model's shape, so the draws before step 0 differ: "unseeded randomness" came first, though the
+    script seeds itself and the data file that differs explains the RNG state by itself."""
+    trace = [_record(i) for i in range(3)]
+    other = copy.deepcopy(trace)
+    for record in other:
+        record["rng"]["torch"] += "x"
+        record["batch"] += "x"  # another vocabulary: other token ids
+        record["params_after"]["w"] += "x"
+    a, b = _manifest("a"), _manifest("b")
+    a["inputs"] = [{"path": "data/train.txt", "size": 10, "sha256": "1" * 64}]  # git-ignored, read
+    b["inputs"] = [{"path": "data/train.txt", "size": 10, "sha256": "2" * 64}]
+    verdict = judge(as_record(a), as_record(b), trace, other)
+    assert verdict.comparison.step == 0 and verdict.comparison.facets()[0] == "rng"
+    summaries = [cause.summary for cause in verdict.causes]
+    assert summaries[0].startswith("data differs: data/train.txt"), summaries
+    assert not any(s.startswith("unseeded randomness") for s in summaries), summaries
