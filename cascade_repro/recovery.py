@@ -77,11 +77,27 @@ def deliver(run_dir: Path, settings: Settings, notify: Notify, command: str) -> 
         state = spool.claimed_state(run_dir)
         if state is None:
             return None
-        # A parent that died stays "died" after a first recovery that could not finish ("gone").
-        died = state == spool.DEAD or spool.Ledger.load(run_dir).parent == "gone"
-        return _deliver(run_dir, settings, notify, command, died=died)
+        _clean_temporary(run_dir)
+        return _deliver(run_dir, settings, notify, command, died=_died(state, spool.Ledger.load(run_dir)))
     finally:
         spool.release(fd)
+
+
+def _died(state: str, ledger: spool.Ledger) -> bool:
+    """Whether the parent died before it had finished the run (its record is to be completed from the
+    run directory, and says so). One that saw the script end and kept its final record had finished:
+    only its last notes (`exited`) may have missed a full disk. A parent that died stays "died" after
+    a first recovery that could not finish ("gone")."""
+    if ledger.parent == "gone":
+        return True
+    finished = bool(ledger.ended) and ledger.stage == "final"
+    return state == spool.DEAD and not finished
+
+
+def _clean_temporary(run_dir: Path) -> None:
+    """Siblings of an atomic write that never happened (a full disk, a process killed mid-write)."""
+    for leftover in run_dir.glob(".*.tmp"):
+        leftover.unlink(missing_ok=True)
 
 
 def _deliver(run_dir: Path, settings: Settings, notify: Notify, command: str, died: bool) -> Delivered:
@@ -224,7 +240,8 @@ def _complete_from_run_dir(record: dict[str, Any], run_dir: Path, plan: dict[str
             delivery.do(file_op(path, artifact_dir))
         record["distributed"] = layout.section(entries)
     record["checkpoints"] = _checkpoints(run_dir, plan, settings, delivery, notify)
-    record["inputs"], record["outputs"] = _files(run_dir, plan, record, settings)
+    record["inputs"], record["outputs"] = _files(run_dir, plan, record, settings, notify)
+    _remember_outputs(plan, settings, delivery.run_id, record)
     for name in (protocol.OUTPUT_LOG, protocol.TRACE_FILE):
         if (run_dir / name).exists():
             delivery.do(file_op(run_dir / name, "cascade"))
@@ -236,11 +253,11 @@ def _recovered_outcome(record: dict[str, Any], ledger: spool.Ledger, plan: dict[
                        missing: list[str]) -> tuple[dict[str, Any], str, int]:  # fmt: skip
     """The outcome as it really ended: the status the parent saw (else KILLED), and when."""
     ended = ledger.ended or {}
-    died_at = spool.last_heartbeat(run_dir)
+    died_at = spool.last_activity(run_dir)
     end_ms = int(ended.get("end_ms") or (facts.get("ended_at") or died_at) * 1000)
     status = str(ended.get("status") or "KILLED")
     note = (
-        f"the cascade process died (SIGKILL?) at about {_when(died_at)} (its last heartbeat); recovered "
+        f"the cascade process died (SIGKILL?) at about {_when(died_at)} (the run's last activity); recovered "
         f"by {command} at {_when(time.time())}"
     )
     outcome = dict(record.get("outcome") or {})
@@ -283,10 +300,12 @@ def _checkpoints(run_dir: Path, plan: dict[str, Any], settings: Settings, delive
     return recorded.entries
 
 
-def _files(run_dir: Path, plan: dict[str, Any], record: dict[str, Any],
-           settings: Settings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
+def _files(run_dir: Path, plan: dict[str, Any], record: dict[str, Any], settings: Settings,
+           notify: Notify) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
     """The inputs git and DVC cannot see and the outputs, from what the child noted (as finish()
-    records them; the hashes are of the files as they are now, which the recoverer says it read)."""
+    records them; the hashes are of the files as they are now, which the recoverer says it read, but
+    for a file read and then rewritten: the child's hash and copy of its bytes as read, cached as
+    finish() caches them)."""
     from cascade_repro.capture.files import read_opened, sort_files
     from cascade_repro.run_engine import own_paths
 
@@ -297,11 +316,53 @@ def _files(run_dir: Path, plan: dict[str, Any], record: dict[str, Any],
     data = [str(d.get("path")) for d in record.get("data") or [] if isinstance(d, dict)]
     try:
         files = sort_files(root, read_opened(run_dir / protocol.FILES_FILE, root), [], own_paths(settings),
-                           untracked, data)  # fmt: skip
+                           untracked, data, run_dir)  # fmt: skip
     except Exception as exc:  # the rest of the record still goes in
         log.warning("inputs and outputs not recovered: %s", exc)
         return list(record.get("inputs") or []), list(record.get("outputs") or [])
+    _cache_as_read(root, files.inputs, files.kept, notify)
     return files.inputs, files.outputs
+
+
+def _cache_as_read(root: Path, inputs: list[dict[str, Any]], kept: dict[str, Path], notify: Notify) -> None:
+    """The bytes as read of the files the script read and then rewrote (the child's copies, which go
+    with the run directory) into the DVC cache, as finish() puts them there: `restore` gives them back."""
+    from cascade_repro.store.dvc_store import Cache
+
+    rewritten = [i for i in inputs if i.get("rewritten") and i["path"] in kept]
+    if not rewritten or not Cache.exists_for(root):
+        return
+    cache = Cache(root)
+    try:
+        for item in rewritten:
+            try:
+                stored = cache.add(kept[item["path"]])
+            except Exception as exc:  # DataError, OSError: the input stays recorded by its hash
+                notify(f"warning: {item['path']} as the run read it not cached: {exc}")
+                continue
+            if stored is not None and stored.size == item["size"]:
+                item["md5"] = stored.md5
+    finally:
+        cache.close()
+
+
+def _remember_outputs(plan: dict[str, Any], settings: Settings, run_id: str, record: dict[str, Any]) -> None:
+    """The recovered run's outputs and checkpoints, as it left them, noted for the next run's capture
+    as finish() notes them (capture/earlier_outputs.py): not that run's dirty state while unchanged."""
+    from cascade_repro.capture import earlier_outputs
+    from cascade_repro.capture.git import excluded
+    from cascade_repro.run_engine import own_paths
+
+    written = [str(o.get("path")) for o in record.get("outputs") or [] if isinstance(o, dict)]
+    written += [str(c.get("path")) for c in record.get("checkpoints") or []
+                if isinstance(c, dict) and c.get("status") != "pruned"]  # fmt: skip
+    written = [p for p in written if not excluded(p, own_paths(settings))]
+    if not written:
+        return
+    try:
+        earlier_outputs.remember(Path(plan.get("root") or settings.root), run_id, written)
+    except Exception as exc:  # the next run then records them as untracked files, as it would have
+        log.warning("the recovered run's outputs are not noted for the next run's capture: %s", exc)
 
 
 def _bare_record(run_dir: Path, settings: Settings) -> dict[str, Any]:

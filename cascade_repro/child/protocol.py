@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import threading
@@ -42,6 +44,7 @@ FILES_FILE = "files.jsonl"  # child → parent: {"read"|"written": path} per rep
 OUTPUT_LOG = "output.log"  # parent: the script's stdout and stderr as the terminal saw them
 RANKS_DIR = "ranks"  # multi-process runs: rank K > 0 writes its files in ranks/K/ (rank 0 in the run dir)
 RANK_EXIT_FILE = "exit.json"  # in ranks/K/, by the `cascade run` of a rank under the user's torchrun
+RESERVE_FILE = "reserve"  # parent: space set aside at the start, given up on a full disk (the run's end)
 
 DETERMINISM_MODES = ("off", "warn", "strict")
 # How torch words a nondeterministic op, as a warning (mode warn) or an error (mode strict).
@@ -84,8 +87,27 @@ def open_private(path: Path, mode: str = "a") -> IO[Any]:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so a reader never sees half a file (write a sibling, then rename), mode 0600."""
+    """Write JSON so a reader never sees half a file (write a sibling, then rename), mode 0600. On a
+    full disk the directory's RESERVE_FILE, if any, is given up for it (the run's end must reach the
+    disk); a sibling that could not be written is removed, never left behind."""
+    text = json.dumps(data, indent=2, sort_keys=True, default=str)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # threads too
-    with open_private(tmp, "w") as handle:
-        handle.write(json.dumps(data, indent=2, sort_keys=True, default=str))
-    os.replace(tmp, path)
+    for attempt in (1, 2):
+        try:
+            with open_private(tmp, "w") as handle:
+                handle.write(text)
+            os.replace(tmp, path)
+            return
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if attempt == 2 or exc.errno != errno.ENOSPC or not _release_reserve(path.parent):
+                raise
+
+
+def _release_reserve(directory: Path) -> bool:
+    try:
+        os.unlink(directory / RESERVE_FILE)
+    except OSError:
+        return False
+    return True

@@ -3,6 +3,11 @@
 Runs in a thread of the parent process, so training never waits for hashing. A checkpoint file
 was just written, so its single read comes from the page cache; the cache object is a reflink or a
 hardlink of it (a copy only where neither works).
+
+Each hash result is appended to `checkpoints_hashed.jsonl` in the run directory before anything that
+depends on it happens (the second name of a version saved over is unlinked right after): a parent
+killed mid-run leaves its results there, and the keeper a recovery makes takes them up instead of
+hashing again files that are gone by then.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,6 +30,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 POLL_S = 0.3
 SUPERSEDED_DIR = "superseded"  # child/checkpoints.py keeps files saved over there, as hardlinks
+HASHED_FILE = "checkpoints_hashed.jsonl"  # in the run directory: each save's hash result, as it came
+_OBJECT_NAME = re.compile(r"[0-9a-f]{32}(\.dir)?")  # what a spooled result may name in the cache
 
 
 @dataclass
@@ -60,6 +68,12 @@ class CheckpointKeeper:
     _missing: dict[tuple[str, Any], CheckpointEntry] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    # results an earlier keeper of this run directory spooled (its parent died): by save number
+    _hashed: dict[int, dict[str, Any]] = field(default_factory=dict)
+    _numbers: dict[int, tuple[int, Any]] = field(default_factory=dict)  # id(entry) → (save number, inode)
+
+    def __post_init__(self) -> None:
+        self._hashed = _spooled_results(self.events.parent / HASHED_FILE)
 
     def start(self) -> CheckpointKeeper:
         self._thread = threading.Thread(target=self._loop, name="cascade-checkpoints", daemon=True)
@@ -122,6 +136,7 @@ class CheckpointKeeper:
             mode=event.get("mode"),
             tensors=event.get("tensors") if isinstance(event.get("tensors"), str) else None,
         )
+        self._numbers[id(entry)] = (len(self.entries), event.get("inode"))
         self.entries.append(entry)
         if os.path.isabs(rel):
             entry.status, entry.reason = "not_cached", "outside the repository: save checkpoints inside it"
@@ -130,6 +145,10 @@ class CheckpointKeeper:
             entry.status, entry.reason = "not_cached", "no DVC repository (run `cascade init`)"
             return
         announced = (event.get("inode"), event.get("size"), event.get("mtime_ns"))
+        earlier = self._earlier_result(entry)
+        if earlier is not None:  # hashed by the keeper of a parent that died: the file may be gone now
+            self._stored(entry, earlier, spool=False)
+            return
         if path.is_dir() and not path.is_symlink():  # HF's checkpoint-500/: one DVC directory object
             stored = self.cache.add_directory(path)
         else:
@@ -141,8 +160,10 @@ class CheckpointKeeper:
             return
         self._stored(entry, stored)
 
-    def _stored(self, entry: CheckpointEntry, stored: Any) -> None:
+    def _stored(self, entry: CheckpointEntry, stored: Any, spool: bool = True) -> None:
         entry.md5, entry.size, entry.link, entry.files = stored.md5, stored.size, stored.link, stored.files
+        if spool:
+            self._spool(entry)
         self.notify(
             f"checkpoint {entry.path} (step {entry.step}) → DVC cache {stored.md5[:12]} ({stored.link})"
         )
@@ -163,6 +184,54 @@ class CheckpointKeeper:
                     self._stored(entry, stored)
         finally:
             kept_as.unlink(missing_ok=True)
+
+    def _spool(self, entry: CheckpointEntry) -> None:
+        """The result, appended before the second name it may come from goes (no fsync: a dead
+        process loses no written page, and a machine that crashed loses the cache's links as well)."""
+        number, inode = self._numbers.get(id(entry), (None, None))
+        if number is None:
+            return
+        line = json.dumps({"n": number, "path": entry.path, "inode": inode, "md5": entry.md5,
+                           "size": entry.size, "link": entry.link, "files": entry.files})  # fmt: skip
+        try:
+            fd = os.open(self.events.parent / HASHED_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, (line + "\n").encode("utf-8"))
+            finally:
+                os.close(fd)
+        except OSError as exc:  # a full disk: only a recovery after this parent's death would miss it
+            log.debug("checkpoint result not spooled: %s", exc)
+
+    def _earlier_result(self, entry: CheckpointEntry) -> dvc_store.Stored | None:
+        """This save's result as a dead parent's keeper spooled it, if it names this save (its path
+        and inode) and the cache still holds the object."""
+        number, inode = self._numbers.get(id(entry), (None, None))
+        found = self._hashed.get(number) if number is not None else None
+        if found is None or self.cache is None or found.get("path") != entry.path:
+            return None
+        if found.get("inode") != inode:  # (a spool that is not this run directory's own)
+            return None
+        md5, size, files = found.get("md5"), found.get("size"), found.get("files")
+        if not isinstance(md5, str) or not isinstance(size, int) or not _OBJECT_NAME.fullmatch(md5):
+            return None
+        if not self.cache.object_path(md5).exists():
+            return None
+        return dvc_store.Stored(md5, size, str(found.get("link") or "present"),
+                                files if isinstance(files, int) else None)  # fmt: skip
+
+
+def _spooled_results(path: Path) -> dict[int, dict[str, Any]]:
+    """The hash results a keeper of this run directory spooled, by save number (none: a new run)."""
+    results: dict[int, dict[str, Any]] = {}
+    lines, _ = read_new_lines(path, 0)
+    for line in lines:
+        try:
+            found = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(found, dict) and isinstance(found.get("n"), int):
+            results[found["n"]] = found
+    return results
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ removed only once all of it is in the store, so the next cascade command, `casca
 `cascade recover` can finish a run whose parent died or whose store stopped answering.
 
     lock            flock held by the live parent for its whole life (and by a recoverer meanwhile)
+    reserve         space set aside; the first write that meets a full disk frees it (protocol.py)
     parent.json     the parent's pid, start time (/proc/<pid>/stat ticks), boot id and host, and its
                     child's; its mtime is the parent's heartbeat
     plan.json       what a recoverer needs to open the run itself: store, experiment, tags, params
@@ -41,6 +42,7 @@ PARENT_EVENTS_FILE = "parent_events.jsonl"  # the parent's own points (resources
 EVENT_FILES = (protocol.EVENTS_FILE, PARENT_EVENTS_FILE)
 SPOOL_TAG = "cascade.spool"  # on the MLflow run: its directory's name, so a recoverer finds a run it opened
 
+RESERVE_BYTES = 256 << 10  # the final record, the outbox and the child's exit facts, on a full disk
 HEARTBEAT_S = 5.0
 STALE_S = 120.0  # a parent on another host silent this long is taken for dead
 YOUNG_S = 30.0  # a directory without parent.json this young may still be in the making
@@ -71,9 +73,36 @@ def make_run_dir(base: Path) -> tuple[Path, int]:
     fd = _lock(hidden / LOCK_FILE)
     assert fd is not None  # nobody else knows the directory yet
     write_owner(hidden)
+    _reserve(hidden / protocol.RESERVE_FILE)
     run_dir = base / name
     os.rename(hidden, run_dir)
     return run_dir, fd
+
+
+def _reserve(path: Path) -> None:
+    """Space set aside for the run's last words: a script that fills the disk must not keep its end
+    (status, exit code, exception) from the spool. Allocated, not written, where the file system can;
+    none on a file system with little room left (the run's own files need it more)."""
+    try:
+        room = os.statvfs(path.parent)
+        if room.f_bavail * room.f_frsize < 16 * RESERVE_BYTES:
+            return
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError:
+        return
+    try:
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            if os.write(fd, bytes(RESERVE_BYTES)) != RESERVE_BYTES:  # no fallocate on this file system
+                raise OSError(errno.ENOSPC, "short write") from exc
+    except OSError:  # no room to set aside: nothing is
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    finally:
+        os.close(fd)
 
 
 def release(fd: int) -> None:
@@ -162,6 +191,21 @@ def last_heartbeat(run_dir: Path) -> float:
         return max((entry.stat().st_mtime for entry in os.scandir(run_dir)), default=run_dir.stat().st_mtime)
     except OSError:
         return time.time()
+
+
+ACTIVITY_FILES = (OWNER_FILE, protocol.EVENTS_FILE, PARENT_EVENTS_FILE, protocol.TRACE_FILE,
+                  protocol.OUTPUT_LOG, protocol.CHECKPOINTS_FILE, protocol.FILES_FILE)  # fmt: skip
+
+
+def last_activity(run_dir: Path) -> float:
+    """When the run was last seen doing something: the newest of the heartbeat and the files the
+    child and the parent append to as it goes (its events, trace, output log, checkpoints, files),
+    the end of a run whose parent died between two heartbeats."""
+    times = []
+    for name in ACTIVITY_FILES:
+        with contextlib.suppress(OSError):
+            times.append((run_dir / name).stat().st_mtime)
+    return max(times) if times else last_heartbeat(run_dir)
 
 
 def _running(pid: int, start_ticks: Any) -> bool:
