@@ -7,9 +7,11 @@ script read that git does not track (ignored, like nanoGPT's `*.bin`), that is n
 dirty state keeps those) and that no DVC output covers: it is hashed once here, and with
 `--track-inputs` put into the DVC cache.
 
-A file the script read and then rewrote (a counter, a state file) is both: an output, and an input
-whose bytes as read the child hashed just before its first write and kept a copy of in the run
-directory (`read_before_write/`, up to 64 MiB; child/file_access.py). The entry says `rewritten`;
+A file the script read and then rewrote (a counter, a state file, a resume checkpoint saved over) is
+both: an output, and an input whose bytes as read the child hashed just before its first write and
+kept a copy of in the run directory (`read_before_write/`, up to 64 MiB; child/file_access.py). So is
+one it read and then removed or renamed away (HF's checkpoint rotation): only an input, as read, though
+it is gone at the end. The entry says `rewritten`;
 the parent puts that copy into the DVC cache when the project has one, so restore takes it from
 there, and otherwise restore refuses, naming the file (the checkout holds what the run wrote).
 
@@ -235,9 +237,10 @@ def inputs_warning(inputs: Sequence[Mapping[str, Any]]) -> str | None:
     if lost:
         shown = " ".join(lost[:8]) + (" ..." if len(lost) > 8 else "")
         said.append(
-            f"the script read {len(lost)} file(s) and then rewrote them ({shown}): the bytes it read are "
-            "recorded by their sha256 but kept nowhere, so a restore cannot provide them. `cascade init` "
-            "(DVC) keeps them next time, up to 64 MiB each; or have the script write a new file instead"
+            f"the script read {len(lost)} file(s) and then rewrote or removed them ({shown}): the bytes it "
+            "read are recorded by their sha256 but kept nowhere, so a restore cannot provide them. "
+            "`cascade init` (DVC) keeps them next time, up to 64 MiB each; or have the script write a new "
+            "file instead"
         )
     return "; ".join(said) or None
 

@@ -9,7 +9,10 @@ A path that is saved again is unlinked first, so a new inode is written: the DVC
 hold the old bytes by hardlink, and truncating that inode in place would corrupt the cache. Before
 that, the old file gets a second name in the run directory (a hardlink, no copy), announced as
 `superseded`: a version the parent had not hashed yet (nanoGPT saves ckpt.pt every eval) is hashed
-from there instead of being lost as "overwritten".
+from there instead of being lost as "overwritten". The unlink goes through file_access's hook: a file
+the run read before it saves over it (a resume checkpoint) keeps its bytes as read, an input. Each
+save is then noted as written there (torch's writer is not Python's `open`), so a checkpoint the run
+read back after saving it is its own output, inside the repository or outside.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
 
-from cascade_repro.child import protocol
+from cascade_repro.child import file_access, protocol
 
 SUPERSEDED_DIR = "superseded"  # in the run directory: second names of files saved over
 
@@ -83,7 +86,7 @@ class CheckpointLog:
                 pass
             else:
                 self.announce("superseded", path, kept_as=str(keep), **_identity(keep))
-        path.unlink()
+        path.unlink()  # (through file_access's hook: a file the run read keeps its bytes as read)
 
     def announce(self, event: str, path: Path, **fields: Any) -> None:
         if self.path is None:
@@ -172,6 +175,8 @@ def wrap_save_function(owner: Any, name: str, keyword: str, log: CheckpointLog, 
         if path is not None:
             log.make_room(path)  # a new inode: the cache may hold the old one by hardlink
         result = original(*args, **kwargs)
+        if path is not None:
+            file_access.note_saved(path)  # its own file from now on, read back or saved over
         if getattr(log.inside_api, "active", False):
             return result
         opened = path or _opened_for_writing(f)

@@ -12,6 +12,16 @@ The one exception to "nothing is read here": a file the script read and is about
 first write-open after a read, or an `r+` open) would lose the bytes the run read, so just before
 that open they are hashed and, up to MAX_KEEP_BYTES, copied into the run directory (`read_before_write/`)
 in the same pass: one line `{"as_read": path, "sha256", "size", "kept"}`. Only such files pay it.
+The same holds for a file the script read and is about to remove or rename away (`os.unlink`,
+`os.remove`, `os.rename`, `os.replace`, and so `pathlib`, `shutil.rmtree` and `shutil.move`; a
+checkpoint saved over, which is unlinked first: checkpoints.py): its bytes as read are kept too, by a
+hardlink where the file is only unlinked (no copy), else a copy, within the same size bound.
+
+Files written other than through `open` (torch.save's and safetensors' writers, Rust and C++) are
+noted as written by their hooks (`note_saved`). A file outside the repository that the run wrote
+before reading it is its own output, never named as read outside. Weights read through safetensors
+(`safe_open`, which `load_file` and transformers' `from_pretrained` use: Rust opens the file) are
+noted as reads when the script imports safetensors (`import_hooks`).
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import io
 import json
 import os
 import sys
+from types import ModuleType
 from typing import Any, Callable
 
 MAX_PATHS = 100_000  # per kind: a script that opens millions of files gets a bounded record
@@ -59,6 +70,7 @@ class FileAccess:
         self.written: dict[str, None] = {}
         self.as_read: dict[str, None] = {}  # read, then hashed before the first write
         self.outside: dict[str, None] = {}  # absolute paths read outside the repository (not the system's)
+        self.written_outside: dict[str, None] = {}  # absolute paths the run wrote outside it: its own files
         self.system = _system_prefixes()
         self.truncated = False
         self.log = log  # an O_APPEND descriptor of files.jsonl, or None
@@ -77,10 +89,28 @@ class FileAccess:
             return
         if path.startswith(self.root):
             self.note_relative(path[len(self.root) :].replace(os.sep, "/"), writing)
-        elif not writing and path not in self.outside and len(self.outside) < MAX_OUTSIDE \
-                and not path.startswith(self.system) and not path.endswith(CODE):  # fmt: skip
+        elif writing:
+            self.note_written_outside(path)
+        elif path not in self.outside and self._data_outside(path):
             self.outside[path] = None
             self._append({"read_outside": path})
+
+    def _data_outside(self, path: str) -> bool:
+        """Whether a read outside the repository is one to name: not the run's own file (written
+        before), a system or library file, code, or a directory (shutil.rmtree opens those it empties)."""
+        return (path not in self.written_outside and len(self.outside) < MAX_OUTSIDE
+                and not path.startswith(self.system) and not path.endswith(CODE)
+                and not os.path.isdir(path))  # fmt: skip
+
+    def note_written_outside(self, path: str) -> None:
+        """The run wrote `path` (absolute) outside the repository: read back later, it is its own."""
+        if path not in self.written_outside and len(self.written_outside) < MAX_PATHS \
+                and not path.startswith(self.system):  # (never named as read outside anyway)  # fmt: skip
+            self.written_outside[path] = None
+
+    def note_saved(self, file: Any) -> None:
+        """A writer `open` does not see (torch.save's, safetensors') wrote `file`."""
+        self.note(file, True)
 
     def note_relative(self, rel: str, writing: bool) -> None:
         seen = self.written if writing else self.read
@@ -92,14 +122,16 @@ class FileAccess:
         seen[rel] = None
         self._append({"written" if writing else "read": rel})
 
-    def before_write(self, rel: str, reads: bool) -> None:
-        """About to open `rel` for writing: when the run read it before (or this open reads it too)
-        and has not written it yet, its bytes as read are hashed (and kept) before they go."""
+    def before_write(self, rel: str, reads: bool, link: bool = False) -> None:
+        """About to open `rel` for writing (or to remove it, or rename it away): when the run read it
+        before (or this open reads it too) and has not written it yet, its bytes as read are hashed
+        (and kept) before they go. `link`: the file is only unlinked, its bytes stay as they are, so
+        a hardlink keeps them."""
         if rel in self.written or rel in self.as_read or not (reads or rel in self.read):
             return
         self.as_read[rel] = None
         try:
-            fact = self._hash_and_keep(rel)
+            fact = self._hash_and_keep(rel, link)
         except OSError:  # not there yet (a new file), or unreadable: there is nothing it read
             return
         if fact is not None:
@@ -107,12 +139,26 @@ class FileAccess:
                 self.note_relative(rel, False)
             self._append(fact)
 
-    def _hash_and_keep(self, rel: str) -> dict[str, Any] | None:
+    def before_remove(self, file: Any, dir_fd: int | None = None, link: bool = True) -> None:
+        """About to unlink `file` (relative to `dir_fd` when given, as shutil.rmtree does) or rename it
+        away: a file the run read keeps its bytes as read. Nothing to do, and no work, before any read."""
+        if not self.read:
+            return
+        rel = self.relative(_at(file, dir_fd))
+        if rel is not None and rel in self.read:
+            self.before_write(rel, False, link)
+
+    def _hash_and_keep(self, rel: str, link: bool = False) -> dict[str, Any] | None:
         digest, size, kept = hashlib.sha256(), 0, None
         if not os.path.isfile(self.root + rel):  # (a FIFO or a device is never read here)
             return None
         with _ORIGINAL_OPEN(self.root + rel, "rb") as source:
             length = os.fstat(source.fileno()).st_size
+            if link and length <= MAX_KEEP_BYTES and self._link(rel):
+                while chunk := source.read(1 << 20):
+                    digest.update(chunk)
+                    size += len(chunk)
+                return {"as_read": rel, "sha256": digest.hexdigest(), "size": size, "kept": True}
             copy = self._copy_target(rel) if length <= MAX_KEEP_BYTES else None
             try:
                 while chunk := source.read(1 << 20):
@@ -130,6 +176,21 @@ class FileAccess:
                 if copy is not None:
                     copy.close()
         return {"as_read": rel, "sha256": digest.hexdigest(), "size": size, "kept": bool(kept)}
+
+    def _link(self, rel: str) -> bool:
+        """A second name for `rel` in the keep directory (a file about to be unlinked: its inode stays
+        as it is); False where there can be none (another file system)."""
+        if self.keep_dir is None:
+            return False
+        target = os.path.join(self.keep_dir, rel)
+        try:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if os.path.lexists(target):
+                _ORIGINAL_UNLINK(target)
+            os.link(self.root + rel, target)
+        except OSError:
+            return False
+        return True
 
     def _copy_target(self, rel: str) -> Any:
         if self.keep_dir is None:
@@ -168,28 +229,63 @@ class FileAccess:
             handle = opened(file, mode, *args, **kwargs)
             if rel is not None:
                 note_relative(rel, True)
+            else:
+                note(file, True)  # outside the repository: read back later, the run's own file
             return handle
 
         def os_open_(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+            where = _at(path, kwargs["dir_fd"]) if kwargs.get("dir_fd") is not None else path
             if not flags & _WRITE_FLAGS:
                 fd = os_open(path, flags, *args, **kwargs)
-                note(path, False)
+                note(where, False)
                 return fd
-            rel = relative(path)
+            rel = relative(where)
             if rel is not None:
                 before_write(rel, False)
             fd = os_open(path, flags, *args, **kwargs)
             if rel is not None:
                 note_relative(rel, True)
+            else:
+                note(where, True)
             return fd
 
+        _replace(os, "open", os_open_)
         _same_face(open_, opened)
-        _same_face(os_open_, os_open)
         builtins.open = io.open = open_
-        os.open = os_open_
+        self._install_removals()
+
+    def _install_removals(self) -> None:
+        """os.unlink/os.remove and os.rename/os.replace keep the bytes as read of a file the run read
+        before it goes; a rename's target is then written."""
+        before_remove, note = self.before_remove, self.note
+
+        def removal(original: Callable[..., Any]) -> Callable[..., Any]:
+            def unlink_(path: Any, *args: Any, dir_fd: int | None = None, **kwargs: Any) -> Any:
+                before_remove(path, dir_fd)
+                return original(path, *args, dir_fd=dir_fd, **kwargs)
+
+            return unlink_
+
+        def renaming(original: Callable[..., Any]) -> Callable[..., Any]:
+            def rename_(src: Any, dst: Any, *args: Any, src_dir_fd: int | None = None,
+                        dst_dir_fd: int | None = None, **kwargs: Any) -> Any:  # fmt: skip
+                before_remove(src, src_dir_fd, link=False)  # its inode lives on, under `dst`
+                before_remove(dst, dst_dir_fd)  # the one `dst` named is unlinked
+                result = original(src, dst, *args, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd, **kwargs)
+                note(_at(dst, dst_dir_fd), True)
+                return result
+
+            return rename_
+
+        for name in ("unlink", "remove"):
+            _replace(os, name, removal(getattr(os, name)))
+        for name in ("rename", "replace"):
+            _replace(os, name, renaming(getattr(os, name)))
 
 
 _ORIGINAL_OPEN = io.open  # (bound at import, before install: the hook's own reads are not noted)
+_ORIGINAL_UNLINK = os.unlink
+_SUPPORTS = ("supports_dir_fd", "supports_fd", "supports_follow_symlinks", "supports_effective_ids")
 MAX_OUTSIDE = 100  # files read outside the repository, named (the record holds fewer)
 CODE = (".py", ".pyc", ".pyi", ".so", ".pth")  # a library's source (a traceback, a warning reads it): no data
 # Where files read are the system's, a library's or a cache of compiled code, not the run's data.
@@ -206,6 +302,31 @@ def _system_prefixes() -> tuple[str, ...]:
     prefixes.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # cascade's own package
     return (*SYSTEM_DIRS, *(os.path.normpath(p) + os.sep for p in prefixes if p),
             *(os.path.expanduser(c) for c in CACHES), *own)  # fmt: skip
+
+
+def _at(file: Any, dir_fd: int | None) -> Any:
+    """`file` named relative to the directory `dir_fd` (shutil.rmtree's unlinks) as a path from here;
+    `file` itself without a dir_fd or where it is absolute; None where the directory has no name."""
+    if dir_fd is None or isinstance(file, int):
+        return file
+    try:
+        path = os.fsdecode(os.fspath(file))
+        return path if os.path.isabs(path) else os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
+    except (TypeError, ValueError, OSError):
+        return None
+
+
+def _replace(module: ModuleType, name: str, wrapper: Callable[..., Any]) -> None:
+    """`module.name` becomes `wrapper`, with the original's face and place in os.supports_* (which
+    shutil and others check before they pass a dir_fd)."""
+    original = getattr(module, name)
+    _same_face(wrapper, original)
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    for kind in _SUPPORTS:
+        supported = getattr(os, kind, None)
+        if isinstance(supported, set) and original in supported:
+            supported.add(wrapper)
+    setattr(module, name, wrapper)
 
 
 def _same_face(wrapper: Callable[..., Any], original: Callable[..., Any]) -> None:
@@ -228,4 +349,38 @@ def install(root: str | None, log_path: str) -> FileAccess | None:
         log = None
     access = FileAccess(root, skip, log, os.path.join(os.path.dirname(log_path), KEPT_DIR))
     access.install()
+    global _active
+    _active = access
     return access
+
+
+_active: FileAccess | None = None  # the one install() put in place, for the hooks below
+
+
+def note_saved(file: Any) -> None:
+    """A checkpoint writer that `open` does not see (torch.save's, safetensors') wrote `file`."""
+    if _active is not None:
+        _active.note_saved(file)
+
+
+def import_hooks() -> dict[str, Callable[[ModuleType], None]]:
+    """For the child's ImportHooks: safetensors' reader, noted as a read once the script imports it."""
+    return {"safetensors": _watch_safetensors}
+
+
+def _watch_safetensors(module: ModuleType) -> None:
+    """`safetensors.safe_open` (which `safetensors.torch.load_file`, transformers and Accelerate use)
+    notes the file it opens, before safetensors.torch and transformers bind it by name."""
+    original = getattr(module, "safe_open", None)
+    if not callable(original):
+        return
+
+    def safe_open(filename: Any, *args: Any, **kwargs: Any) -> Any:
+        handle = original(filename, *args, **kwargs)
+        if _active is not None:
+            _active.note(filename, False)
+        return handle
+
+    _same_face(safe_open, original)
+    safe_open.__wrapped__ = original  # type: ignore[attr-defined]
+    module.safe_open = safe_open  # type: ignore[attr-defined]

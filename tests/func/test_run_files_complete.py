@@ -55,7 +55,7 @@ def test_a_file_read_then_rewritten_is_an_input_as_read_and_restore_refuses_it(c
     assert record["inputs"] == [_as_read()]
     assert [o["path"] for o in record["outputs"]] == ["data/counter.txt"]
     said = " ".join(result.stderr.split())
-    assert "read 1 file(s) and then rewrote them (data/counter.txt)" in said
+    assert "read 1 file(s) and then rewrote or removed them (data/counter.txt)" in said
     shown = " ".join(project.cascade("show", "w1", check=True).stdout.split())
     assert "data/counter.txt (2 bytes, as read: the run rewrote it)" in shown
 

@@ -16,8 +16,11 @@ from cascade_repro.child.file_access import FileAccess
 
 @pytest.fixture
 def watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[FileAccess, Path]:
-    for module, name in ((builtins, "open"), (io, "open"), (os, "open")):
+    for module, name in ((builtins, "open"), (io, "open"), (os, "open"), (os, "unlink"), (os, "remove"),
+                         (os, "rename"), (os, "replace")):  # fmt: skip
         monkeypatch.setattr(module, name, getattr(module, name))  # put back after the test
+    for kind in ("supports_dir_fd", "supports_fd", "supports_follow_symlinks", "supports_effective_ids"):
+        monkeypatch.setattr(os, kind, set(getattr(os, kind)))
     root = tmp_path / "repo"
     (root / "data").mkdir(parents=True)
     (root / "data" / "train.bin").write_bytes(np.arange(16, dtype=np.uint16).tobytes())
@@ -74,9 +77,9 @@ def test_forked_workers_add_what_they_open_to_the_log(
             os._exit(0)
     os.waitpid(pid, 0)
     log.write_text(log.read_text() + '{"read": "cut sh')  # a process killed mid-line
-    # (this test's own read of its log, outside the repository, is one: a run's directory is skipped)
+    # (this test's own read of its log, outside the repository, is none: this process wrote it first)
     assert read_opened(log) == {"read": ["data/train.bin"], "written": ["data/worker.txt"], "as_read": {},
-                                "outside": [str(log)]}  # fmt: skip
+                                "outside": []}  # fmt: skip
 
 
 def test_a_file_read_and_then_rewritten_is_hashed_and_kept_as_read_before_the_write(
@@ -114,3 +117,64 @@ def test_a_file_read_and_then_rewritten_is_hashed_and_kept_as_read_before_the_wr
     assert (root / "data" / "counter.txt").read_text() == "20"
     assert opened["read"] == ["data/counter.txt", "data/state.txt", "fresh.txt"]
     assert opened["written"] == ["data/counter.txt", "data/state.txt", "fresh.txt"]
+
+
+def test_files_read_then_removed_or_renamed_away_keep_their_bytes_as_read(
+    watched: tuple[FileAccess, Path], tmp_path: Path
+) -> None:
+    """Defect 2: os.remove/os.unlink, shutil.rmtree (unlinks by dir_fd), os.rename away and os.replace
+    over a file the run read: each keeps its bytes as read (once); a file never read costs nothing."""
+    import hashlib
+    import shutil
+
+    access, root = watched
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    log = os.open(run_dir / "files.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    access.log, access.keep_dir = log, str(run_dir / "read_before_write")
+    content = {"a.txt": b"removed", "ck/b.pt": b"rotated", "c.txt": b"renamed", "d.txt": b"replaced",
+               "never.txt": b"never read"}  # fmt: skip
+    for rel, data in content.items():
+        (root / "data" / rel).parent.mkdir(parents=True, exist_ok=True)
+        with io.FileIO(root / "data" / rel, "w") as setup:
+            setup.write(data)
+    for rel in ("a.txt", "ck/b.pt", "c.txt", "d.txt"):
+        Path("data", rel).read_bytes()
+    os.remove("data/a.txt")
+    assert shutil._use_fd_functions  # (rmtree unlinks each file by name, relative to its directory)
+    shutil.rmtree("data/ck")
+    os.rename("data/c.txt", "data/c2.txt")
+    Path("data/d.tmp").write_bytes(b"new")
+    os.replace("data/d.tmp", "data/d.txt")
+    os.unlink("data/never.txt")
+    os.close(log)
+    opened = read_opened(run_dir / "files.jsonl")
+    assert opened["as_read"] == {
+        f"data/{rel}": {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "kept": True}
+        for rel, data in content.items() if rel != "never.txt"
+    }  # fmt: skip
+    for rel in ("a.txt", "ck/b.pt", "c.txt", "d.txt"):
+        assert (run_dir / "read_before_write" / "data" / rel).read_bytes() == content[rel]
+    assert {"data/c2.txt", "data/d.txt"} <= set(opened["written"])
+    assert (root / "data" / "d.txt").read_bytes() == b"new"
+
+
+def test_a_file_written_outside_the_repository_then_read_is_not_named(
+    watched: tuple[FileAccess, Path], tmp_path: Path
+) -> None:
+    """Defect 12: the run's own file outside the repository (written first, by open or by a writer the
+    hook does not see, such as torch.save's) is no outside input; one only read is."""
+    access, _ = watched
+    own, saved = tmp_path / "own.txt", tmp_path / "model.pt"
+    with open(own, "w") as handle:
+        handle.write("mine")
+    with io.FileIO(saved, "w") as setup:  # torch.save's writer: noted by its hook
+        setup.write(b"weights")
+    access.note_saved(saved)
+    for path in (own, saved):
+        with open(path, "rb"):
+            pass
+    assert list(access.outside) == []
+    with open(tmp_path / "outside.txt", "rb"):  # written before the run: an outside input
+        pass
+    assert list(access.outside) == [str(tmp_path / "outside.txt")]
