@@ -323,6 +323,7 @@ def _closest(key: str, flat: Mapping[str, Any]) -> str:
 
 # -- what the script used (issue 14.2) ---------------------------------------------------------------
 ARGS_PREFIX = "args."  # an argparse value whose name the params file also has: `args.<name>`
+HYDRA_PREFIX = "hydra."  # a value of Hydra's config whose name the params file also has
 CASCADE_PREFIX = "cascade."  # cascade's value of a param the script logged itself with another value
 
 
@@ -334,32 +335,27 @@ def resolved_dict(resolved: ResolvedParams) -> dict[str, Any]:
 
 def used_params(resolved: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[str, Any]:
     """The record's `params` section: what the script used, from the resolved params file and what
-    the child noted (`params_read`: it called `cascade_repro.params()`; `argparse`: its namespace).
+    the child noted (`params_read`: it called `cascade_repro.params()`; `argparse`: its namespace;
+    `hydra`: the config Hydra composed for it, with dotted keys).
 
-    `values` holds the file's values only when the script read them, and the argparse namespace
-    (a name the file also has goes under `args.`, so neither value hides the other); `file` keeps
-    the resolved file for a restore, saying whether it was read; `seed` is the seed cascade applied
-    (from the file's `seed` key even when the script never read the file).
+    `values` holds the file's values only when the script read them, and the argparse namespace and
+    Hydra's config (a name the file also has goes under `args.` or `hydra.`, so neither value hides
+    the other); `file` keeps the resolved file for a restore, saying whether it was read; `seed` is
+    the seed cascade applied (from the file's `seed` key even when the script never read the file).
     """
-    from cascade_repro.redaction import MARKER, redact_text, secret_option
-
     read = bool(facts.get("params_read"))
     file_values = dict(resolved.get("values") or {})
     values: dict[str, Any] = copy.deepcopy(file_values) if read else {}
     sources = [str(resolved.get("source"))] if read and resolved.get("source") else []
-    parsed = facts.get("argparse")
     section: dict[str, Any] = {}
-    if isinstance(parsed, Mapping):
-        taken = set(flatten(values)) | set(values)
-        namespace = {
-            str(name): MARKER if secret_option(str(name)) and value is not None
-            else redact_text(value) if isinstance(value, str) else value
-            for name, value in list(parsed.items())[:MAX_PARAMS]
-        }  # fmt: skip
-        for name, value in namespace.items():
-            values[f"{ARGS_PREFIX}{name}" if name in taken else name] = value
-        section["argparse"] = namespace
-        sources.append("argparse")
+    taken = set(flatten(values)) | set(values)
+    for source, prefix in (("argparse", ARGS_PREFIX), ("hydra", HYDRA_PREFIX)):
+        parsed = facts.get(source)
+        if isinstance(parsed, Mapping):
+            section[source] = _redacted(parsed)
+            for name, value in section[source].items():
+                values[f"{prefix}{name}" if name in taken else name] = value
+            sources.append(source)
     path = resolved.get("source")
     return {
         "values": values,
@@ -370,6 +366,18 @@ def used_params(resolved: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[s
         "seed": resolved.get("seed", 0),
         "seed_source": resolved.get("seed_source"),
     }
+
+
+def _redacted(parsed: Mapping[str, Any]) -> dict[str, Any]:
+    """Values the child noted, a secret-named one (`--api-key`, `db.password`) and URL credentials
+    redacted."""
+    from cascade_repro.redaction import MARKER, redact_text, secret_option
+
+    return {
+        str(name): MARKER if secret_option(str(name)) and value is not None
+        else redact_text(value) if isinstance(value, str) else value
+        for name, value in list(parsed.items())[:MAX_PARAMS]
+    }  # fmt: skip
 
 
 def mlflow_params(section: Mapping[str, Any]) -> dict[str, Any]:

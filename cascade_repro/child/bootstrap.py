@@ -144,9 +144,11 @@ def main(argv: list[str]) -> None:
         after={
             **framework_logging.import_hooks(),
             **framework_checkpoints.import_hooks(checkpoint_log(run_dir)),
+            **file_access.import_hooks(),  # safetensors' reader (Rust opens the file)
             "torch": after_torch,
             "numpy": after_numpy,
             "argparse": lambda module: _watch_argparse(module, facts),
+            **parsed_args.hydra_hooks(lambda values: facts.update(hydra=values)),
             **script_seeds.import_hooks(),
         },
     )

@@ -4,18 +4,18 @@ Lightning writes `.ckpt` files through fsspec (`torch.save` into a buffer), so t
 never sees a path; the Hugging Face Trainer and Accelerate's `save_state` write a directory
 (`checkpoint-500/`: safetensors, config, trainer state and, with torch.save, optimizer and RNG state).
 Installed when the script imports Lightning's Trainer or ModelCheckpoint, transformers' Trainer,
-Accelerate or safetensors:
+Accelerate or safetensors. Every checkpoint's step is the step trace's last step done when it was
+saved (None before the first), as for `torch.save`, never the framework's own count:
 
-- `Trainer.save_checkpoint(path)` announces the file once written, with the step; inside
+- `Trainer.save_checkpoint(path)` announces the file once written; inside
   `ModelCheckpoint` also the monitored metric, its mode and score, so `cascade checkout
   --checkpoint best` takes the file ModelCheckpoint's `best_model_path` names.
 - `ModelCheckpoint` removing a file that fell out of its top k announces it pruned.
 - `transformers.Trainer._save_checkpoint` announces the directory once complete, as one checkpoint
-  (its files are not announced one by one), with the step and `metric_for_best_model`'s last value;
+  (its files are not announced one by one), with `metric_for_best_model`'s last value;
   directories its rotation (`save_total_limit`) removed are announced pruned.
-- `Accelerator.save_state` announces the directory it wrote once complete, as one checkpoint, with
-  the step it happened at (the step trace's, as for `torch.save`: Accelerate keeps no step of its
-  own); directories `ProjectConfiguration(total_limit=...)` removed are announced pruned.
+- `Accelerator.save_state` announces the directory it wrote once complete, as one checkpoint;
+  directories `ProjectConfiguration(total_limit=...)` removed are announced pruned.
 - `safetensors.torch.save_file` (and `save_model`, which calls it) announces the file it wrote, as
   the `torch.save` hook does; inside one of the directory saves above, it is a file of that one.
 
@@ -33,6 +33,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
+from cascade_repro.child import file_access
 from cascade_repro.child.checkpoints import CheckpointLog, wrap_save_function
 
 LIGHTNING_TRAINER_MODULES = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
@@ -98,9 +99,10 @@ def _wrap_hf_trainer(trainer_class: Any, log: CheckpointLog) -> None:
 
 
 def _announce_hf(trainer: Any, trial: Any, log: CheckpointLog, announced: list[Path]) -> None:
-    step = int(trainer.state.global_step)
-    directory = Path(trainer._get_output_dir(trial=trial), f"checkpoint-{step}").absolute()
-    fields: dict[str, Any] = {"step": step, "metrics": {}, "source": "transformers"}
+    # The directory is named by HF's own count; the step is the trace's (see _fields).
+    folder = f"checkpoint-{trainer.state.global_step}"
+    directory = Path(trainer._get_output_dir(trial=trial), folder).absolute()
+    fields: dict[str, Any] = {"step": log.current_step(), "metrics": {}, "source": "transformers"}
     wanted = getattr(trainer.args, "metric_for_best_model", None)
     if wanted:
         name = wanted if str(wanted).startswith("eval_") else f"eval_{wanted}"
@@ -154,8 +156,10 @@ def _wrap_lightning_trainer(trainer_class: Any, log: CheckpointLog) -> None:
         if path is not None:
             log.make_room(path)  # a new inode: the cache may hold the old one by hardlink
         result = original(self, filepath, *args, **kwargs)
+        if path is not None:
+            file_access.note_saved(path)  # (written through fsspec: maybe a temporary file, then moved)
         if path is not None and getattr(self, "is_global_zero", True):
-            _guarded(lambda: log.announce("saved", path, **_fields(self)))
+            _guarded(lambda: log.announce("saved", path, **_fields(log)))
         return result
 
     trainer_class.save_checkpoint = save_checkpoint
@@ -185,8 +189,11 @@ def _wrap_lightning_model_checkpoint(callback_class: Any, log: CheckpointLog) ->
     callback_class._remove_checkpoint = _remove_checkpoint
 
 
-def _fields(trainer: Any) -> dict[str, Any]:
-    fields: dict[str, Any] = {"step": int(trainer.global_step), "metrics": {}, "source": "lightning"}
+def _fields(log: CheckpointLog) -> dict[str, Any]:
+    """The step is the trace's last step done (None before the first), as for `torch.save`: not the
+    framework's count of steps, one ahead of it (the trace numbers from 0), counted from a resumed
+    checkpoint's and restarted by each fit, so `checkout --checkpoint N` finds what trace step N saved."""
+    fields: dict[str, Any] = {"step": log.current_step(), "metrics": {}, "source": "lightning"}
     callback = getattr(_saving, "callback", None)
     monitor = getattr(callback, "monitor", None)
     score = getattr(callback, "current_score", None)

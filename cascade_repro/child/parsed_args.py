@@ -1,15 +1,28 @@
-"""The script's own argparse namespace, noted for the parent as the params the script used.
+"""The params the script parsed, noted for the parent: its argparse namespace, or Hydra's config.
 
 A script configured by `argparse` never calls `cascade_repro.params()`; its configuration is the
 namespace its parser returns. Installed on the script's `import argparse` (child/hooks.py), this
 wraps `ArgumentParser.parse_known_args` (which `parse_args` and `parse_intermixed_args` go through)
-and notes the first successful top-level parse of the script's own command line: not a sub-parser
-(it runs inside its parent's parse) and not a parser given another list. Values are kept as JSON
-can hold them (str, int, float, bool, None and lists of them); anything else as its truncated repr.
+and notes the top-level parses of the script's own command line: not a sub-parser (it runs inside
+its parent's parse) and not a parser given another list, except what a parse of the command line
+left over (`parse_known_args`' second value). timm's two stages are one configuration: a config
+parser takes `-c FILE` from the command line, the file becomes the defaults, and the real parser is
+given the rest; what is noted is the union of their namespaces (a later parse's value of a name
+stands). A parse that only repeats what is noted changes nothing.
+
+A Hydra app's command line is Hydra's (`--config-name`, `--multirun`, overrides): its parser is not
+the script's, and what the script used is the config Hydra composed and hands to the task function
+(`hydra.core.utils.run_job`), noted flattened to dotted keys (`optimizer.lr`), interpolations
+resolved; of a multirun, the first job's. Hydra is never imported here: hooked once the script
+imports it.
+
+Values are kept as JSON can hold them (str, int, float, bool, None and lists of them); anything else
+as its truncated repr.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import threading
@@ -23,14 +36,20 @@ MAX_ITEMS = 100  # a list longer than this is kept as its repr
 MAX_TEXT = 6000  # MLflow's limit on a param's value
 
 
+NOT_THE_SCRIPTS = "_cascade_not_params"  # set on a parser whose namespace is not the script's params
+MAX_LINES = 16  # argument lists that parses of the command line left over, kept to compare with
+
+
 def watch(argparse: ModuleType, note: Note) -> None:
-    """Make the first top-level parse of `sys.argv[1:]` call `note` with the namespace's values."""
+    """Make each top-level parse of the script's own command line (`sys.argv[1:]`, or what such a
+    parse left over) call `note` with the values noted so far, this parse's over the earlier ones."""
     parser_class = argparse.ArgumentParser
     original = parser_class.parse_known_args
     if getattr(original, "_cascade_parsed_args", False):
         return
     state = threading.local()
-    done: list[bool] = []
+    noted: dict[str, Any] = {}
+    left_over: list[Any] = []
 
     def parse_known_args(self: Any, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
         depth = getattr(state, "depth", 0)
@@ -39,10 +58,9 @@ def watch(argparse: ModuleType, note: Note) -> None:
             result = original(self, args, namespace)
         finally:
             state.depth = depth
-        if not done and depth == 0 and _own_command_line(args):
-            done.append(True)
+        if depth == 0 and not getattr(self, NOT_THE_SCRIPTS, False) and _own_command_line(args, left_over):
             try:
-                note(values(result[0]))
+                _note(result, noted, left_over, note)
             except Exception:  # noting must never change what the script does
                 pass
         return result
@@ -51,13 +69,111 @@ def watch(argparse: ModuleType, note: Note) -> None:
     parser_class.parse_known_args = parse_known_args
 
 
-def _own_command_line(args: Sequence[str] | None) -> bool:
+def _note(result: Any, noted: dict[str, Any], left_over: list[Any], note: Note) -> None:
+    namespace, rest = result
+    if isinstance(rest, list) and len(left_over) < MAX_LINES:
+        left_over.append(rest)  # the script may hand it to its next parser (timm)
+    merged = {**noted, **values(namespace)}
+    if merged != noted:
+        noted.clear()
+        noted.update(list(merged.items())[:MAX_VALUES])
+        note(dict(noted))
+
+
+def _own_command_line(args: Sequence[str] | None, left_over: list[Any]) -> bool:
+    """The command line, or what a parse of it left over: that very list, or a copy of it unless it is
+    empty (`parse_args([])` elsewhere, for a parser's defaults, is not the script's configuration)."""
     if args is None:
         return True
     try:
-        return list(args) == sys.argv[1:]
+        given = list(args)
+        return given == sys.argv[1:] or any(args is rest or (rest and given == rest) for rest in left_over)
     except TypeError:
         return False
+
+
+def hydra_hooks(note: Note) -> dict[str, Callable[[ModuleType], None]]:
+    """For the child's ImportHooks: Hydra's own parser marked as not the script's, and `note` called
+    with the config of the first job Hydra runs, as its task function gets it."""
+    return {
+        "hydra._internal.utils": lambda module: _guarded(lambda: _mark_hydra_parser(module)),
+        "hydra.core.utils": lambda module: _guarded(lambda: _watch_hydra_jobs(module, note)),
+    }
+
+
+def _mark_hydra_parser(module: Any) -> None:
+    """`hydra.main` parses the command line with `get_args_parser()`'s parser (`--cfg`, `--multirun`,
+    the overrides): Hydra's flags, not the app's params. Wrapped before `hydra.main` imports it."""
+    original = module.get_args_parser
+
+    @functools.wraps(original)
+    def get_args_parser(*args: Any, **kwargs: Any) -> Any:
+        parser = original(*args, **kwargs)
+        try:
+            setattr(parser, NOT_THE_SCRIPTS, True)
+        except Exception:
+            pass
+        return parser
+
+    module.get_args_parser = get_args_parser
+
+
+def _watch_hydra_jobs(module: Any, note: Note) -> None:
+    """`run_job(task_function, config, ...)` calls the task function with the composed config (less
+    its `hydra` node); each launcher imports it by name, after this wraps it."""
+    original = module.run_job
+    done: list[bool] = []
+
+    def noting(task: Any) -> Any:
+        @functools.wraps(task)
+        def task_function(cfg: Any, *args: Any, **kwargs: Any) -> Any:
+            if not done:
+                done.append(True)
+                _guarded(lambda: note(composed(cfg)))
+            return task(cfg, *args, **kwargs)
+
+        return task_function
+
+    @functools.wraps(original)
+    def run_job(*args: Any, **kwargs: Any) -> Any:
+        if "task_function" in kwargs:
+            kwargs["task_function"] = noting(kwargs["task_function"])
+        elif args:
+            args = (noting(args[0]), *args[1:])
+        return original(*args, **kwargs)
+
+    module.run_job = run_job
+
+
+def composed(cfg: Any) -> dict[str, Any]:
+    """An OmegaConf config as JSON-safe params with dotted keys, interpolations resolved where they
+    resolve (`optimizer.lr`, as cascade flattens a params file)."""
+    omegaconf = sys.modules["omegaconf"]  # Hydra's, already imported
+    try:
+        container = omegaconf.OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # an interpolation that does not resolve outside the app: kept as written
+        container = omegaconf.OmegaConf.to_container(cfg, resolve=False)
+    flat: dict[str, Any] = {}
+    _flatten(container, "", flat)
+    return flat
+
+
+def _flatten(node: Any, prefix: str, flat: dict[str, Any]) -> None:
+    for key, value in node.items():
+        if len(flat) >= MAX_VALUES:
+            return
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            _flatten(value, f"{name}.", flat)
+        else:
+            flat[name] = {} if isinstance(value, dict) else _safe(value)
+
+
+def _guarded(action: Callable[[], Any]) -> None:
+    try:
+        action()
+    except Exception:  # noting must never change what the script does
+        pass
 
 
 def values(namespace: Any) -> dict[str, Any]:

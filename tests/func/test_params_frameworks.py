@@ -1,0 +1,108 @@
+"""Params are what the script used, also where a framework of configuration stands between the command
+line and the script: timm's two-stage argparse (a config parser's `parse_known_args`, a YAML file as
+the defaults, then the real parser given what is left: defect 6) and Hydra (`@hydra.main` composes a
+config from files and overrides; its own command-line flags are not the script's params: defect 7).
+
+Real `cascade run`s in real git repositories with a real MLflow store.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from tests.plugin import Project
+
+pytestmark = pytest.mark.slow
+
+TIMM_STYLE = """\
+import argparse
+
+import yaml
+
+config_parser = argparse.ArgumentParser(description="Training Config", add_help=False)
+config_parser.add_argument("-c", "--config", default="", type=str)
+parser = argparse.ArgumentParser(description="Training")
+parser.add_argument("--lr", type=float, default=0.1)
+parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--model", default="resnet18")
+
+
+def _parse_args():
+    args_config, remaining = config_parser.parse_known_args()
+    if args_config.config:
+        with open(args_config.config) as f:
+            parser.set_defaults(**yaml.safe_load(f))
+    return parser.parse_args(remaining), args_config
+
+
+args, args_config = _parse_args()
+print("used", args.lr, args.epochs, args.model, args_config.config, flush=True)
+"""
+
+
+def _params(project: Project, script: str, text: str, *args: str,
+            **files: str) -> tuple[dict[str, str], dict]:  # fmt: skip
+    project.write(script, text)
+    for name, content in files.items():
+        project.write(name.replace("__", "/"), content)
+    project.commit(f"add {script}")
+    result = project.cascade("run", script, *args, check=True)
+    run = project.runs()[0]
+    record = project.manifest(run.info.run_id)["params"]
+    return dict(run.data.params), {**record, "output": result.stdout + result.stderr}
+
+
+def test_timm_style_two_stage_argparse_records_what_the_script_used(project: Project) -> None:
+    params, record = _params(project, "timmstyle.py", TIMM_STYLE, "-c", "cfg.yaml", "--lr", "0.02",
+                             **{"cfg.yaml": "epochs: 4\nmodel: vit\n"})  # fmt: skip
+    assert "used 0.02 4 vit cfg.yaml" in record["output"]
+    # The final parse's namespace (the YAML's defaults, the command line over them) and the config
+    # parser's: the union, as the script used them.
+    assert record["argparse"] == {"config": "cfg.yaml", "lr": 0.02, "epochs": 4, "model": "vit"}
+    assert record["values"] == record["argparse"] and record["source"] == "argparse"
+    assert params == {"config": "cfg.yaml", "lr": "0.02", "epochs": "4", "model": "vit", "seed": "3"}
+
+
+HYDRA_APP = """\
+import hydra
+from omegaconf import DictConfig
+
+
+@hydra.main(version_base=None, config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    print("used", cfg.optimizer.lr, cfg.optimizer.momentum, cfg.train.steps, cfg.seed, flush=True)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+HYDRA_CONFIG = """\
+optimizer:
+  lr: 0.05
+  momentum: 0.9
+train:
+  steps: 8
+  batch: ${optimizer.batch}
+seed: 7
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("hydra") is None,
+                    reason="hydra-core is a test extra (pip install hydra-core)")  # fmt: skip
+def test_a_hydra_app_records_its_composed_config_not_hydras_flags(project: Project) -> None:
+    project.write(".gitignore", "mlflow.db\nmlruns/\n.cascade/\nout/\noutputs/\n")
+    params, record = _params(project, "app.py", HYDRA_APP, "optimizer.lr=0.01", "+optimizer.batch=16",
+                             **{"conf__config.yaml": HYDRA_CONFIG})  # fmt: skip
+    assert "used 0.01 0.9 8 7" in record["output"]
+    # The config the task function got, overrides and interpolations applied, flattened as cascade
+    # flattens its own params; none of Hydra's own flags (config_name, overrides, multirun, ...).
+    composed = {"optimizer.lr": 0.01, "optimizer.momentum": 0.9, "optimizer.batch": 16, "train.steps": 8,
+                "train.batch": 16, "seed": 7}  # fmt: skip
+    assert record["hydra"] == composed and record["values"] == composed
+    assert record["source"] == "hydra" and "argparse" not in record
+    assert params == {"optimizer.lr": "0.01", "optimizer.momentum": "0.9", "optimizer.batch": "16",
+                      "train.steps": "8", "train.batch": "16", "seed": "7",
+                      "cascade.seed": "3"}  # the seed cascade applied, beside the app's own  # fmt: skip
