@@ -426,8 +426,10 @@ class Recording:
         for item in inputs:
             if item.get("rewritten") and item["path"] not in kept:
                 continue  # its bytes as read were not kept (larger than the child copies)
+            as_read = kept.get(item["path"])  # a private copy or second name nothing rewrites: linked
             try:
-                stored = cache.add(kept.get(item["path"]) or self.plan.settings.root / item["path"])
+                stored = cache.add(as_read, hardlink=True) if as_read is not None else \
+                    cache.add(self.plan.settings.root / item["path"])  # fmt: skip
             except Exception as exc:  # DataError, OSError: the input stays recorded by its hash
                 self.warnings.append(f"--track-inputs: {item['path']} not cached: {exc}")
                 continue

@@ -15,7 +15,8 @@ in the same pass: one line `{"as_read": path, "sha256", "size", "kept"}`. Only s
 The same holds for a file the script read and is about to remove or rename away (`os.unlink`,
 `os.remove`, `os.rename`, `os.replace`, and so `pathlib`, `shutil.rmtree` and `shutil.move`; a
 checkpoint saved over, which is unlinked first: checkpoints.py): its bytes as read are kept too, by a
-hardlink where the file is only unlinked (no copy), else a copy, within the same size bound.
+hardlink where the file is only unlinked (no copy, whatever its size: a resume checkpoint of a few
+GB), else a copy, within the same size bound.
 
 Files written other than through `open` (torch.save's and safetensors' writers, Rust and C++) are
 noted as written by their hooks (`note_saved`). A file outside the repository that the run wrote
@@ -154,7 +155,7 @@ class FileAccess:
             return None
         with _ORIGINAL_OPEN(self.root + rel, "rb") as source:
             length = os.fstat(source.fileno()).st_size
-            if link and length <= MAX_KEEP_BYTES and self._link(rel):
+            if link and self._link(rel):  # (the inode is unlinked next: no bound on a second name)
                 while chunk := source.read(1 << 20):
                     digest.update(chunk)
                     size += len(chunk)

@@ -80,6 +80,28 @@ def test_a_resume_checkpoint_saved_over_is_an_input_as_read_and_restore_gives_it
     assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL", data["verdict"]["summary"]
 
 
+def test_a_resume_checkpoint_larger_than_a_kept_copy_is_still_given_back(project: Project) -> None:
+    """A real nanoGPT ckpt.pt is larger than the 64 MiB the child copies of a file read then rewritten:
+    its bytes as read were hashed but not kept, so restore refused it. Saved over, the file is only
+    unlinked: a second name keeps it whatever its size, and it goes into the DVC cache by hardlink."""
+    project.write("resume.py", RESUME.replace('{"model": model.state_dict(), "iter": it + 1}',
+                                              '{"model": model.state_dict(), "iter": it + 1, '
+                                              '"pad": torch.zeros(17 << 20)}'))  # fmt: skip
+    project.commit("a script that resumes from its own 68 MiB checkpoint")
+    project = _dvc(project)
+    project.record("--tag", "r1", "resume.py")
+    as_read = (project.root / "out" / "ckpt.pt").read_bytes()
+    assert len(as_read) > 64 << 20
+    run_id = project.record("--tag", "r2", "resume.py", "resume")
+    (item,) = project.manifest(run_id)["inputs"]
+    assert item == _input("out/ckpt.pt", as_read, rewritten=True, md5=hashlib.md5(as_read).hexdigest())
+    restored = project.cascade("restore", "r2", "--json")
+    assert restored.returncode == 0, restored.stderr
+    data = json.loads(restored.stdout)["data"]
+    assert data["plan"]["input_sources"] == {"out/ckpt.pt": "dvc"}
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL", data["verdict"]["summary"]
+
+
 LIGHTNING_RESUME = """\
 import sys, torch, lightning as L
 from torch.utils.data import DataLoader, TensorDataset
