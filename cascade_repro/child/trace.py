@@ -58,6 +58,9 @@ from cascade_repro.child.trace_writer import TraceWriter
 from cascade_repro.determinism import fingerprint
 
 RNG_EXTRA_EVERY = 16
+# Backwards between which the weights changed, before any optimizer step, while an optimizer exists
+# (SAM perturbs the weights between its two backwards): taken for a manual update only after these.
+MAX_UNDECIDED_UPDATES = 8
 
 
 class StepTracer:
@@ -120,6 +123,8 @@ class StepTracer:
         self._rng_states = step_values.RngStates(torch)
         self.closed = False
         self._mode = "undecided"  # "optimizer" or "manual" once known
+        self.optimizers_made = 0  # torch optimizers constructed (child/trace_install.py)
+        self._undecided_updates = 0  # weights changed between backwards while an optimizer exists
         self._manual: list[Any] = []
         self._rng_next: dict[str, Any] | None = self._rng
         self.in_step = False  # between an optimizer step's pre- and post-hook
@@ -340,6 +345,10 @@ class StepTracer:
         if self._mode == "undecided":
             if after == self._pending.get("params_before"):
                 self._pending = None
+                return
+            if self.optimizers_made and self._undecided_updates < MAX_UNDECIDED_UPDATES:
+                self._undecided_updates += 1  # an optimizer exists: SAM's perturbation before its step
+                self._pending = None  # (the optimizer's first step starts step 0 afresh)
                 return
             self._mode = "manual"
             if not self.tensors.scanned:  # a manual record holds every live module's parameters, once

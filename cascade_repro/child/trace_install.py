@@ -26,10 +26,24 @@ def install(tracer: StepTracer) -> None:
     optim.register_optimizer_step_pre_hook(before)
     optim.register_optimizer_step_post_hook(after)
     tracer.tensors.registry.install()
+    _count_optimizers(optim.Optimizer, tracer)
     _wrap_backward(tracer)
     _wrap_dataloader(tracer)
     _wrap_grad_scaler(tracer, before, after)
     _start_at_first_forward(tracer)
+
+
+def _count_optimizers(optimizer: Any, tracer: StepTracer) -> None:
+    """Each torch optimizer made: where one exists, weights that change between two backward() calls
+    before its first step (SAM's perturbation, under torch.no_grad) are no sign of a manual update."""
+    original_init = optimizer.__init__
+
+    @functools.wraps(original_init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - replaces Optimizer.__init__
+        tracer.optimizers_made += 1
+        original_init(self, *args, **kwargs)
+
+    optimizer.__init__ = __init__
 
 
 def _wrap_backward(tracer: StepTracer) -> None:

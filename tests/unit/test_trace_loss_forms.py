@@ -123,3 +123,53 @@ def test_an_optimizer_stepped_inside_another_s_step_is_one_step(tmp_path: Path) 
     assert [r["step"] for r in steps] == list(range(6))
     assert [r["loss"]["bits"] for r in steps] == [_float32_bits(loss) for loss in script]
     assert all(r.get("params_after") for r in steps)
+
+
+SAM = """
+import json, sys, torch
+from pathlib import Path
+from cascade_repro.child.trace import StepTracer
+
+out = Path(sys.argv[1])
+tracer = StepTracer(torch, out / "trace.jsonl", budget=0.0)
+tracer.install()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+x = torch.randn(32, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+losses = []
+for i in range(6):  # SAM: a backward, the weights moved up the gradient, a second backward, restored
+    first = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+    first.backward()
+    with torch.no_grad():
+        old = [p.clone() for p in model.parameters()]
+        for p in model.parameters():
+            p.add_(p.grad * 0.01)
+    opt.zero_grad()
+    second = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+    second.backward()
+    with torch.no_grad():
+        for p, o in zip(model.parameters(), old):
+            p.copy_(o)
+    opt.step()
+    opt.zero_grad()
+    losses.append([first.item(), second.item()])
+tracer.close()
+(out / "losses.json").write_text(json.dumps(losses))
+"""
+
+
+def test_weights_perturbed_between_two_backwards_before_the_first_step_are_no_manual_update(
+    tmp_path: Path,
+) -> None:
+    """SAM moves the weights between its two backward() calls, then steps its optimizer: before the
+    first step that looked like a script updating weights by hand, and the first iteration was split
+    in two records (steps 0, 1, 1, 2, ...: every later step numbered one too high)."""
+    out = tmp_path / "sam"
+    out.mkdir()
+    subprocess.run([sys.executable, "-c", textwrap.dedent(SAM), str(out)], check=True, timeout=120)
+    records = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
+    script = json.loads((out / "losses.json").read_text())
+    steps = [r for r in records if "step" in r]
+    assert [r["step"] for r in steps] == list(range(6))
+    assert [r["loss"]["bits"] for r in steps] == [[_float32_bits(a), _float32_bits(b)] for a, b in script]
