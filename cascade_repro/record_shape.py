@@ -7,8 +7,10 @@ as a traceback halfway through a command.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Mapping, NoReturn
 
+from cascade_repro.child.protocol import DETERMINISM_MODES
 from cascade_repro.distributed import check_section as check_distributed
 from cascade_repro.errors import CascadeError
 
@@ -23,47 +25,79 @@ _SECTIONS: dict[str, tuple[type, ...]] = {
 }  # fmt: skip
 _ENTRY_LISTS = ("data", "checkpoints", "git.untracked", "inputs", "outputs")  # objects with a string path
 MAX_FILE_ENTRIES = 10_000  # inputs, outputs: a record naming more was not made by cascade
+# Levels of JSON objects and lists, the record itself the first. cascade's own sections go 5 deep; a
+# params file's nesting adds its own: 64 leaves it ~60 levels. Readers (`show --json`'s asdict, the
+# comparator, rich) recurse once or more per level, and Python's stack ends near 1,000 frames.
+MAX_DEPTH = 64
+_COMMIT_LENGTHS = (40, 64)  # a SHA-1 repository's commit ids, a SHA-256 one's
 
 
 Refuse = Callable[[str, Any, str], NoReturn]
+
+
+def malformed(run_id: str | None, detail: str) -> CascadeError:
+    """The one error for a record cascade cannot use as it is: `detail` names the field and why."""
+    return CascadeError(
+        f"{'run ' + run_id + ': ' if run_id else ''}the run record is malformed: {detail}",
+        hint="the record was altered or made by something else; nothing was done with it",
+    )
 
 
 def check_shape(data: Mapping[str, Any], run_id: str | None = None) -> None:
     """Refuse a record whose sections or the fields commands act on have the wrong JSON types."""
 
     def refuse(where: str, value: Any, expected: str) -> NoReturn:
-        raise CascadeError(
-            f"{'run ' + run_id + ': ' if run_id else ''}the run record is malformed: {where} is "
-            f"{type(value).__name__} {str(value)[:40]!r}, expected {expected}",
-            hint="the record was altered or made by something else; nothing was done with it",
-        )
+        # a container by its size: its text may be megabytes
+        shown = f"of {len(value)} entries" if isinstance(value, (dict, list)) else repr(str(value)[:40])
+        raise malformed(run_id, f"{where} is {type(value).__name__} {shown}, expected {expected}")
 
+    too_deep = nested_too_deep(data)
+    if too_deep is not None:  # first: every check after this one, and every reader, may recurse
+        raise malformed(run_id, f"{too_deep} is nested more than {MAX_DEPTH} levels")
     for name, types in _SECTIONS.items():
         if name in data and not isinstance(data[name], types):
             refuse(name, data[name], " or ".join("null" if t is type(None) else t.__name__ for t in types))
     if run_id is not None and data.get("run_id", run_id) != run_id:  # read as this run's: it must be it
         refuse("run_id", data.get("run_id"), f"this run's own id {run_id}")
     _check_command(data, refuse)
+    _check_rerun_fields(data, refuse)
     _check_readers_fields(data, refuse)
     _check_script_seeds(data.get("determinism") or {}, refuse)
     check_distributed(data.get("distributed"), refuse)
     _check_entries(data, refuse)
     _check_hashes(data, refuse)
-    for section in ("environment", "environment_read"):
-        for name, value in (data.get(section) or {}).items():
-            if not isinstance(value, (str, type(None))):
-                refuse(f"{section}.{name}", value, "a string or null")
+    _check_environment(data, refuse)
+    _check_packages(data.get("python") or {}, refuse)
+
+
+def nested_too_deep(data: Any) -> str | None:
+    """Where `data` nests objects or lists more than MAX_DEPTH levels (its first keys), else None.
+    Walked with a stack of its own, never by recursion (that is what a deep record would break)."""
+    pending: list[tuple[Any, int, str]] = [(data, 1, "")]
+    while pending:
+        value, depth, where = pending.pop()
+        if depth > MAX_DEPTH:
+            return where or "the record"
+        items = value.items() if isinstance(value, Mapping) else enumerate(value)
+        for key, item in items:
+            if isinstance(item, (dict, list)):
+                named = where if where.count(".") >= 1 else f"{where}.{key}".lstrip(".")
+                pending.append((item, depth + 1, named[:80]))
+    return None
 
 
 def _check_command(data: Mapping[str, Any], refuse: Refuse) -> None:
     """command.argv and script, git.commit, params.file and params.seed."""
     command, git, params = data.get("command") or {}, data.get("git") or {}, data.get("params") or {}
     argv = command.get("argv", [])
-    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
-        refuse("command.argv", argv, "a list of strings")
-    for where, value in (("command.script", command.get("script")), ("git.commit", git.get("commit"))):
-        if not isinstance(value, (str, type(None))):
-            refuse(where, value, "a string")
+    if not isinstance(argv, list) or not all(isinstance(a, str) and "\0" not in a for a in argv):
+        refuse("command.argv", argv, "a list of strings without NUL characters")
+    script = command.get("script")
+    if command and (not isinstance(script, str) or script[:1] in ("", "-") or "\0" in script):
+        refuse("command.script", script, "the path of the script that ran (a string, not an option)")
+    commit = git.get("commit")
+    if commit is not None and not any(_hex(commit, length) for length in _COMMIT_LENGTHS):
+        refuse("git.commit", commit, "a commit id: 40 or 64 lowercase hex digits")
     file = params.get("file")
     if file is not None and not (isinstance(file, dict) and isinstance(file.get("values", {}), dict)):
         refuse("params.file", file, "null or an object whose values are an object")
@@ -92,6 +126,45 @@ def _check_readers_fields(data: Mapping[str, Any], refuse: Refuse) -> None:
     artifact = (data.get("trace") or {}).get("artifact")
     if artifact is not None and not isinstance(artifact, str):
         refuse("trace.artifact", artifact, "a string")
+
+
+def _check_rerun_fields(data: Mapping[str, Any], refuse: Refuse) -> None:
+    """What a re-run is started with: the determinism mode and the trace interval."""
+    mode = (data.get("determinism") or {}).get("mode")
+    if mode is not None and mode not in DETERMINISM_MODES:
+        refuse("determinism.mode", mode, " or ".join(DETERMINISM_MODES))
+    interval = (data.get("trace") or {}).get("interval")
+    if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int) or interval < 0):
+        refuse("trace.interval", interval, "0 (no trace) or a positive number of steps")
+
+
+def _check_environment(data: Mapping[str, Any], refuse: Refuse) -> None:
+    """Variables a re-run sets: names a process environment can hold, string values without NUL."""
+    for section in ("environment", "environment_read"):
+        for name, value in (data.get(section) or {}).items():
+            if not name or "=" in name or "\0" in name:
+                refuse(f"{section} variable name", name, "a name without '=' or NUL characters")
+            if not isinstance(value, (str, type(None))) or (isinstance(value, str) and "\0" in value):
+                refuse(f"{section}.{name[:40]}", value, "a string without NUL characters, or null")
+
+
+# A distribution's name as capture records it (normalized, PEP 503), and a version: what `check`
+# prints as `pip install NAME==VERSION`, so one word without spaces or control characters.
+_PACKAGE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,198}[A-Za-z0-9])?")
+_VERSION = re.compile(r"[A-Za-z0-9][!-~]{0,199}")
+
+
+def _check_packages(python: Mapping[str, Any], refuse: Refuse) -> None:
+    """python.packages: distribution name → {version, origin...} (or a version, as older records)."""
+    packages = python.get("packages", {})
+    if not isinstance(packages, dict):
+        refuse("python.packages", packages, "an object of distribution name → {version}")
+    for name, info in packages.items():
+        if not _PACKAGE_NAME.fullmatch(name):
+            refuse("python.packages name", name, "a distribution name")
+        version = info.get("version") if isinstance(info, dict) else info
+        if not isinstance(version, str) or not _VERSION.fullmatch(version):
+            refuse(f"python.packages.{name}", info, "an object with a version (one word, no spaces)")
 
 
 def _number(value: Any) -> bool:

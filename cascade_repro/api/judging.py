@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 from cascade_repro.determinism.trace_file import TraceRecords
 from cascade_repro.distributed import trace_artifact
-from cascade_repro.errors import CascadeError
 from cascade_repro.store.run_store import RunStore
 
 if TYPE_CHECKING:
@@ -66,9 +65,5 @@ def trace_records(store: RunStore, run_id: str, artifact: str | None) -> TraceRe
     if not artifact:
         return TraceRecords([])
     where = f"the trace {artifact} of run {run_id[:12]}"
-    try:
-        text = store.text(run_id, artifact)
-    except UnicodeDecodeError:
-        raise CascadeError(f"{where} is damaged: not UTF-8 text",
-                           hint="the trace artifact was altered; nothing can be compared with it") from None
-    return TraceRecords.from_text(text, where)
+    with store.open_binary(run_id, artifact) as stream:  # a line at a time, each bounded
+        return TraceRecords.from_stream(stream, where)

@@ -13,12 +13,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, NoReturn, overload
+from typing import IO, Any, NoReturn, overload
 
 from cascade_repro.errors import CascadeError
 
 LOSS_KEY = ',"loss":'
 LOSS_FIELDS = {"bits", "value", "dtype", "parts"}  # parts: a step with several (their bits a list)
+# The longest line a trace may hold. A step's record is mostly its per-tensor fingerprints: for each of
+# params_before, grads and params_after, `"<name>":"<16 hex>",` per parameter tensor, ~122 bytes with a
+# 100-character name. A model of 10,000 parameter tensors (several times a 70B LLM's ~700) writes
+# 3 x 10,000 x 122 = 3.7 MB, plus its RNG states and up to 4,096 loss parts (~0.1 MB): 16 MiB is
+# four times that, and a line longer was not written by cascade. Reading stops there (a few MB held),
+# instead of holding a line of any length twice over.
+MAX_LINE_BYTES = 16 << 20
 
 
 class TraceRecords(Sequence[dict[str, Any]]):
@@ -30,15 +37,36 @@ class TraceRecords(Sequence[dict[str, Any]]):
         self._parsed: dict[int, dict[str, Any]] = {}
 
     @classmethod
-    def from_text(cls, text: str, where: str = "the trace") -> TraceRecords:
-        """The whole records of a trace file; a last line cut short (a run killed mid-write) is dropped."""
-        lines = [line for line in text.splitlines() if line.strip()]
+    def from_stream(cls, stream: IO[bytes], where: str = "the trace") -> TraceRecords:
+        """The whole records of a trace file read from `stream` a line at a time, none longer than
+        MAX_LINE_BYTES (CascadeError: a damaged trace); a last line cut short is dropped."""
+        lines: list[str] = []
+        while line := stream.readline(MAX_LINE_BYTES + 1):
+            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                problem = f"a line over {MAX_LINE_BYTES >> 20} MiB, more than cascade writes for any model"
+                raise _damaged(where, len(lines), problem)
+            try:
+                text = line.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError:
+                raise _damaged(where, len(lines), "not UTF-8 text") from None
+            if text.strip():
+                lines.append(text)
+        return cls.from_lines(lines, where)
+
+    @classmethod
+    def from_lines(cls, lines: list[str], where: str = "the trace") -> TraceRecords:
+        """Records from their lines (none blank); a last line cut short (a killed run's) is dropped."""
         if lines:
             try:
                 json.loads(lines[-1])
-            except ValueError:
+            except (ValueError, RecursionError):
                 lines.pop()
         return cls(lines, where)
+
+    @classmethod
+    def from_text(cls, text: str, where: str = "the trace") -> TraceRecords:
+        """The whole records of a trace file; a last line cut short (a run killed mid-write) is dropped."""
+        return cls.from_lines([line for line in text.splitlines() if line.strip()], where)
 
     def __len__(self) -> int:
         return len(self.lines)
@@ -95,10 +123,14 @@ class TraceRecords(Sequence[dict[str, Any]]):
         return record
 
     def damaged(self, position: int, problem: str) -> NoReturn:
-        raise CascadeError(
-            f"{self.where} is damaged at record {position + 1}: {problem}",
-            hint="the trace artifact was altered or cut; nothing can be compared past that step",
-        )
+        raise _damaged(self.where, position, problem)
+
+
+def _damaged(where: str, position: int, problem: str) -> CascadeError:
+    return CascadeError(
+        f"{where} is damaged at record {position + 1}: {problem}",
+        hint="the trace artifact was altered or cut; nothing can be compared past that step",
+    )
 
 
 MAX_STEP = 1 << 48  # a step number no training reaches: a larger one was not written by a run

@@ -109,7 +109,7 @@ def plan_restore(manifest: Manifest, version: str | None, workdir: Path, steps: 
     """Read the record and check every path in it; raises RestoreRefused before anything is written."""
     git, command = manifest.git, manifest.command
     commit = git.commit or ""
-    if len(commit) != 40 or any(c not in "0123456789abcdef" for c in commit):
+    if len(commit) not in (40, 64) or any(c not in "0123456789abcdef" for c in commit):  # SHA-1, SHA-256
         raise RestoreRefused(f"run {manifest.run_id} records no usable git commit ({commit!r})")
     script = safe_path(str(command.get("script") or ""), "the script")
     cwd = safe_path(str(command.get("cwd") or "."), "the working directory", allow_dot=True)

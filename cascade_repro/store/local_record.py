@@ -300,8 +300,39 @@ class LocalStore:
             for run_id, key, value in found_tags:
                 tags[run_id][key] = value
             for run_id, key, value, is_nan in found_metrics:
-                metrics[run_id][key] = math.nan if is_nan else float(value)
-        return [
-            RunRow(str(r[0]), r[1], str(r[2]), r[3], r[4], r[5], r[6], tags[str(r[0])], metrics[str(r[0])])
-            for r in rows
-        ]
+                number = math.nan if is_nan else _number(value)
+                if number is not None:  # unreadable: left out, the run and its other metrics still listed
+                    metrics[run_id][key] = number
+        runs = []
+        for r in rows:
+            start_ms, end_ms = run_times(r[4], r[5])
+            runs.append(RunRow(str(r[0]), r[1], str(r[2]), r[3], start_ms, end_ms, r[6], tags[str(r[0])],
+                               metrics[str(r[0])]))  # fmt: skip
+        return runs
+
+
+# Epoch milliseconds a run's times can take: from 1970 to the last instant `datetime` can show (9999).
+MAX_EPOCH_MS = 253_402_300_799_999
+
+
+def run_times(start: Any, end: Any) -> tuple[int | None, int | None]:
+    """A run's (start, end) epoch ms as a store holds them (sqlite is typeless; a server is
+    untrusted): each None where it is no time at all, and the end None where it is before the start,
+    so one bad row shows as unknown times instead of failing, or distorting, the whole listing."""
+    start_ms, end_ms = _epoch_ms(start), _epoch_ms(end)
+    if start_ms is not None and end_ms is not None and end_ms < start_ms:
+        return start_ms, None
+    return start_ms, end_ms
+
+
+def _epoch_ms(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_EPOCH_MS:
+        return None
+    return value
+
+
+def _number(value: Any) -> float | None:
+    """A metric's value as sqlite holds it (any type): a float, or None where it is not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)

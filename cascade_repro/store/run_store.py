@@ -17,12 +17,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import IO, TYPE_CHECKING, Any, Iterator, Mapping
 
 from cascade_repro.errors import CascadeError, RunNotFound, StoreError
 from cascade_repro.manifest import ARTIFACT_PATH, Manifest
+from cascade_repro.record_shape import MAX_DEPTH, malformed
 from cascade_repro.store import local_record, mlflow_store, sqlite_writer
 
 if TYPE_CHECKING:
@@ -79,9 +81,10 @@ class StoredRun:
     def of(cls, run: Any) -> StoredRun:
         """From MLflow's `Run`."""
         info, data = run.info, run.data
+        start_ms, end_ms = local_record.run_times(info.start_time, info.end_time)
         return cls(
             run_id=info.run_id, name=info.run_name, experiment_id=info.experiment_id, status=info.status,
-            start_ms=info.start_time, end_ms=info.end_time, artifact_uri=info.artifact_uri,
+            start_ms=start_ms, end_ms=end_ms, artifact_uri=info.artifact_uri,
             tags=dict(data.tags), metrics=dict(data.metrics),
         )  # fmt: skip
 
@@ -206,15 +209,23 @@ class RunStore:
     def record(self, run_id: str) -> Manifest:
         """The run's record, its schema and shape checked whole (it may come from a shared server)."""
         try:
-            data = json.loads(self.text(run_id, RECORD_ARTIFACT))
-        except (StoreError, ValueError):
+            text = self.text(run_id, RECORD_ARTIFACT)
+        except StoreError:
             raise RunNotFound(
                 f"run {run_id} has no cascade record ({RECORD_ARTIFACT})",
                 hint="it was not made by `cascade run`, or its recording stopped before the record was "
                 "written",
             ) from None
+        except UnicodeDecodeError as exc:  # the record is there, and not what cascade wrote
+            raise malformed(run_id, f"{RECORD_ARTIFACT} is not UTF-8 text (byte {exc.start})") from None
+        try:
+            data = json.loads(text)
+        except RecursionError:
+            raise malformed(run_id, f"{RECORD_ARTIFACT} is nested more than {MAX_DEPTH} levels") from None
+        except ValueError as exc:  # truncated, or not JSON at all
+            raise malformed(run_id, f"{RECORD_ARTIFACT} is not readable JSON ({exc})") from None
         if not isinstance(data, dict):
-            raise RunNotFound(f"run {run_id}: {RECORD_ARTIFACT} is not a record")
+            raise malformed(run_id, f"{RECORD_ARTIFACT} is a JSON {type(data).__name__}, not an object")
         return Manifest.from_dict(data, run_id)
 
     def text(self, run_id: str, artifact: str) -> str:
@@ -226,6 +237,26 @@ class RunStore:
                 raise StoreError(f"run {run_id} has no artifact {artifact}")
             return source.read_text(encoding="utf-8")
         return mlflow_store.read_text_artifact(self.client, run_id, artifact)
+
+    @contextlib.contextmanager
+    def open_binary(self, run_id: str, artifact: str) -> Iterator[IO[bytes]]:
+        """An artifact's bytes as a file to read a bounded piece at a time (a trace may be long, and a
+        line of one unbounded); StoreError when the run has none by that name."""
+        local = self._local.get(run_id)
+        if local is not None:
+            source = (local.artifact_dir / artifact).resolve()
+            if not source.is_relative_to(local.artifact_dir.resolve()) or not source.is_file():
+                raise StoreError(f"run {run_id} has no artifact {artifact}")
+            with open(source, "rb") as stream:
+                yield stream
+            return
+        with tempfile.TemporaryDirectory(prefix="cascade-") as tmp:
+            try:
+                path = self.client.download_artifacts(run_id, artifact, tmp)
+            except Exception as exc:
+                raise StoreError(f"run {run_id} has no {artifact}: {mlflow_store.first_line(exc)}") from exc
+            with open(path, "rb") as stream:
+                yield stream
 
     def download_artifacts(self, run_id: str, artifact: str, into: str) -> str:
         """An artifact (file or directory) copied under `into`, at its own path there; its local path."""

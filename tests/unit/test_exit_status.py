@@ -30,7 +30,7 @@ def _step(step: int, loss: float) -> dict[str, Any]:
 
 
 def _record(run_id: str) -> dict[str, Any]:
-    return {"run_id": run_id, "params": {"values": {}, "seed": 0}, "git": {"commit": "c"},
+    return {"run_id": run_id, "params": {"values": {}, "seed": 0}, "git": {"commit": "c" * 40},
             "torch": {"version": "2.13.0"}, "trace": {"algorithm": "xxh3_64", "interval": 1}}  # fmt: skip
 
 

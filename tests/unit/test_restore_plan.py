@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from cascade_repro.errors import RestoreRefused, UnsafeRecord, UsageError
+from cascade_repro.errors import CascadeError, UnsafeRecord, UsageError
 from cascade_repro.restore import machine_differences, plan_restore, recorded_environment
 from cascade_repro.versions import validate_version
 from tests.plugin import as_record
@@ -76,7 +76,7 @@ def test_symlinks_within_the_worktree_are_kept() -> None:
 
 
 def test_a_record_without_a_full_commit_is_refused() -> None:
-    with pytest.raises(RestoreRefused, match="no usable git commit"):
+    with pytest.raises(CascadeError, match="the run record is malformed: git.commit is str 'abc123'"):
         _plan(_record(commit="abc123"))
 
 
