@@ -304,6 +304,18 @@ class Outcome(Section):
         return _int(self.raw.get("exit_code"))
 
     @property
+    def read_outside(self) -> tuple[list[str], int]:
+        """Files the script read outside the repository (named, never hashed): the paths the record
+        names (the first 20) and how many there were."""
+        far = self.raw.get("read_outside")
+        listed = far.get("paths") if isinstance(far, dict) else None
+        paths = [p for p in listed if isinstance(p, str)] if isinstance(listed, list) else []
+        count = far.get("count") if isinstance(far, dict) else None
+        if isinstance(count, int) and not isinstance(count, bool) and count >= len(paths):
+            return paths, count
+        return paths, len(paths)
+
+    @property
     def signal(self) -> int | None:
         """A signal the run got from outside (Ctrl-C, SIGTERM), whatever the script then did with it."""
         return _int(self.raw.get("signal"))

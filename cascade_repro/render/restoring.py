@@ -30,6 +30,11 @@ def restore_plan(plan: RestorePlan) -> None:
     notice(f"  data       {len(plan.data)} DVC object(s); checkpoints {len(plan.checkpoints)}")
     for line in _plan_inputs(plan.input_sources):
         notice(f"  inputs     {line}")
+    if plan.read_outside_count:
+        more = plan.read_outside_count - len(plan.read_outside)
+        named = ", ".join(plan.read_outside[:5]) + (f" and {more} more" if more > 0 else "")
+        notice(f"  outside    {plan.read_outside_count} file(s) read outside the repository, not recorded: "
+               f"the re-run reads them as they are here: {named}")  # fmt: skip
     command = " ".join((plan.script, *plan.argv))
     notice(f"  command    {command} (cwd {plan.cwd}), seed {plan.seed}, determinism {plan.determinism}"
            + (f", first {plan.steps} steps" if plan.steps else ""))  # fmt: skip
@@ -56,7 +61,8 @@ def _plan_inputs(sources: Mapping[str, str]) -> list[str]:
         by.setdefault(source, []).append(path)
     words = {
         "checkout": "neither git nor DVC tracks, taken from your checkout (sha256-verified)",
-        "dvc": "kept with --track-inputs, from the DVC cache (md5-verified)",
+        "dvc": "kept in the DVC cache (--track-inputs, or as read before the run rewrote or removed "
+               "them), from there (md5-verified)",
         "missing": "NOT in your checkout",
         "changed": "CHANGED in your checkout since the run",
     }

@@ -265,6 +265,7 @@ def run_record(record: RunRecord) -> None:
         ("commit", uncaptured or f"{m.git.commit} ({m.git.branch or 'detached'})"),
         ("dirty", uncaptured or _dirty(m.git)),
         ("inputs", _files(m.inputs, "not tracked by git or DVC", outcome.get("inputs_not_recorded"))),
+        ("read outside", _outside(*outcome.read_outside)),
         ("outputs", _files(m.outputs, "written by the run")),
         ("remotes", ", ".join(f"{k} {v}" for k, v in m.git.get("remotes", {}).items())),
         ("seed", _seed(m)),
@@ -470,6 +471,13 @@ def _earlier_outputs(git: GitSection) -> str:
     named = [str(e.get("path"))[:80] for e in entries[:3] if isinstance(e, dict)]
     return f"{count} file(s) earlier runs wrote left out, unchanged: {', '.join(named)}" + (
         " …" if count > len(named) else "")  # fmt: skip
+
+
+def _outside(paths: list[str], count: int) -> str:
+    if not count:
+        return ""
+    more = f" and {count - len(paths)} more" if count > len(paths) else ""
+    return f"{count} file(s) outside the repository, named, not recorded: {', '.join(paths[:5])}{more}"
 
 
 def _files(entries: Sequence[FileEntry], what: str, not_recorded: Any = None) -> str:

@@ -70,6 +70,9 @@ class RestorePlan:
     # from here (locate_inputs): "dvc" (cached with --track-inputs), "checkout", "missing", "changed"
     inputs: tuple[FileEntry, ...] = ()
     input_sources: Mapping[str, str] = field(default_factory=dict)
+    # files the run read outside the repository: named in the record, never hashed (the first 20)
+    read_outside: tuple[str, ...] = ()
+    read_outside_count: int = 0
 
     def written_paths(self) -> list[tuple[str, str]]:
         """Every file this restore may write: (path, what it is)."""
@@ -153,6 +156,8 @@ def plan_restore(manifest: Manifest, version: str | None, workdir: Path, steps: 
         nproc_per_node=_processes(manifest),
         **_redacted_sources(manifest, environ),
         inputs=manifest.inputs,
+        read_outside=tuple(manifest.outcome.read_outside[0]),
+        read_outside_count=manifest.outcome.read_outside[1],
     )
 
 

@@ -306,3 +306,10 @@ def test_a_file_read_outside_the_repository_is_named_not_silently_lost(project: 
     cause = verdict["likely_causes"][0]
     assert cause["summary"].startswith("the script read files outside the repository") and str(outside) in \
         cause["summary"]  # fmt: skip
+    # show and the restore plan name them too (they said nothing of them)
+    shown = " ".join(project.cascade("show", a, check=True).stdout.split())
+    assert f"read outside 1 file(s) outside the repository, named, not recorded: {outside}" in shown
+    planned = project.cascade("restore", a, "--no-run")
+    said = " ".join(planned.stderr.split())
+    assert f"outside 1 file(s) read outside the repository, not recorded: the re-run reads them as they " \
+        f"are here: {outside}" in said, said  # fmt: skip
