@@ -16,13 +16,14 @@ naming another git directory runs whatever it says at the next git command.
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import shutil
 from pathlib import Path, PurePosixPath
 from typing import Iterable, Mapping
 
-from cascade_repro.errors import UnsafeRecord
+from cascade_repro.errors import CascadeError, UnsafeRecord
 
 SYMLINK_MODE = "120000"  # git's file mode for a symbolic link
 MAX_LINK_HOPS = 40  # as the kernel's ELOOP limit: a record's link cycle is refused, not followed forever
@@ -171,9 +172,19 @@ def write_file(root: Path, relative: str, source: Path, what: str) -> Path:
     tmp = directory / f".{destination.name}.cascade.tmp"
     tmp.unlink(missing_ok=True)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    with open(source, "rb") as src, os.fdopen(os.open(tmp, flags, 0o644), "wb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-    os.replace(tmp, destination)
+    try:
+        with open(source, "rb") as src, os.fdopen(os.open(tmp, flags, 0o644), "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        os.replace(tmp, destination)
+    except OSError as exc:  # a full disk, a read-only one: nothing half-written stays
+        tmp.unlink(missing_ok=True)
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        raise CascadeError(
+            f"cannot write {destination}: {exc.strerror or exc}",
+            hint=("free space on that file system (df -h " + str(directory) + ")" if full
+                  else "check that the directory is writable") + ", then run the command again; "
+                 "nothing half-written was left",
+        ) from exc
     return destination
 
 
