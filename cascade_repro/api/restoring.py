@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from cascade_repro.api.compare import machine_record
 from cascade_repro.api.data import fetch_files, not_restorable
@@ -13,7 +15,7 @@ from cascade_repro.api.judging import judge_runs, record_verdict
 from cascade_repro.api.loading import dvc_cache, load_project
 from cascade_repro.api.runs import RunRequest, run
 from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
-from cascade_repro.errors import EXIT_ERROR, EXIT_OK, RestoreRefused, StoreError, UsageError
+from cascade_repro.errors import EXIT_ERROR, EXIT_OK, CascadeError, RestoreRefused, StoreError, UsageError
 from cascade_repro.manifest import Manifest
 from cascade_repro.params import ResolvedParams
 from cascade_repro.redaction import fill_argv
@@ -131,24 +133,53 @@ def restore(
                "does not get them from the record (it reads them from the worktree, if anything puts them "
                "there); track their directory with `dvc add DIR` next time")  # fmt: skip
     _refuse_what_cannot_run(plan, execute)  # before anything is written
-    tree = _materialize(plan, manifest, settings, store, execute, notify)
-    if not execute:
-        return RestoreResult(plan, tree, None, None, store=(settings.tracking_uri, plan.experiment))
-    image, drift = (
-        (None, []) if not docker else _restore_image(store, manifest, plan, tree.path, settings, notify)
-    )
-    request = _rerun_request(plan, manifest, tree.path, settings, label, dump)
-    if docker:  # the recorded shared memory (DataLoader workers need it); GPUs follow this machine (auto)
-        shm_size = manifest.container.shm_size
-        request = replace(request, docker=True, gpus=gpus, image=image, shm_size=shm_size,
-                          extra_tags={**(request.extra_tags or {}), **_image_tags(image, drift)})  # fmt: skip
-    notify(f"re-running {' '.join((plan.script, *plan.argv))} in {tree.path}")
-    result = run(request, notify)
-    restoring.write_marker(tree.path, plan)  # the re-run's own outputs belong to the state reuse expects
-    verdict = judge_runs(store, manifest, result.manifest, rtol, atol, steps=steps, trace_a=recorded)
-    verdict = _crash_told(verdict, store, manifest, result)
-    record_verdict(store, verdict, result.run_id, run_id)
-    return RestoreResult(plan, tree, result, verdict, image, tuple(drift))
+    with _only_restore_of(plan.workdir, settings):  # another restore into it meanwhile is told, not broken
+        tree = _materialize(plan, manifest, settings, store, execute, notify)
+        if not execute:
+            return RestoreResult(plan, tree, None, None, store=(settings.tracking_uri, plan.experiment))
+        image, drift = (
+            (None, []) if not docker else _restore_image(store, manifest, plan, tree.path, settings, notify)
+        )
+        request = _rerun_request(plan, manifest, tree.path, settings, label, dump)
+        if docker:  # the recorded shared memory (DataLoader workers need it); GPUs follow this machine (auto)
+            shm_size = manifest.container.shm_size
+            tags = {**(request.extra_tags or {}), **_image_tags(image, drift)}
+            request = replace(request, docker=True, gpus=gpus, image=image, shm_size=shm_size,
+                              extra_tags=tags)
+        notify(f"re-running {' '.join((plan.script, *plan.argv))} in {tree.path}")
+        result = run(request, notify)
+        restoring.write_marker(tree.path, plan)  # the re-run's own outputs belong to the state reuse expects
+        verdict = judge_runs(store, manifest, result.manifest, rtol, atol, steps=steps, trace_a=recorded)
+        verdict = _crash_told(verdict, store, manifest, result)
+        record_verdict(store, verdict, result.run_id, run_id)
+        return RestoreResult(plan, tree, result, verdict, image, tuple(drift))
+
+
+@contextlib.contextmanager
+def _only_restore_of(workdir: Path, settings: Settings) -> Iterator[None]:
+    """Hold the worktree `workdir` for this restore: another one into it at the same time (the same
+    version restored twice at once) is refused with who holds it, before it writes anything. The
+    lock is the project's (`.cascade/restore/.locks/`), by the worktree's path, wherever that is."""
+    import hashlib
+
+    locks = settings.paths.restores / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    lock_path = locks / (hashlib.sha256(str(workdir).encode()).hexdigest()[:16] + ".lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
+            raise CascadeError(
+                f"another cascade restore is using {workdir} (pid {holder})",
+                hint="wait for it to end, or restore into another directory: --workdir DIR",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
 
 
 def _steps_a_killed_run_ran(store: RunStore, manifest: Manifest) -> tuple[int | None, TraceRecords | None]:

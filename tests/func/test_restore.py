@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -338,3 +339,30 @@ def test_restore_of_a_killed_run_reruns_the_steps_it_ran(project: Project) -> No
     assert data["verdict"]["steps"]["a"] == data["verdict"]["steps"]["b"] == 151
     restored = project.manifest(data["run"]["run_id"])
     assert restored["trace"]["stopped_after_steps"] == 151 and restored["outcome"]["status"] == "FINISHED"
+
+
+def test_a_second_restore_into_a_worktree_in_use_is_refused_naming_the_first(project: Project) -> None:
+    """Two `cascade restore v1` at once: the second found the first's half-made worktree and said
+    "exists and is not a cascade restore worktree". It is told that another restore holds it."""
+    import subprocess
+
+    from tests.faults.helpers import add_faults_script
+    from tests.plugin import CASCADE
+
+    add_faults_script(project)
+    project.record("--tag", "v1", "faults.py", "--steps", "6", "--hold-at", "2", "--hold-s", "6")
+    first = subprocess.Popen([*CASCADE, "restore", "v1", "--json"], cwd=project.root, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    held = project.root / ".cascade" / "restore" / "v1" / "out" / "hold"
+    deadline = time.monotonic() + 120
+    while not held.exists():
+        assert first.poll() is None and time.monotonic() < deadline, "the first restore never held"
+        time.sleep(0.1)
+    second = project.cascade("restore", "v1")
+    assert second.returncode == 1, second.stderr
+    said = " ".join(second.stderr.split())
+    assert f"another cascade restore is using {project.root / '.cascade' / 'restore' / 'v1'} (pid " \
+        f"{first.pid})" in said and "--workdir" in said, said  # fmt: skip
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert json.loads(out)["data"]["verdict"]["verdict"] == "BITWISE_IDENTICAL"
