@@ -6,6 +6,7 @@ import atexit
 import collections
 import contextlib
 import json
+import os
 import sys
 import threading
 import time
@@ -15,6 +16,7 @@ from typing import Any, Mapping
 from cascade_repro.child.protocol import open_private
 
 FLUSH_INTERVAL_S = 0.25
+CLOSE_WAIT_S = 30.0  # at exit, for the thread's last write
 
 
 class EventSink:
@@ -23,13 +25,22 @@ class EventSink:
     `add` only converts values to float and appends to a deque (thread-safe, no lock), so a
     training step pays a few microseconds. Every line is one JSON array `[ts_ms, step, {key: value}]`.
     The file is flushed at exit, so a crash or Ctrl-C keeps everything logged before it.
+
+    Only the thread takes points off the queue and writes them: `flush()` asks it and waits. A signal
+    handler's exception (the SIGTERM of a dead parent, a Ctrl-C) is raised in the main thread wherever
+    it is; raised in the middle of a write there, it lost the points already taken off the queue.
     """
 
     def __init__(self, path: Path) -> None:
         self._queue: collections.deque[tuple[int, int, dict[str, float]]] = collections.deque()
         self._file = open_private(path)  # closed in close()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the file, and taking points off the queue
         self._closed = threading.Event()
+        self._wake = threading.Event()
+        self._served = threading.Condition()
+        self._asked = 0  # flushes asked of the thread, and done by it
+        self._done = 0
+        self._pid = os.getpid()
         self._auto_step = 0
         self.lost = 0  # points dropped on a full disk: counted to say it once (on stderr)
         self._thread = threading.Thread(target=self._loop, name="cascade-events", daemon=True)
@@ -48,6 +59,26 @@ class EventSink:
         self._queue.append((time.time_ns() // 1_000_000, int(step), values))
 
     def flush(self) -> None:
+        """Every point queued so far written to the file when this returns."""
+        if not self._writer_runs():  # a forked process (a DataLoader worker), or after close
+            self._drain()
+            return
+        with self._served:
+            self._asked += 1
+            ticket = self._asked
+        self._wake.set()
+        with self._served:
+            while self._done < ticket and self._thread.is_alive():
+                self._served.wait(0.1)
+
+    def _writer_runs(self) -> bool:
+        return (
+            os.getpid() == self._pid
+            and self._thread.is_alive()
+            and threading.current_thread() is not self._thread
+        )
+
+    def _drain(self) -> None:
         with self._lock:
             if self._file.closed:
                 return
@@ -75,14 +106,35 @@ class EventSink:
             self.lost += len(lines)
 
     def close(self) -> None:
+        """At exit: the thread writes what is queued and ends; a second signal meanwhile (its
+        exception) does not stop the wait, and what is left after it is written here."""
         self._closed.set()
-        self.flush()
+        self._wake.set()
+        if os.getpid() == self._pid and threading.current_thread() is not self._thread:
+            deadline = time.monotonic() + CLOSE_WAIT_S
+            while self._thread.is_alive() and time.monotonic() < deadline:
+                try:
+                    self._thread.join(deadline - time.monotonic())
+                except BaseException:  # noqa: BLE001 - exiting already; the points come first
+                    continue
+        if self._thread.is_alive() and os.getpid() == self._pid:
+            return  # a write that hangs (a dead network disk): leave the file to it
+        self._drain()
         with self._lock, contextlib.suppress(OSError):  # a full disk: the loss was counted already
             self._file.close()
 
     def _loop(self) -> None:
-        while not self._closed.wait(FLUSH_INTERVAL_S):
-            self.flush()
+        while True:
+            self._wake.wait(FLUSH_INTERVAL_S)
+            self._wake.clear()
+            with self._served:
+                ticket = self._asked
+            self._drain()
+            with self._served:
+                self._done = ticket
+                self._served.notify_all()
+            if self._closed.is_set():
+                return
 
 
 def _is_number(value: Any) -> bool:

@@ -31,6 +31,7 @@ class TraceWriter:
         self.torch = torch
         self._file = open_private(path)  # closed in close()
         self._unwritten: list[dict[str, Any]] = []
+        self._lines: list[str] = []  # the first of them encoded, not written yet
         self._flushed_at = time.perf_counter()
 
     @property
@@ -44,14 +45,23 @@ class TraceWriter:
             self.flush()
 
     def flush(self) -> None:
+        """The queued records encoded and written. A signal handler's exception (the SIGTERM of a dead
+        parent, a Ctrl-C) may come at any point of it: the records stay queued until written (with the
+        lines encoded so far), so `close()` at exit writes them; at worst a line twice, never none."""
         try:
             settle(self.torch, self._unwritten)  # device fingerprints: one copy back for all of them
             step_values.read_losses(self.torch, self._unwritten)  # and the losses held as tensors
-            lines = [self._encode(record) for record in self._unwritten]
-        finally:  # records that cannot be read (a device in error) are not tried again
+            while len(self._lines) < len(self._unwritten):
+                self._lines.append(self._encode(self._unwritten[len(self._lines)]))
+        except Exception:  # records that cannot be read (a device in error) are not tried again
             self._unwritten.clear()
-        self._file.write("".join(lines))
-        self._file.flush()
+            self._lines.clear()
+            raise
+        if self._lines:
+            self._file.write("".join(self._lines))
+            self._unwritten.clear()
+            self._lines.clear()
+            self._file.flush()
         self._flushed_at = time.perf_counter()
 
     def close(self) -> None:
@@ -62,14 +72,16 @@ class TraceWriter:
         """Close the file without the records not written yet: the trace keeps what was flushed
         before, as a crashed run's does."""
         self._unwritten.clear()
+        self._lines.clear()
         self._file.close()
 
     def _encode(self, record: dict[str, Any]) -> str:
-        """The loss tensor and the RNG state copies as bits and fingerprints, then one JSON line."""
+        """The loss tensor and the RNG state copies as bits and fingerprints, then one JSON line. The
+        record is left as it was (encoded again, if this one is cut short, it gives the same line)."""
+        record = dict(record)
         if "loss" in record:  # (the final weights' own record has none)
             record["loss"] = step_values.loss_record(self.torch, record["loss"])
         rng = record.get("rng")
         if rng:  # (a dict shared by records: replaced, not changed)
             record["rng"] = {name: step_values.rng_hash(state) for name, state in rng.items()}
         return _JSON.encode(record) + "\n"
-
