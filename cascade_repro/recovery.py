@@ -54,7 +54,7 @@ def recover_dead(settings: Settings, notify: Notify, command: str,
                  entries: list[spool.SpoolEntry] | None = None) -> list[Delivered]:  # fmt: skip
     """Runs whose parent died (among `entries`, a scan already made, else a new one), delivered and
     closed; costs one directory listing when there are none."""
-    scanned = spool.scan(settings.runs_dir) if entries is None else entries
+    scanned = spool.scan_all(settings.paths.spool_dirs()) if entries is None else entries
     dead = [entry for entry in scanned if entry.state == spool.DEAD]
     return [found for entry in dead if (found := deliver(entry.path, settings, notify, command))]
 
@@ -63,7 +63,7 @@ def sync(settings: Settings, notify: Notify, command: str = "sync") -> list[Deli
     """Every run whose parent is gone and whose record is not all stored: delivered, closed if complete."""
     return [
         found
-        for entry in spool.scan(settings.runs_dir)
+        for entry in spool.scan_all(settings.paths.spool_dirs())
         if (found := deliver(entry.path, settings, notify, command))
     ]
 

@@ -125,6 +125,17 @@ class ProjectPaths:
         """The worktrees `cascade restore` makes, one per version or run."""
         return self.own / "restore"
 
+    def spool_dirs(self) -> list[Path]:
+        """Where run directories may wait for delivery: this project's, and each restore worktree's (a
+        restore killed during its re-run leaves that run's there)."""
+        found = [self.runs]
+        try:
+            worktrees = sorted(p for p in self.restores.iterdir()
+                               if p.is_dir() and not p.name.startswith("."))  # fmt: skip
+        except OSError:  # no restore yet
+            return found
+        return found + [w / OWN_DIR / "runs" for w in worktrees]
+
     @property
     def replays(self) -> Path:
         """The tensors `cascade verify --replay` saves at a divergent step."""

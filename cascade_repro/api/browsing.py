@@ -95,7 +95,8 @@ def _with_pending(summaries: list[RunSummary], settings: Settings, all_experimen
     has never seen are listed too (unless `only_listed`)."""
     from cascade_repro.recovery import PENDING_SYNC
 
-    spooled = {entry.run_id or entry.path.name: entry for entry in spool.scan(settings.runs_dir)}
+    entries = spool.scan_all(settings.paths.spool_dirs())
+    spooled = {entry.run_id or entry.path.name: entry for entry in entries}
     if not spooled:
         return summaries
     listed = []

@@ -49,7 +49,7 @@ def finish_dead_runs(settings: Settings, notify: Notify | None = None,
     be delivered now stays spooled for `cascade sync`). With `background` (`cascade run`: the new
     script must not wait for an old run's delivery, which may wait out a store's retry budget) the
     delivery runs in a thread the caller joins."""
-    entries = spool.scan(settings.runs_dir)
+    entries = spool.scan_all(settings.paths.spool_dirs())
     say = notify or (lambda message: log.warning("%s", message))
     waiting = sum(entry.state == spool.PENDING for entry in entries)
     if waiting and notify is not None:  # `cascade run` says it; `cascade ls` shows them PENDING-SYNC

@@ -26,9 +26,13 @@ def state_fingerprint(workdir: Path) -> dict[str, Any]:
     }
 
 
-def write_marker(workdir: Path, plan: RestorePlan) -> None:
+def write_marker(workdir: Path, plan: RestorePlan, rerun_started: bool = False) -> None:
+    """The worktree's state as this restore leaves it; `rerun_started`: the re-run starts now, and a
+    restore killed during it leaves new files that only it wrote (its outputs, removed on reuse)."""
     marker = git_repo.git_dir(workdir) / MARKER
     body = {"run_id": plan.run_id, "version": plan.version, "state": state_fingerprint(workdir)}
+    if rerun_started:
+        body["rerun"] = "started"
     marker.write_text(json.dumps(body, indent=2), encoding="utf-8")
 
 
@@ -63,6 +67,8 @@ def check_reusable(root: Path, workdir: Path, plan: RestorePlan) -> Mapping[str,
             hint=refuse_hint,
         )
     now = state_fingerprint(workdir)
+    if recorded.get("rerun") == "started" and _only_added(recorded.get("state") or {}, now):
+        return now  # a re-run cut short (the restore was killed): the new files are its outputs
     if now != recorded.get("state"):
         changed = _changed_paths(recorded.get("state") or {}, now)
         raise RestoreRefused(
@@ -70,6 +76,14 @@ def check_reusable(root: Path, workdir: Path, plan: RestorePlan) -> Mapping[str,
             hint="keep your changes elsewhere, then " + refuse_hint,
         )
     return now
+
+
+def _only_added(before: Mapping[str, Any], now: Mapping[str, Any]) -> bool:
+    """The same commit and tracked changes, every untracked file as it was, and only new ones besides."""
+    if (before.get("commit"), before.get("patch_sha256")) != (now.get("commit"), now.get("patch_sha256")):
+        return False
+    files_now = {p: h for p, h in now.get("untracked") or []}
+    return all(files_now.get(p) == h for p, h in before.get("untracked") or [])
 
 
 def _changed_paths(before: Mapping[str, Any], now: Mapping[str, Any]) -> str:

@@ -245,6 +245,11 @@ class SpoolEntry:
     run_id: str | None
 
 
+def scan_all(runs_dirs: list[Path]) -> list[SpoolEntry]:
+    """`scan` of each directory (a project's and its restore worktrees': `ProjectPaths.spool_dirs`)."""
+    return [entry for runs_dir in runs_dirs for entry in scan(runs_dir)]
+
+
 def scan(runs_dir: Path) -> list[SpoolEntry]:
     """Run directories whose parent is gone: one directory listing, a lock try and a read or two each."""
     try:

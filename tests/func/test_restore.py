@@ -366,3 +366,37 @@ def test_a_second_restore_into_a_worktree_in_use_is_refused_naming_the_first(pro
     out, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
     assert json.loads(out)["data"]["verdict"]["verdict"] == "BITWISE_IDENTICAL"
+
+
+def test_a_restore_killed_during_its_rerun_can_be_restored_again(project: Project) -> None:
+    """`cascade restore v1` SIGKILLed while its re-run trained: the next restore refused ("the restore
+    worktree was modified since the last restore (untracked: out/...)"), and the hint, `git worktree
+    remove --force`, deleted the cut re-run's spool (its run RUNNING for ever). Now the next restore
+    reuses the worktree: the cut re-run's files are its outputs; its run is recovered, KILLED, by the
+    next cascade command in the worktree (the next restore's re-run, or any command there)."""
+    import os
+    import signal
+    import subprocess
+
+    from tests.faults.helpers import add_faults_script, process_gone
+    from tests.plugin import CASCADE
+
+    add_faults_script(project)
+    project.record("--tag", "v1", "faults.py", "--steps", "6", "--hold-at", "2", "--hold-s", "3")
+    first = subprocess.Popen([*CASCADE, "restore", "v1"], cwd=project.root, text=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    held = project.root / ".cascade" / "restore" / "v1" / "out" / "hold"
+    deadline = time.monotonic() + 120
+    while not held.exists():
+        assert first.poll() is None and time.monotonic() < deadline, "the first restore never held"
+        time.sleep(0.1)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(timeout=30)
+    code, data, stderr = _restore(project, "v1")
+    assert code == 0, stderr
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL"
+    project.cascade("ls", check=True)  # (the next command delivers a dead re-run's spool, as any run's)
+    statuses = sorted(r.data.tags.get("cascade.status", "") for r in project.runs())
+    assert statuses.count("KILLED") == 1, statuses  # the cut re-run, recovered
+    assert not [r for r in project.runs() if r.info.status == "RUNNING"]
+    assert process_gone(first.pid)
