@@ -382,6 +382,8 @@ def test_a_restore_killed_during_its_rerun_can_be_restored_again(project: Projec
     from tests.plugin import CASCADE
 
     add_faults_script(project)
+    project.write(".gitignore", "mlflow.db\nmlruns/\n.cascade/\n")  # out/ not ignored: untracked files
+    project.commit("outputs not ignored")
     project.record("--tag", "v1", "faults.py", "--steps", "6", "--hold-at", "2", "--hold-s", "3")
     first = subprocess.Popen([*CASCADE, "restore", "v1"], cwd=project.root, text=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
