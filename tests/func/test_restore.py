@@ -344,20 +344,12 @@ def test_restore_of_a_killed_run_reruns_the_steps_it_ran(project: Project) -> No
 def test_a_second_restore_into_a_worktree_in_use_is_refused_naming_the_first(project: Project) -> None:
     """Two `cascade restore v1` at once: the second found the first's half-made worktree and said
     "exists and is not a cascade restore worktree". It is told that another restore holds it."""
-    import subprocess
 
     from tests.faults.helpers import add_faults_script
-    from tests.plugin import CASCADE
 
     add_faults_script(project)
     project.record("--tag", "v1", "faults.py", "--steps", "6", "--hold-at", "2", "--hold-s", "6")
-    first = subprocess.Popen([*CASCADE, "restore", "v1", "--json"], cwd=project.root, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    held = project.root / ".cascade" / "restore" / "v1" / "out" / "hold"
-    deadline = time.monotonic() + 120
-    while not held.exists():
-        assert first.poll() is None and time.monotonic() < deadline, "the first restore never held"
-        time.sleep(0.1)
+    first = _restore_held_in_its_rerun(project, "--json")
     second = project.cascade("restore", "v1")
     assert second.returncode == 1, second.stderr
     said = " ".join(second.stderr.split())
@@ -376,22 +368,14 @@ def test_a_restore_killed_during_its_rerun_can_be_restored_again(project: Projec
     next cascade command in the worktree (the next restore's re-run, or any command there)."""
     import os
     import signal
-    import subprocess
 
     from tests.faults.helpers import add_faults_script, process_gone
-    from tests.plugin import CASCADE
 
     add_faults_script(project)
     project.write(".gitignore", "mlflow.db\nmlruns/\n.cascade/\n")  # out/ not ignored: untracked files
     project.commit("outputs not ignored")
     project.record("--tag", "v1", "faults.py", "--steps", "6", "--hold-at", "2", "--hold-s", "3")
-    first = subprocess.Popen([*CASCADE, "restore", "v1"], cwd=project.root, text=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    held = project.root / ".cascade" / "restore" / "v1" / "out" / "hold"
-    deadline = time.monotonic() + 120
-    while not held.exists():
-        assert first.poll() is None and time.monotonic() < deadline, "the first restore never held"
-        time.sleep(0.1)
+    first = _restore_held_in_its_rerun(project)
     os.kill(first.pid, signal.SIGKILL)
     first.wait(timeout=30)
     code, data, stderr = _restore(project, "v1")
@@ -402,3 +386,17 @@ def test_a_restore_killed_during_its_rerun_can_be_restored_again(project: Projec
     assert statuses.count("KILLED") == 1, statuses  # the cut re-run, recovered
     assert not [r for r in project.runs() if r.info.status == "RUNNING"]
     assert process_gone(first.pid)
+
+
+def _restore_held_in_its_rerun(project: Project, *options: str) -> subprocess.Popen[str]:
+    """`cascade restore v1` started, returned once its re-run of faults.py holds (out/hold)."""
+    from tests.plugin import CASCADE
+
+    started = subprocess.Popen([*CASCADE, "restore", "v1", *options], cwd=project.root, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    held = project.root / ".cascade" / "restore" / "v1" / "out" / "hold"
+    deadline = time.monotonic() + 120
+    while not held.exists():
+        assert started.poll() is None and time.monotonic() < deadline, "the restore's re-run never held"
+        time.sleep(0.1)
+    return started

@@ -13,9 +13,10 @@ import pytest
 from cascade_repro.child import parsed_args
 from cascade_repro.params import mlflow_params, unused_overrides, used_params
 
+Watched = tuple[type[argparse.ArgumentParser], list[dict[str, Any]]]
 
-@pytest.fixture
-def watched(monkeypatch: pytest.MonkeyPatch) -> tuple[type[argparse.ArgumentParser], list[dict[str, Any]]]:
+
+def _watch(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> Watched:
     """A parser class of its own (argparse itself stays untouched), watched as the child watches."""
 
     class Parser(argparse.ArgumentParser):
@@ -23,8 +24,19 @@ def watched(monkeypatch: pytest.MonkeyPatch) -> tuple[type[argparse.ArgumentPars
 
     notes: list[dict[str, Any]] = []
     parsed_args.watch(types.SimpleNamespace(ArgumentParser=Parser), notes.append)  # type: ignore[arg-type]
-    monkeypatch.setattr(sys, "argv", ["train.py", "--lr", "0.5", "fit", "--depth", "3"])
+    monkeypatch.setattr(sys, "argv", argv)
     return Parser, notes
+
+
+@pytest.fixture
+def watched(monkeypatch: pytest.MonkeyPatch) -> Watched:
+    return _watch(monkeypatch, ["train.py", "--lr", "0.5", "fit", "--depth", "3"])
+
+
+@pytest.fixture
+def two_stage(monkeypatch: pytest.MonkeyPatch) -> Watched:
+    """timm's command line: a config parser's parse_known_args, then the main parser's parse_args."""
+    return _watch(monkeypatch, ["train.py", "-c", "cfg.yaml"])
 
 
 def test_the_first_top_level_parse_of_the_command_line_is_noted_with_its_subcommand(
@@ -92,3 +104,50 @@ def test_a_name_in_both_goes_under_args_and_a_different_seed_keeps_cascades_besi
     assert section["file"] is None
     assert mlflow_params(section) == {"seed": 42, "cascade.seed": 0}
     assert used_params(no_file, {})["values"] == {} and used_params(no_file, {})["source"] is None
+
+
+# -- beyond the first parse (timm's two stages) and Hydra's composed config ----------------------
+
+
+def test_the_rest_of_a_partial_parse_is_the_command_line_and_the_namespaces_join(
+    two_stage: Watched,
+) -> None:
+    parser_class, notes = two_stage
+    config = parser_class(add_help=False)
+    config.add_argument("-c", "--config", default="")
+    found, remaining = config.parse_known_args()
+    assert remaining == [] and notes == [{"config": "cfg.yaml"}]
+    main = parser_class()
+    main.add_argument("--lr", type=float, default=0.1)
+    main.set_defaults(lr=0.3)  # as from the config file
+    main.parse_args([])  # an empty list of its own: another parser's defaults, not the script's line
+    assert notes == [{"config": "cfg.yaml"}]
+    main.parse_args(remaining)  # the very list the first parse left: the script's second stage
+    assert notes[-1] == {"config": "cfg.yaml", "lr": 0.3}
+    main.parse_args(list(remaining))  # the same again changes nothing
+    assert len(notes) == 2
+
+
+def test_a_parser_marked_as_not_the_scripts_is_not_noted(
+    two_stage: Watched,
+) -> None:
+    parser_class, notes = two_stage
+    hydras = parser_class()
+    hydras.add_argument("-c", "--cfg")
+    setattr(hydras, parsed_args.NOT_THE_SCRIPTS, True)
+    hydras.parse_args()
+    assert notes == []
+
+
+def test_a_hydra_config_is_the_params_under_its_dotted_keys() -> None:
+    resolved = {"values": {"seed": 3, "optimizer": {"lr": 0.1}}, "source": "hyperparameters.yaml",
+                "overrides": {}, "seed": 3, "seed_source": "params"}  # fmt: skip
+    noted = {"optimizer.lr": 0.01, "db.password": "hunter2", "seed": 7}
+    section = used_params(resolved, {"hydra": noted})
+    redacted = {"optimizer.lr": 0.01, "db.password": "<redacted>", "seed": 7}
+    assert section["values"] == section["hydra"] == redacted
+    assert section["source"] == "hydra" and "argparse" not in section
+    assert mlflow_params(section) == {**section["values"], "cascade.seed": 3}
+    both = used_params(resolved, {"hydra": noted, "params_read": True})
+    assert both["values"]["hydra.optimizer.lr"] == 0.01 and both["values"]["optimizer"] == {"lr": 0.1}
+    assert both["source"] == "hyperparameters.yaml + hydra"

@@ -13,7 +13,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-PROGRAM = """
+# Each program runs after this: the tracer installed as the child installs it, every facet every step.
+HEADER = """
 import json, sys, torch
 from pathlib import Path
 from cascade_repro.child.trace import StepTracer
@@ -22,6 +23,9 @@ out = Path(sys.argv[1])
 tracer = StepTracer(torch, out / "trace.jsonl", budget=0.0)
 tracer.install()
 torch.manual_seed(0)
+"""
+
+PROGRAM = """
 x, y = torch.randn(64, 4), torch.randn(64, 1)
 trunk, head_a, head_b = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1), torch.nn.Linear(8, 1)
 params = [*trunk.parameters(), *head_a.parameters(), *head_b.parameters()]
@@ -40,13 +44,18 @@ tracer.close()
 """
 
 
-def _run(tmp_path: Path, weight: str) -> tuple[list[dict[str, Any]], list[list[float]]]:
-    out = tmp_path / weight
+def _traced(tmp_path: Path, name: str, program: str, *args: str) -> tuple[list[dict[str, Any]], Any]:
+    """`program` run with the tracer: its step records, and the losses it wrote itself."""
+    out = tmp_path / name
     out.mkdir()
-    program = textwrap.dedent(PROGRAM)
-    subprocess.run([sys.executable, "-c", program, str(out), weight], check=True, timeout=120)
+    script = HEADER + textwrap.dedent(program)
+    subprocess.run([sys.executable, "-c", script, str(out), *args], check=True, timeout=120)
     records = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
-    return records, json.loads((out / "losses.json").read_text())
+    return [r for r in records if "step" in r], json.loads((out / "losses.json").read_text())
+
+
+def _run(tmp_path: Path, weight: str) -> tuple[list[dict[str, Any]], list[list[float]]]:
+    return _traced(tmp_path, weight, PROGRAM, weight)
 
 
 def _float32_bits(value: float) -> int:
@@ -69,10 +78,6 @@ def test_a_changed_auxiliary_loss_differs_at_step_zero(tmp_path: Path) -> None:
 
 
 NESTED = """
-import json, sys, torch
-from pathlib import Path
-from cascade_repro.child.trace import StepTracer
-
 
 class Lookahead(torch.optim.Optimizer):  # as timm's: steps its base optimizer inside its own step
     def __init__(self, base, k=2, alpha=0.5):
@@ -92,10 +97,6 @@ class Lookahead(torch.optim.Optimizer):  # as timm's: steps its base optimizer i
         return loss
 
 
-out = Path(sys.argv[1])
-tracer = StepTracer(torch, out / "trace.jsonl", budget=0.0)
-tracer.install()
-torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 x = torch.randn(32, 4)
 opt = Lookahead(torch.optim.SGD(model.parameters(), lr=0.05))
@@ -114,26 +115,13 @@ tracer.close()
 def test_an_optimizer_stepped_inside_another_s_step_is_one_step(tmp_path: Path) -> None:
     """timm's Lookahead steps its base optimizer inside its own step(): both are torch optimizers, and
     every iteration was counted twice (steps 0, 0, 2, 2, ...; half the records without a loss)."""
-    out = tmp_path / "nested"
-    out.mkdir()
-    subprocess.run([sys.executable, "-c", textwrap.dedent(NESTED), str(out)], check=True, timeout=120)
-    records = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
-    script = json.loads((out / "losses.json").read_text())
-    steps = [r for r in records if "step" in r]
+    steps, script = _traced(tmp_path, "nested", NESTED)
     assert [r["step"] for r in steps] == list(range(6))
     assert [r["loss"]["bits"] for r in steps] == [_float32_bits(loss) for loss in script]
     assert all(r.get("params_after") for r in steps)
 
 
 SAM = """
-import json, sys, torch
-from pathlib import Path
-from cascade_repro.child.trace import StepTracer
-
-out = Path(sys.argv[1])
-tracer = StepTracer(torch, out / "trace.jsonl", budget=0.0)
-tracer.install()
-torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 x = torch.randn(32, 4)
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -165,11 +153,6 @@ def test_weights_perturbed_between_two_backwards_before_the_first_step_are_no_ma
     """SAM moves the weights between its two backward() calls, then steps its optimizer: before the
     first step that looked like a script updating weights by hand, and the first iteration was split
     in two records (steps 0, 1, 1, 2, ...: every later step numbered one too high)."""
-    out = tmp_path / "sam"
-    out.mkdir()
-    subprocess.run([sys.executable, "-c", textwrap.dedent(SAM), str(out)], check=True, timeout=120)
-    records = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
-    script = json.loads((out / "losses.json").read_text())
-    steps = [r for r in records if "step" in r]
+    steps, script = _traced(tmp_path, "sam", SAM)
     assert [r["step"] for r in steps] == list(range(6))
     assert [r["loss"]["bits"] for r in steps] == [[_float32_bits(a), _float32_bits(b)] for a, b in script]
