@@ -84,14 +84,11 @@ def deliver(run_dir: Path, settings: Settings, notify: Notify, command: str) -> 
 
 
 def _died(state: str, ledger: spool.Ledger) -> bool:
-    """Whether the parent died before it had finished the run (its record is to be completed from the
-    run directory, and says so). One that saw the script end and kept its final record had finished:
-    only its last notes (`exited`) may have missed a full disk. A parent that died stays "died" after
-    a first recovery that could not finish ("gone")."""
-    if ledger.parent == "gone":
-        return True
-    finished = bool(ledger.ended) and ledger.stage == "final"
-    return state == spool.DEAD and not finished
+    """Whether the parent died rather than exited with the store unanswering: its record is completed
+    from the run directory, and says so (with the script's own status where the parent saw it end:
+    `_recovered_record`). A parent that died stays "died" after a first recovery that could not
+    finish ("gone")."""
+    return state == spool.DEAD or ledger.parent == "gone"
 
 
 def _clean_temporary(run_dir: Path) -> None:

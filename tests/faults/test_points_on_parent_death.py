@@ -125,7 +125,8 @@ def test_an_exception_inside_a_flush_of_the_events_loses_no_point(tmp_path: Path
 
     path = tmp_path / "events.jsonl"
     sink = EventSink(path)
-    threading.Thread(target=send, daemon=True).start()
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
     logged = 0
     deadline = time.monotonic() + 2.0
     try:
@@ -142,6 +143,7 @@ def test_an_exception_inside_a_flush_of_the_events_loses_no_point(tmp_path: Path
                 armed[0] = False
     finally:
         stop.set()
+        sender.join()  # (a signal sent after the default action is back would end pytest, and make)
         signal.signal(signal.SIGUSR1, previous)
     sink.close()
     steps = [json.loads(line)[1] for line in path.read_text().splitlines()]

@@ -110,7 +110,8 @@ def test_sigkill_keeps_the_bytes_of_a_file_read_then_rewritten(project: Project)
     _saver_project(project, ignore="mlflow.db\nmlruns/\n.cascade/\nout/\nstate/\n")
     project.write("state/counter.txt", "41\n")
     run = Background(project, "saver.py", "--state", "--steps", "200")
-    _kill_when(run, project, lambda: _captured(run), "capture's end")
+    started = project.root / "out" / "started"  # (after the counter's rewrite)
+    _kill_when(run, project, lambda: _captured(run) and started.exists(), "capture's end and the rewrite")
     assert (project.root / "state" / "counter.txt").read_text() == "42"
 
     item = _recover(project)
