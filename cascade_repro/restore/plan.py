@@ -20,17 +20,8 @@ from cascade_repro.manifest import Manifest
 from cascade_repro.record_sections import CheckpointEntry, DataEntry, FileEntry, GitSection
 from cascade_repro.redaction import SecretSlot, is_redacted, secret_slots
 from cascade_repro.restore.safety import safe_link, safe_path, untracked_links, written_paths
-
-# Variables restore never copies from a record: they point at this machine's store and run.
-NOT_RESTORED_PREFIXES = ("MLFLOW_", "CASCADE_")
-# Variables that make the interpreter or the loader run code from where they point: a record (from a
-# shared server, not trusted) never sets them for the re-run, which would otherwise run a library or
-# sitecustomize.py from outside the worktree (or, recorded honestly, the user's checkout rather than
-# the restored code). The plan names them; a user who trusts them exports them.
-CODE_LOADING = frozenset({
-    "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP",
-    "PYTHONUSERBASE", "PYTHONPLATLIBDIR", "PYTHONEXECUTABLE",
-})  # fmt: skip
+from cascade_repro.restore.variables import NOT_RESTORED_PREFIXES, loads_code, recordable
+from cascade_repro.settings import DEFAULT_ENV_PREFIXES
 
 
 @dataclass(frozen=True)
@@ -149,7 +140,7 @@ def plan_restore(manifest: Manifest, version: str | None, workdir: Path, steps: 
         environment=recorded_environment(
             manifest.environment, environ, allow_prefixes, manifest.variables_read
         ),
-        differences=tuple(machine_differences(manifest, here)),
+        differences=tuple(machine_differences(manifest, here, allow_prefixes)),
         workdir=workdir,
         steps=steps,
         num_threads=manifest.torch.num_threads,
@@ -221,14 +212,12 @@ def recorded_environment(recorded: Mapping[str, str], environ: Mapping[str, str]
                          read: Mapping[str, str | None] | None = None) -> dict[str, str | None]:  # fmt: skip
     """The allow-listed variables and those the script read, as recorded: set what differs, unset what
     the run did not have. Redacted values cannot be restored; the variable is left as it is here.
-    """
+    What no honest run records, or what loads code, is never set (`held_back`)."""
     changes: dict[str, str | None] = {}
-    for name, value in (read or {}).items():
-        if not _not_restored(name, value) and environ.get(name) != value:
-            changes[name] = value
-    for name, value in recorded.items():
-        if not _not_restored(name, value) and name != "PYTHONHASHSEED" and environ.get(name) != value:
-            changes[name] = value
+    for names, is_read in ((read or {}, True), (recorded, False)):
+        for name, value in names.items():
+            if _restorable(name, value, allow_prefixes, is_read) and environ.get(name) != value:
+                changes[name] = value
     for name in environ:
         if (
             name.startswith(allow_prefixes)
@@ -239,20 +228,39 @@ def recorded_environment(recorded: Mapping[str, str], environ: Mapping[str, str]
     return changes
 
 
-def _not_restored(name: str, value: str | None) -> bool:
+def held_back(manifest: Manifest, environ: Mapping[str, str], allow_prefixes: tuple[str, ...]) -> list[str]:
+    """The record's variables a re-run does not get though they differ here: they load code, or no run
+    recorded here holds them (a record from elsewhere, or altered). The plan names them."""
+    names = {name: True for name in manifest.variables_read}
+    names.update({name: False for name in manifest.environment})
+    values = {**manifest.variables_read, **manifest.environment}
+    return sorted(
+        name for name, is_read in names.items()
+        if not _skipped(name, values[name]) and values[name] not in (None, environ.get(name))
+        and not _restorable(name, values[name], allow_prefixes, is_read)
+    )  # fmt: skip
+
+
+def _restorable(name: str, value: str | None, allow_prefixes: tuple[str, ...], is_read: bool) -> bool:
+    return (not _skipped(name, value) and not loads_code(name)
+            and recordable(name, allow_prefixes, is_read))  # fmt: skip
+
+
+def _skipped(name: str, value: str | None) -> bool:
     """cascade's own and MLflow's, a redacted value, a launcher's (the recorded job's torchrun set
-    it; the re-run's torchrun does), one that loads code (one here that the run did not have is
-    still unset)."""
+    it; the re-run's torchrun does), PYTHONHASHSEED (restore sets it from the record's seed)."""
     return (name.startswith(NOT_RESTORED_PREFIXES) or is_redacted(value) or is_launcher_variable(name)
-            or name in CODE_LOADING)  # fmt: skip
+            or name == "PYTHONHASHSEED")  # fmt: skip
 
 
-def machine_differences(manifest: Manifest, here: Manifest) -> list[Difference]:
+def machine_differences(manifest: Manifest, here: Manifest,
+                        allow_prefixes: tuple[str, ...] | None = None) -> list[Difference]:
     """This machine (`here`: a partial record made without importing torch) against the record, as
     the one comparator (`record_compare`) sees them: one line per kind. Class A means bitwise equality
     is not expected here; class B variables are set by restore.
     """
     compared = compare_records(manifest, here, only=("stack", "environment"))
+    held = held_back(manifest, here.environment, allow_prefixes or DEFAULT_ENV_PREFIXES)
     words = {"torch.version": "torch", "gpus": "GPUs", "cpu.model": "CPU", "python": "Python"}
     lines: dict[str, list[str]] = {}
     for c in compared.section("stack").changes:
@@ -262,18 +270,16 @@ def machine_differences(manifest: Manifest, here: Manifest) -> list[Difference]:
     out = [Difference(kind, "A", "; ".join(found)) for kind, found in lines.items()]
     env = [
         c.key for c in compared.section("environment").changes
-        if c.kind == "environment" and not is_redacted(c.a) and c.key not in CODE_LOADING
+        if c.kind == "environment" and not is_redacted(c.a) and c.key not in held
     ]  # fmt: skip
     if env:
         out.append(
             Difference("environment", "B", "set to the recorded values for the re-run: " + ", ".join(env))
         )
-    recorded = {**manifest.variables_read, **manifest.environment}
-    loading = sorted(name for name in CODE_LOADING
-                     if recorded.get(name) not in (None, here.environment.get(name)))  # fmt: skip
-    if loading:
-        out.append(Difference("environment", "B", f"not set from the record: {', '.join(loading)} (they load "
-                              "code from where they point; export them yourself if you trust the values)"))
+    if held:
+        out.append(Difference("environment", "B", f"not set from the record: {', '.join(held)} (they load "
+                              "code from where they point, or no run recorded here holds them; export them "
+                              "yourself if you trust the values)"))  # fmt: skip
     return out
 
 

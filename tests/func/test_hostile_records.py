@@ -378,11 +378,14 @@ def test_restore_never_sets_variables_that_load_code_from_the_record(attacked: d
     (outside / "evil" / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
     record = json.loads(json.dumps(attacked["record"]))
     read = record.get("environment_read") or {}
-    record["environment_read"] = {**read, "PYTHONPATH": str(outside / "evil")}
-    record["environment"] = {**record["environment"], "LD_PRELOAD": str(outside / "evil.so")}
+    record["environment_read"] = {**read, "PYTHONPATH": str(outside / "evil"), "GIT_CONFIG_COUNT": "1",
+                                  "GIT_CONFIG_KEY_0": "core.fsmonitor", "GIT_CONFIG_VALUE_0": f"touch {marker}"}
+    record["environment"] = {**record["environment"], "LD_PRELOAD": str(outside / "evil.so"),
+                             "CUDA_INJECTION64_PATH": str(outside / "evil.so")}  # fmt: skip
     (attacked["artifacts"] / "run.json").write_text(json.dumps(record))
     result = project.cascade("restore", "v1")
     assert result.returncode in (0, 3), result.stderr
     assert not marker.exists()
-    assert "not set from the record: LD_PRELOAD, PYTHONPATH" in result.stdout + result.stderr
+    assert ("not set from the record: CUDA_INJECTION64_PATH, GIT_CONFIG_COUNT, GIT_CONFIG_KEY_0, "
+            "GIT_CONFIG_VALUE_0, LD_PRELOAD, PYTHONPATH") in result.stdout + result.stderr
     assert "evil.so" not in result.stderr  # the loader never tried it

@@ -114,3 +114,27 @@ def test_valid_versions(version: str, tmp_path: Path) -> None:
 def test_invalid_versions_are_usage_errors(version: str, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="invalid version"):
         validate_version(version, tmp_path)
+
+
+def test_a_record_never_sets_a_variable_that_loads_code_or_that_no_run_records() -> None:
+    """A record from a shared server set for the re-run whatever it named beyond a short list: libcuda's
+    injection library, git's config (core.fsmonitor runs a command at the script's `git status`), the
+    shell's BASH_ENV, NCCL's and OpenMP's plugins, compiled-kernel caches. Only what an honest run
+    records is set (its allow-listed variables, and those the script read but for the machine's and
+    the interpreter's own), never a variable that loads code."""
+    hostile = {
+        "CUDA_INJECTION64_PATH": "/x/e.so", "NCCL_NET_PLUGIN": "/x/n.so", "OMP_TOOL_LIBRARIES": "/x/t.so",
+        "TORCH_EXTENSIONS_DIR": "/x/ext", "TORCHINDUCTOR_CACHE_DIR": "/x/ind", "TRITON_CACHE_DIR": "/x/tri",
+        "LD_AUDIT": "/x/a.so", "DYLD_INSERT_LIBRARIES": "/x/d.dylib", "GLIBC_TUNABLES": "x",
+    }  # fmt: skip
+    read = {
+        "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.fsmonitor", "GIT_CONFIG_VALUE_0": "touch /x/ran",
+        "BASH_ENV": "/x/rc", "ENV": "/x/rc", "PYTHONWARNINGS": "ignore::evil.W", "PERL5OPT": "-Mevil",
+        "NODE_OPTIONS": "--require /x/e.js", "GCONV_PATH": "/x", "PATH": "/x/bin", "HOME": "/x",
+        "LR": "0.1",  # an honest read: set
+    }  # fmt: skip
+    allowed = ("CUDA_", "NCCL_", "OMP_", "TORCH", "LD_PRELOAD", "KMP_")
+    changes = recorded_environment({**hostile, "OMP_NUM_THREADS": "2"}, {}, allowed, read)
+    assert changes == {"OMP_NUM_THREADS": "2", "LR": "0.1"}
+    # a recorded variable outside this machine's allow-list is not set either (no run here records it)
+    assert recorded_environment({"SOMETHING": "1"}, {}, allowed) == {}
