@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from cascade_repro.capture.packages import installable
 from cascade_repro.determinism.record_compare import compare_records
 from cascade_repro.errors import EXIT_ERROR, EXIT_NOT_REPRODUCED, EXIT_OK
 from cascade_repro.manifest import Manifest
@@ -96,7 +97,8 @@ def _not_runnable(record: Manifest, here: Manifest) -> list[Finding]:
         out.append(Finding("not_runnable", summary, f"use Python {py_r.minor}{in_image}"))
     packages_r, packages_h = record.python.package_versions, here.python.packages
     if packages_h:
-        missing = sorted(name for name in packages_r if name not in packages_h and name != "cascade-repro")
+        missing = sorted(name for name, version in packages_r.items()
+                         if name not in packages_h and name != "cascade-repro" and installable(name, version))
         if missing:
             pins = " ".join(f"{n}=={packages_r[n]}" for n in missing[:8])
             summary = f"{len(missing)} package(s) of the run are not installed here: " + ", ".join(

@@ -149,9 +149,11 @@ def _check_environment(data: Mapping[str, Any], refuse: Refuse) -> None:
 
 
 # A distribution's name as capture records it (normalized, PEP 503), and a version: what `check`
-# prints as `pip install NAME==VERSION`, so one word without spaces or control characters.
-_PACKAGE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,198}[A-Za-z0-9])?")
-_VERSION = re.compile(r"[A-Za-z0-9][!-~]{0,199}")
+# prints as `pip install NAME==VERSION`, so one word without spaces or control characters, never an
+# option. Capture recorded pip's leftovers (`~orch`: uninstalling) before it skipped them, and records
+# an egg-info's empty version as it is: neither is installed or printed (`installable`).
+_PACKAGE_NAME = re.compile(r"~?[A-Za-z0-9]([A-Za-z0-9._-]{0,198}[A-Za-z0-9])?")
+_VERSION = re.compile(r"([A-Za-z0-9][!-~]{0,199})?")
 
 
 def _check_packages(python: Mapping[str, Any], refuse: Refuse) -> None:

@@ -21,6 +21,12 @@ def normalize(name: str) -> str:
     return _NORMALIZE.sub("-", name).lower()
 
 
+def installable(name: str, version: object) -> bool:
+    """Whether a recorded distribution can be pinned: not pip's leftover (`~orch`, in records made
+    before capture skipped them) and with a version (an egg-info may have none)."""
+    return not name.startswith("~") and bool(version)
+
+
 def capture_python(paths: Iterable[str] | None = None) -> dict[str, Any]:
     return {
         "version": platform.python_version(),
@@ -40,6 +46,8 @@ def capture_packages(paths: Iterable[str] | None = None) -> dict[str, dict[str, 
         except OSError:
             continue
         for name in names:
+            if name.startswith("~"):  # what pip renames aside while it uninstalls: not installed
+                continue
             if name.endswith(".dist-info"):
                 parsed = _from_dist_info(entry, name)
             elif name.endswith(".egg-info"):

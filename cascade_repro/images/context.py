@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from cascade_repro.capture.git import excluded, sha256_of
+from cascade_repro.capture.packages import installable
 from cascade_repro.errors import CascadeError, ConfigError, DockerError
 from cascade_repro.store import git_repo
 
@@ -145,7 +146,7 @@ def project_requirements(
 def requirements_from_packages(packages: Mapping[str, Mapping[str, Any]]) -> Requirements:
     lines, left_out, indexes = [], [], set()
     for name, info in sorted(packages.items()):
-        if name in NOT_INSTALLED:
+        if name in NOT_INSTALLED or not installable(name, info.get("version")):
             continue
         if info.get("origin"):  # editable, VCS, local archive or bare egg-info: no index has it
             left_out.append(f"{name} ({info['origin']})")

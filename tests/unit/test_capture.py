@@ -140,3 +140,25 @@ def test_import_hook_keeps_loader_class_and_calls_back(
     finally:
         sys.meta_path.remove(hooks)
         sys.modules.pop("hooked_mod", None)
+
+
+def test_what_capture_records_of_any_site_packages_passes_the_record_check(tmp_path: Path) -> None:
+    """pip leaves `~orch-2.1.0.dist-info` behind after a failed uninstall, and an egg-info may say
+    `Version:` and nothing: every record made in such a venv was refused as malformed ("the record was
+    altered") by show, restore, diff and verify. The leftover is no installed package; an empty
+    version is recorded as it is, and records that older versions wrote with either still read."""
+    from cascade_repro.images.context import requirements_from_packages
+    from cascade_repro.record_shape import check_shape
+
+    site = tmp_path / "site"
+    (site / "~orch-2.1.0.dist-info").mkdir(parents=True)
+    (site / "numpy-2.1.0.dist-info").mkdir()
+    (site / "bare.egg-info").mkdir()
+    (site / "bare.egg-info" / "PKG-INFO").write_text("Metadata-Version: 1.0\nName: bare\nVersion: \n")
+    packages = capture_packages([str(site)])
+    assert set(packages) == {"numpy", "bare"} and packages["bare"]["version"] == ""
+    check_shape({"python": {"packages": packages}})
+    older = {**packages, "~orch": {"version": "2.1.0"}}  # as recorded before
+    check_shape({"python": {"packages": older}})
+    reqs = requirements_from_packages(older)
+    assert [line for line in reqs.text.splitlines() if line and not line.startswith("#")] == ["numpy==2.1.0"]
