@@ -428,8 +428,9 @@ class Recording:
                 continue  # its bytes as read were not kept (larger than the child copies)
             as_read = kept.get(item["path"])  # a private copy or second name nothing rewrites: linked
             try:
-                stored = cache.add(as_read, hardlink=True) if as_read is not None else \
-                    cache.add(self.plan.settings.root / item["path"])  # fmt: skip
+                source = as_read or self.plan.settings.root / item["path"]
+                # linked only where nothing else names it: never the user's own file, made read-only
+                stored = cache.add(source, hardlink=as_read is not None and source.stat().st_nlink == 1)
             except Exception as exc:  # DataError, OSError: the input stays recorded by its hash
                 self.warnings.append(f"--track-inputs: {item['path']} not cached: {exc}")
                 continue

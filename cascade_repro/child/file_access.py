@@ -28,6 +28,7 @@ noted as reads when the script imports safetensors (`import_hooks`).
 from __future__ import annotations
 
 import builtins
+import contextlib
 import hashlib
 import io
 import json
@@ -123,43 +124,77 @@ class FileAccess:
         seen[rel] = None
         self._append({"written" if writing else "read": rel})
 
-    def before_write(self, rel: str, reads: bool, link: bool = False) -> None:
+    def before_write(self, rel: str, reads: bool, link: bool = False) -> bool:
         """About to open `rel` for writing (or to remove it, or rename it away): when the run read it
         before (or this open reads it too) and has not written it yet, its bytes as read are hashed
         (and kept) before they go. `link`: the file is only unlinked, its bytes stay as they are, so
-        a hardlink keeps them."""
+        a hardlink keeps them. Returns whether it did (`unlink_failed` then, if the unlink fails)."""
         if rel in self.written or rel in self.as_read or not (reads or rel in self.read):
-            return
+            return False
         self.as_read[rel] = None
         try:
-            fact = self._hash_and_keep(rel, link)
+            fact, linked = self._hash_and_keep(rel, link)
         except OSError:  # not there yet (a new file), or unreadable: there is nothing it read
-            return
+            return False
         if fact is not None:
             if reads:
                 self.note_relative(rel, False)
             self._append(fact)
+        return linked
 
-    def before_remove(self, file: Any, dir_fd: int | None = None, link: bool = True) -> None:
+    def before_remove(self, file: Any, dir_fd: int | None = None, link: bool = True) -> str | None:
         """About to unlink `file` (relative to `dir_fd` when given, as shutil.rmtree does) or rename it
-        away: a file the run read keeps its bytes as read. Nothing to do, and no work, before any read."""
+        away: a file the run read keeps its bytes as read. Nothing to do, and no work, before any read.
+        Returns the file's path where a second name keeps it (`unlink_failed` undoes that)."""
         if not self.read:
-            return
+            return None
         rel = self.relative(_at(file, dir_fd))
-        if rel is not None and rel in self.read:
-            self.before_write(rel, False, link)
+        if rel is not None and rel in self.read and self.before_write(rel, False, link):
+            return rel
+        return None
 
-    def _hash_and_keep(self, rel: str, link: bool = False) -> dict[str, Any] | None:
+    def kept_through(self, linked: str | None, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`call` (an unlink, a rename over), the file `linked` kept by a second name for it: if it fails
+        (EXDEV: shutil.move then copies over the file, in place), the keep becomes a copy."""
+        try:
+            return call(*args, **kwargs)
+        except BaseException:
+            if linked is not None:
+                self.unlink_failed(linked)
+            raise
+
+    def unlink_failed(self, rel: str) -> None:
+        """The unlink (or rename over) that `rel` was kept for failed: the file stays, and its second
+        name would follow what is written to it next. The keep becomes a private copy of the same
+        bytes (or goes, past the size the child copies: the hash as read stays noted)."""
+        assert self.keep_dir is not None
+        kept = os.path.join(self.keep_dir, rel)
+        private = kept + ".copy"
+        try:
+            if os.stat(kept).st_size <= MAX_KEEP_BYTES:
+                with _ORIGINAL_OPEN(kept, "rb") as source, _ORIGINAL_OPEN(private, "wb") as copy:
+                    while chunk := source.read(1 << 20):
+                        copy.write(chunk)
+                _ORIGINAL_REPLACE(private, kept)
+                return
+        except OSError:
+            with contextlib.suppress(OSError):
+                _ORIGINAL_UNLINK(private)
+        with contextlib.suppress(OSError):
+            _ORIGINAL_UNLINK(kept)
+
+    def _hash_and_keep(self, rel: str, link: bool = False) -> tuple[dict[str, Any] | None, bool]:
+        """The fact to note of `rel` as read, and whether it is kept by a second name (`link`)."""
         digest, size, kept = hashlib.sha256(), 0, None
         if not os.path.isfile(self.root + rel):  # (a FIFO or a device is never read here)
-            return None
+            return None, False
         with _ORIGINAL_OPEN(self.root + rel, "rb") as source:
             length = os.fstat(source.fileno()).st_size
             if link and self._link(rel):  # (the inode is unlinked next: no bound on a second name)
                 while chunk := source.read(1 << 20):
                     digest.update(chunk)
                     size += len(chunk)
-                return {"as_read": rel, "sha256": digest.hexdigest(), "size": size, "kept": True}
+                return {"as_read": rel, "sha256": digest.hexdigest(), "size": size, "kept": True}, True
             copy = self._copy_target(rel) if length <= MAX_KEEP_BYTES else None
             try:
                 while chunk := source.read(1 << 20):
@@ -176,7 +211,7 @@ class FileAccess:
             finally:
                 if copy is not None:
                     copy.close()
-        return {"as_read": rel, "sha256": digest.hexdigest(), "size": size, "kept": bool(kept)}
+        return {"as_read": rel, "sha256": digest.hexdigest(), "size": size, "kept": bool(kept)}, False
 
     def _link(self, rel: str) -> bool:
         """A second name for `rel` in the keep directory (a file about to be unlinked: its inode stays
@@ -258,12 +293,12 @@ class FileAccess:
     def _install_removals(self) -> None:
         """os.unlink/os.remove and os.rename/os.replace keep the bytes as read of a file the run read
         before it goes; a rename's target is then written."""
-        before_remove, note = self.before_remove, self.note
+        before_remove, note, kept_through = self.before_remove, self.note, self.kept_through
 
         def removal(original: Callable[..., Any]) -> Callable[..., Any]:
             def unlink_(path: Any, *args: Any, dir_fd: int | None = None, **kwargs: Any) -> Any:
-                before_remove(path, dir_fd)
-                return original(path, *args, dir_fd=dir_fd, **kwargs)
+                linked = before_remove(path, dir_fd)
+                return kept_through(linked, original, path, *args, dir_fd=dir_fd, **kwargs)
 
             return unlink_
 
@@ -271,8 +306,9 @@ class FileAccess:
             def rename_(src: Any, dst: Any, *args: Any, src_dir_fd: int | None = None,
                         dst_dir_fd: int | None = None, **kwargs: Any) -> Any:  # fmt: skip
                 before_remove(src, src_dir_fd, link=False)  # its inode lives on, under `dst`
-                before_remove(dst, dst_dir_fd)  # the one `dst` named is unlinked
-                result = original(src, dst, *args, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd, **kwargs)
+                linked = before_remove(dst, dst_dir_fd)  # the one `dst` named is unlinked
+                result = kept_through(linked, original, src, dst, *args, src_dir_fd=src_dir_fd,
+                                      dst_dir_fd=dst_dir_fd, **kwargs)  # fmt: skip
                 note(_at(dst, dst_dir_fd), True)
                 return result
 
@@ -286,6 +322,7 @@ class FileAccess:
 
 _ORIGINAL_OPEN = io.open  # (bound at import, before install: the hook's own reads are not noted)
 _ORIGINAL_UNLINK = os.unlink
+_ORIGINAL_REPLACE = os.replace
 _SUPPORTS = ("supports_dir_fd", "supports_fd", "supports_follow_symlinks", "supports_effective_ids")
 MAX_OUTSIDE = 100  # files read outside the repository, named (the record holds fewer)
 CODE = (".py", ".pyc", ".pyi", ".so", ".pth")  # a library's source (a traceback, a warning reads it): no data

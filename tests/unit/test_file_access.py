@@ -178,3 +178,33 @@ def test_a_file_written_outside_the_repository_then_read_is_not_named(
     with open(tmp_path / "outside.txt", "rb"):  # written before the run: an outside input
         pass
     assert list(access.outside) == [str(tmp_path / "outside.txt")]
+
+
+def test_a_removal_that_fails_leaves_no_second_name_on_the_file_it_kept(
+    watched: tuple[FileAccess, Path], tmp_path: Path
+) -> None:
+    """The kept second name was made before the rename or unlink: when that failed (a missing source,
+    EXDEV before shutil.move copies over the file), the keep directory held the user's live file, so a
+    later write in place changed the "bytes as read", and the DVC cache took the live file by hardlink
+    (and made it read-only). The keep is a private copy then, still the bytes as read."""
+    import hashlib
+
+    access, root = watched
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    log = os.open(run_dir / "files.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    access.log, access.keep_dir = log, str(run_dir / "read_before_write")
+    live = root / "data" / "vocab.txt"
+    with io.FileIO(live, "w") as setup:
+        setup.write(b"as read")
+    Path("data/vocab.txt").read_bytes()
+    with pytest.raises(FileNotFoundError):
+        os.replace("data/missing.tmp", "data/vocab.txt")
+    assert os.stat(live).st_nlink == 1
+    with io.FileIO(live, "r+") as in_place:  # (what shutil.move's copy does after EXDEV)
+        in_place.write(b"rewritten")
+    os.close(log)
+    kept = run_dir / "read_before_write" / "data" / "vocab.txt"
+    assert kept.read_bytes() == b"as read"
+    opened = read_opened(run_dir / "files.jsonl")
+    assert opened["as_read"]["data/vocab.txt"]["sha256"] == hashlib.sha256(b"as read").hexdigest()
