@@ -60,8 +60,8 @@ def _wrap_backward(tracer: StepTracer) -> None:
                 note_loss(tensors)  # it has no record, at exit)
         elif isinstance(tensors, (list, tuple)) and all(isinstance(t, tensor) and t.numel() == 1
                                                         for t in tensors):  # fmt: skip
-            for loss in tensors:  # `autograd.backward([loss_a, loss_b])`: the step's loss is their sum
-                note_loss(loss)
+            for index, loss in enumerate(tensors):  # `autograd.backward([loss_a, loss_b])`: the step's
+                note_loss(loss, together=index > 0)  # loss is their sum
         if tracer.coasting:  # a step without a record: nothing of it is read
             return original_backward(tensors, *args, **kwargs)
         tracer.backward_begins(tensors)
@@ -72,8 +72,9 @@ def _wrap_backward(tracer: StepTracer) -> None:
     autograd.backward = backward  # type: ignore[attr-defined]
 
 
-def _note_loss(tracer: StepTracer, backpropagated: Any) -> None:
-    """One loss backpropagated (a GradScaler's: the script's own, the one it scaled)."""
+def _note_loss(tracer: StepTracer, backpropagated: Any, together: bool = False) -> None:
+    """One loss backpropagated (a GradScaler's: the script's own, the one it scaled); `together`: with
+    the one before, in one backward (in a closure too, it adds to that backward's losses)."""
     scaled = tracer.scaled
     loss = scaled[1] if scaled is not None and scaled[0] is backpropagated else backpropagated
     step, losses = tracer.last_backward
@@ -86,7 +87,10 @@ def _note_loss(tracer: StepTracer, backpropagated: Any) -> None:
         if at != tracer.step:  # first backward, after the step's own losses
             start = len(losses)
             tracer.closure_from = (tracer.step, start)
-        losses[start:] = [loss]
+        if not together:
+            losses[start:] = [loss]
+        elif len(losses) < MAX_LOSSES:
+            losses.append(loss)
     elif len(losses) < MAX_LOSSES:  # gradient accumulation: each micro-batch's, in order
         losses.append(loss)
 

@@ -156,3 +156,37 @@ def test_weights_perturbed_between_two_backwards_before_the_first_step_are_no_ma
     steps, script = _traced(tmp_path, "sam", SAM)
     assert [r["step"] for r in steps] == list(range(6))
     assert [r["loss"]["bits"] for r in steps] == [[_float32_bits(a), _float32_bits(b)] for a, b in script]
+
+
+IN_A_CLOSURE = """
+x, y = torch.randn(64, 4), torch.randn(64, 1)
+trunk, head_a, head_b = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1), torch.nn.Linear(8, 1)
+params = [*trunk.parameters(), *head_a.parameters(), *head_b.parameters()]
+opt = torch.optim.SGD(params, lr=0.1)
+losses = []
+
+
+def closure():
+    opt.zero_grad()
+    features = torch.relu(trunk(x))
+    main = torch.nn.functional.mse_loss(head_a(features), y)
+    auxiliary = head_b(features).abs().mean() * 0.5
+    torch.autograd.backward([main, auxiliary])
+    losses.append([main.item(), auxiliary.item()])
+    return main + auxiliary
+
+
+for step in range(4):
+    opt.step(closure)
+tracer.close()
+(out / "losses.json").write_text(json.dumps(losses))
+"""
+
+
+def test_losses_backpropagated_together_in_an_optimizer_closure_are_all_the_step_s(tmp_path: Path) -> None:
+    """Inside a closure (LBFGS, SAM's step(closure), Lightning's automatic optimization) each loss of
+    `autograd.backward([a, b])` replaced the one before: the step's loss was `b` alone."""
+    records, script = _traced(tmp_path, "closure", IN_A_CLOSURE)
+    assert [r["step"] for r in records] == list(range(4))
+    for record, (main, auxiliary) in zip(records, script, strict=True):
+        assert record["loss"]["bits"] == [_float32_bits(main), _float32_bits(auxiliary)]
