@@ -160,12 +160,13 @@ def restore(
 def _only_restore_of(workdir: Path, settings: Settings) -> Iterator[None]:
     """Hold the worktree `workdir` for this restore: another one into it at the same time (the same
     version restored twice at once) is refused with who holds it, before it writes anything. The
-    lock is the project's (`.cascade/locks/`), by the worktree's path, wherever that is."""
+    lock is the project's (`.cascade/locks/`), by the worktree's real path, wherever that is."""
     import hashlib
 
     locks = settings.paths.own / "locks"
     locks.mkdir(parents=True, exist_ok=True)
-    lock_path = locks / (hashlib.sha256(str(workdir).encode()).hexdigest()[:16] + ".lock")
+    where = os.path.realpath(workdir)  # one lock however the path is spelled (../w, a symlink)
+    lock_path = locks / (hashlib.sha256(where.encode()).hexdigest()[:16] + ".lock")
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:

@@ -138,3 +138,23 @@ def test_a_record_never_sets_a_variable_that_loads_code_or_that_no_run_records()
     assert changes == {"OMP_NUM_THREADS": "2", "LR": "0.1"}
     # a recorded variable outside this machine's allow-list is not set either (no run here records it)
     assert recorded_environment({"SOMETHING": "1"}, {}, allowed) == {}
+
+
+def test_one_worktree_is_held_by_one_restore_however_its_path_is_spelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lock was keyed by the path as typed: `--workdir ../w` from a subdirectory, the absolute
+    path, or a symlink to it were three locks on one worktree."""
+    from cascade_repro.api.restoring import _only_restore_of
+    from cascade_repro.settings import load_settings
+
+    settings = load_settings(tmp_path, {})
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "sub")
+    monkeypatch.chdir(tmp_path / "sub")
+    spellings = [Path("../w").absolute(), tmp_path / "w", tmp_path / "link" / ".." / "w"]
+    with _only_restore_of(spellings[0], settings):
+        for other in spellings[1:]:
+            with pytest.raises(CascadeError, match="another cascade restore is using"), \
+                    _only_restore_of(other, settings):  # fmt: skip
+                pass
