@@ -125,6 +125,12 @@ class ProjectPaths:
         """The worktrees `cascade restore` makes, one per version or run."""
         return self.own / "restore"
 
+    @property
+    def set_aside(self) -> Path:
+        """Files found in a restore worktree after a restore killed during its re-run, moved here
+        rather than deleted: the cut re-run's outputs, or files someone added since."""
+        return self.own / "set-aside"
+
     def spool_dirs(self) -> list[Path]:
         """Where run directories may wait for delivery: this project's, and each restore worktree's (a
         restore killed during its re-run leaves that run's there)."""

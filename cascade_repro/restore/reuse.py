@@ -36,16 +36,24 @@ def write_marker(workdir: Path, plan: RestorePlan, rerun_started: bool = False) 
     marker.write_text(json.dumps(body, indent=2), encoding="utf-8")
 
 
-def remove_rerun_outputs(workdir: Path, plan: RestorePlan, state: Mapping[str, Any]) -> list[str]:
+def remove_rerun_outputs(workdir: Path, plan: RestorePlan, state: Mapping[str, Any],
+                         aside: Path | None = None) -> list[str]:  # fmt: skip
     """Untracked files a previous re-run wrote (unchanged since: the state check passed), so the
-    next re-run starts from the recorded state, not from the last one's outputs."""
+    next re-run starts from the recorded state, not from the last one's outputs. `aside`: the last
+    re-run was cut short, so a new file may as well be one someone added since: each is moved there
+    (its path kept), never deleted."""
     recorded = {u.path for u in plan.untracked}
     removed = []
     for rel, _digest in state.get("untracked") or []:
         if rel in recorded:
             continue
         path = workdir / safe_path(str(rel), "a re-run output")
-        path.unlink(missing_ok=True)
+        if aside is not None:
+            target = aside / str(rel)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            path.replace(target)
+        else:
+            path.unlink(missing_ok=True)
         removed.append(str(rel))
         parent = path.parent
         while parent != workdir and parent.is_dir() and not any(parent.iterdir()):
@@ -54,7 +62,9 @@ def remove_rerun_outputs(workdir: Path, plan: RestorePlan, state: Mapping[str, A
     return removed
 
 
-def check_reusable(root: Path, workdir: Path, plan: RestorePlan) -> Mapping[str, Any]:
+def check_reusable(root: Path, workdir: Path, plan: RestorePlan) -> tuple[Mapping[str, Any], bool]:
+    """The worktree's state, if it is what the last restore left, and whether that restore was killed
+    during its re-run (new files besides: the cut re-run's, or added since)."""
     refuse_hint = f"remove it (`git worktree remove --force {workdir}`) or pass --workdir elsewhere"
     marker = git_repo.git_dir(workdir) / MARKER if (workdir / ".git").is_file() else None
     if marker is None or not marker.is_file():
@@ -68,14 +78,14 @@ def check_reusable(root: Path, workdir: Path, plan: RestorePlan) -> Mapping[str,
         )
     now = state_fingerprint(workdir)
     if recorded.get("rerun") == "started" and _only_added(recorded.get("state") or {}, now):
-        return now  # a re-run cut short (the restore was killed): the new files are its outputs
+        return now, True  # a re-run cut short (the restore was killed): new files besides
     if now != recorded.get("state"):
         changed = _changed_paths(recorded.get("state") or {}, now)
         raise RestoreRefused(
             f"the restore worktree {workdir} was modified since the last restore ({changed})",
             hint="keep your changes elsewhere, then " + refuse_hint,
         )
-    return now
+    return now, False
 
 
 def _only_added(before: Mapping[str, Any], now: Mapping[str, Any]) -> bool:

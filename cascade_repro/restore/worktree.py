@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -14,6 +15,7 @@ from cascade_repro.errors import CascadeError, RestoreRefused
 from cascade_repro.restore.plan import RestorePlan, Worktree
 from cascade_repro.restore.reuse import check_reusable, remove_rerun_outputs, write_marker
 from cascade_repro.restore.safety import check_sha256, safe_link, safe_path, untracked_links
+from cascade_repro.settings import ProjectPaths
 from cascade_repro.store import git_repo
 from cascade_repro.store.git_repo import has_commit
 from cascade_repro.store.run_store import RunStore
@@ -52,13 +54,18 @@ def materialize(plan: RestorePlan, root: Path, store: RunStore, notify: Callable
         )
     workdir = plan.workdir
     if workdir.exists() and any(workdir.iterdir()):
-        state = check_reusable(root, workdir, plan)
-        removed = remove_rerun_outputs(workdir, plan, state)
+        state, cut = check_reusable(root, workdir, plan)
+        aside = _set_aside_dir(root, workdir) if cut else None
+        removed = remove_rerun_outputs(workdir, plan, state, aside)
+        if aside is not None and not removed:
+            aside.rmdir()
         write_marker(workdir, plan)
-        notify(
-            f"reusing the restore worktree {workdir} (unchanged since the last restore"
-            + (f"; removed {len(removed)} file(s) the last re-run wrote)" if removed else ")")
-        )
+        if aside is not None and removed:
+            notify(f"reusing the restore worktree {workdir}: its last restore was killed during its re-run; "
+                   f"moved the {len(removed)} file(s) added since that restore to {aside}")  # fmt: skip
+        else:
+            notify(f"reusing the restore worktree {workdir} (unchanged since the last restore"
+                   + (f"; removed {len(removed)} file(s) the last re-run wrote)" if removed else ")"))
         return Worktree(workdir, reused=True)
     with tempfile.TemporaryDirectory(prefix="cascade-restore-") as tmp:
         patch_file, files = stage_dirty_state(plan, store, Path(tmp))
@@ -74,6 +81,13 @@ def materialize(plan: RestorePlan, root: Path, store: RunStore, notify: Callable
             raise
     write_marker(workdir, plan)
     return Worktree(workdir, reused=False, restored_files=tuple(restored))
+
+
+def _set_aside_dir(root: Path, workdir: Path) -> Path:
+    """A new directory for the files found in a worktree after a restore killed during its re-run."""
+    parent = ProjectPaths(root).set_aside
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{workdir.name}-{time.strftime('%Y%m%d-%H%M%S')}-", dir=parent))
 
 
 def discard(root: Path, workdir: Path) -> None:

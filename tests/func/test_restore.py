@@ -365,7 +365,8 @@ def test_a_restore_killed_during_its_rerun_can_be_restored_again(project: Projec
     worktree was modified since the last restore (untracked: out/...)"), and the hint, `git worktree
     remove --force`, deleted the cut re-run's spool (its run RUNNING for ever). Now the next restore
     reuses the worktree: the cut re-run's files are its outputs; its run is recovered, KILLED, by the
-    next cascade command in the worktree (the next restore's re-run, or any command there)."""
+    next cascade command in the worktree (the next restore's re-run, or any command there). A file
+    added since is told apart from them by nothing: every new file is moved aside, never deleted."""
     import os
     import signal
 
@@ -378,9 +379,15 @@ def test_a_restore_killed_during_its_rerun_can_be_restored_again(project: Projec
     first = _restore_held_in_its_rerun(project)
     os.kill(first.pid, signal.SIGKILL)
     first.wait(timeout=30)
+    worktree = project.root / ".cascade" / "restore" / "v1"
+    (worktree / "notes.txt").write_text("mine, written after the kill\n")  # never deleted
     code, data, stderr = _restore(project, "v1")
     assert code == 0, stderr
     assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL"
+    assert not (worktree / "notes.txt").exists()  # the re-run started from the recorded state ...
+    (aside,) = (project.root / ".cascade" / "set-aside").iterdir()  # ... and it was moved aside
+    assert (aside / "notes.txt").read_text() == "mine, written after the kill\n"
+    assert "moved the" in stderr and str(aside) in " ".join(stderr.split()), stderr
     project.cascade("ls", check=True)  # (the next command delivers a dead re-run's spool, as any run's)
     statuses = sorted(r.data.tags.get("cascade.status", "") for r in project.runs())
     assert statuses.count("KILLED") == 1, statuses  # the cut re-run, recovered
