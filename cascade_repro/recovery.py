@@ -11,6 +11,7 @@ real status once everything is stored.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
@@ -33,6 +34,7 @@ from cascade_repro.store.run_store import RunStore
 log = logging.getLogger(__name__)
 PENDING_SYNC = "PENDING-SYNC"  # what `cascade ls` shows for a run whose record is not all stored yet
 PARENT_DIED = "CascadeProcessDied"
+STOP_SLACK_S = 2.0  # a recovered run's files changed this long after it stopped are still its own
 
 
 @dataclass(frozen=True)
@@ -223,6 +225,7 @@ def _complete_from_run_dir(record: dict[str, Any], run_dir: Path, plan: dict[str
                            settings: Settings, delivery: Delivery, notify: Notify) -> list[str]:  # fmt: skip
     """What finish() would have added to the record, from what the child left in the run directory
     (params used, torch stack, trace, ranks, checkpoints, inputs and outputs); returns what is lost."""
+    stopped = _stopped(run_dir)  # (before this recovery writes in the run directory)
     if isinstance(plan.get("resolved_params"), dict):  # what the script used, as finish() says it
         record["params"] = used_params(plan["resolved_params"], facts)
     if facts.get("torch"):
@@ -238,7 +241,7 @@ def _complete_from_run_dir(record: dict[str, Any], run_dir: Path, plan: dict[str
         record["distributed"] = layout.section(entries)
     record["checkpoints"] = _checkpoints(run_dir, plan, settings, delivery, notify)
     record["inputs"], record["outputs"] = _files(run_dir, plan, record, settings, notify)
-    _remember_outputs(plan, settings, delivery.run_id, record)
+    _remember_outputs(plan, settings, delivery.run_id, record, stopped)
     for name in (protocol.OUTPUT_LOG, protocol.TRACE_FILE):
         if (run_dir / name).exists():
             delivery.do(file_op(run_dir / name, "cascade"))
@@ -343,9 +346,20 @@ def _cache_as_read(root: Path, inputs: list[dict[str, Any]], kept: dict[str, Pat
         cache.close()
 
 
-def _remember_outputs(plan: dict[str, Any], settings: Settings, run_id: str, record: dict[str, Any]) -> None:
+def _stopped(run_dir: Path) -> float:
+    """When the run stopped writing, as late as can be told: its last activity or the child's facts at
+    its exit, and a moment for a file the script wrote after both (a user's edit comes later)."""
+    times = [spool.last_activity(run_dir)]
+    with contextlib.suppress(OSError):
+        times.append((run_dir / protocol.FACTS_FILE).stat().st_mtime)
+    return max(times) + STOP_SLACK_S
+
+
+def _remember_outputs(plan: dict[str, Any], settings: Settings, run_id: str, record: dict[str, Any],
+                      stopped: float) -> None:  # fmt: skip
     """The recovered run's outputs and checkpoints, as it left them, noted for the next run's capture
-    as finish() notes them (capture/earlier_outputs.py): not that run's dirty state while unchanged."""
+    as finish() notes them (capture/earlier_outputs.py): not that run's dirty state while unchanged.
+    A file changed after the run `stopped` (its last activity) is not noted: someone edited it since."""
     from cascade_repro.capture import earlier_outputs
     from cascade_repro.capture.git import excluded
     from cascade_repro.run_engine import own_paths
@@ -357,7 +371,7 @@ def _remember_outputs(plan: dict[str, Any], settings: Settings, run_id: str, rec
     if not written:
         return
     try:
-        earlier_outputs.remember(Path(plan.get("root") or settings.root), run_id, written)
+        earlier_outputs.remember(Path(plan.get("root") or settings.root), run_id, written, not_after=stopped)
     except Exception as exc:  # the next run then records them as untracked files, as it would have
         log.warning("the recovered run's outputs are not noted for the next run's capture: %s", exc)
 

@@ -93,10 +93,11 @@ def unchanged(root: Path, rel: str, written: Written) -> bool:
     return stat.S_ISREG(now.st_mode) and _stat_of(now, written.run_id) == written
 
 
-def remember(root: Path, run_id: str, paths: Iterable[str]) -> int:
+def remember(root: Path, run_id: str, paths: Iterable[str], not_after: float | None = None) -> int:
     """Note the regular files at `paths` (root-relative; a directory: the files under it) as `run_id`
     wrote them, in the index of `root`; entries that no longer match their file are dropped. Returns
-    how many files of this run were noted. Call it once the run's outputs are recorded."""
+    how many files of this run were noted. Call it once the run's outputs are recorded. `not_after`
+    (a run recovered after it stopped): a file changed since then is someone else's, not noted."""
     own = root / OWN_DIR
     own.mkdir(exist_ok=True)
     with _locked(own / "outputs.lock"):
@@ -107,7 +108,8 @@ def remember(root: Path, run_id: str, paths: Iterable[str]) -> int:
                 now = os.lstat(root / rel)
             except OSError:  # gone (a pruned checkpoint, a temporary file)
                 continue
-            if stat.S_ISREG(now.st_mode):
+            # (mtime: the DVC cache's hardlink and chmod of a checkpoint change its ctime afterwards)
+            if stat.S_ISREG(now.st_mode) and (not_after is None or now.st_mtime <= not_after):
                 index.pop(rel, None)  # to the end: the newest run's entries are kept longest
                 index[rel] = _stat_of(now, run_id)
                 noted += 1

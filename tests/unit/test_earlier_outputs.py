@@ -151,3 +151,15 @@ def test_an_edit_whose_mtime_was_put_back_is_captured(repo: Path) -> None:
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert path.stat().st_mtime_ns == before.st_mtime_ns and path.stat().st_size == before.st_size
     assert not unchanged(repo, "out.txt", load(repo)["out.txt"])
+
+
+def test_a_file_changed_after_a_dead_run_s_last_activity_is_not_noted_as_its_output(repo: Path) -> None:
+    """Recovery notes a dead run's outputs as it finds them, maybe while the user's next run already
+    goes: a file edited since the dead run stopped was credited to it and left out of the next run's
+    dirty state (its restore then lacked the edit). Only files unchanged since `not_after` are noted."""
+    _write(repo, "out/metrics.csv", b"0,1.0\n")
+    stopped = time.time()
+    time.sleep(0.05)
+    _write(repo, "out/notes.txt", b"edited after the run stopped\n")
+    assert remember(repo, "dead", ["out/metrics.csv", "out/notes.txt"], not_after=stopped) == 1
+    assert set(load(repo)) == {"out/metrics.csv"}
