@@ -289,6 +289,7 @@ class FileAccess:
         _same_face(open_, opened)
         builtins.open = io.open = open_
         self._install_removals()
+        _through_pathlib_accessor()
 
     def _install_removals(self) -> None:
         """os.unlink/os.remove and os.rename/os.replace keep the bytes as read of a file the run read
@@ -331,6 +332,19 @@ SYSTEM_DIRS = ("/usr/", "/lib/", "/lib64/", "/bin/", "/sbin/", "/etc/", "/proc/"
                "/var/", "/snap/")  # fmt: skip
 CACHES = ("~/.cache/torch/", "~/.triton/", "~/.nv/", "~/.cascade/", "~/.local/lib/", "~/.config/", "~/.netrc",
           "~/.keras/", "~/.matplotlib/", "~/.cache/matplotlib/", "~/.cache/pip/")  # fmt: skip
+
+
+def _through_pathlib_accessor() -> None:
+    """Python 3.10's pathlib calls io.open and os.unlink/rename/replace through an accessor whose
+    class bound them when pathlib was imported (before the hooks): Path.read_bytes, Path.open and
+    Path.unlink went around them. (From 3.11 pathlib calls them as module attributes.)"""
+    pathlib = sys.modules.get("pathlib")
+    accessor = getattr(pathlib, "_NormalAccessor", None)
+    if accessor is None:  # 3.11+, or not imported yet (its class will bind the hooked ones)
+        return
+    for name, module in (("open", io), ("unlink", os), ("rename", os), ("replace", os)):
+        if name in vars(accessor):
+            setattr(accessor, name, staticmethod(getattr(module, name)))
 
 
 def _system_prefixes() -> tuple[str, ...]:

@@ -208,3 +208,47 @@ def test_a_removal_that_fails_leaves_no_second_name_on_the_file_it_kept(
     assert kept.read_bytes() == b"as read"
     opened = read_opened(run_dir / "files.jsonl")
     assert opened["as_read"]["data/vocab.txt"]["sha256"] == hashlib.sha256(b"as read").hexdigest()
+
+
+PATHLIB_310 = """
+import os, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from cascade_repro.child.file_access import FileAccess
+root, run = Path(sys.argv[2]), Path(sys.argv[3])
+(root / "data").mkdir(parents=True)
+(root / "data" / "ckpt.pt").write_bytes(b"resumed from")
+os.chdir(root)
+access = FileAccess(str(root))
+access.install()
+access.log = os.open(run / "files.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+access.keep_dir = str(run / "kept")
+Path("data/ckpt.pt").read_bytes()
+Path("data/ckpt.pt").unlink()  # (a checkpoint saved over: make_room unlinks it first)
+"""
+
+
+def test_pathlib_reads_and_removals_are_seen_on_python_3_10(tmp_path: Path) -> None:
+    """On Python 3.10 pathlib calls os and io through its own accessor, bound when pathlib is imported:
+    Path.read_bytes, Path.open and Path.unlink went around every hook (a resume checkpoint saved over
+    kept nothing; reads through pathlib were not inputs). The child runs under whatever Python a
+    container has, so the 3.10 accessor is hooked too."""
+    import glob
+    import pwd
+    import shutil
+    import subprocess
+
+    pyenv = os.environ.get("PYENV_ROOT") or os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".pyenv")
+    found = [shutil.which("python3.10"), *sorted(glob.glob(f"{pyenv}/versions/3.10*/bin/python3.10"))]
+    working = [p for p in found if p and not subprocess.run([p, "-c", ""], capture_output=True).returncode]
+    if not working:
+        pytest.skip("no Python 3.10 interpreter on this machine (pyenv provides one on the CI image)")
+    python = working[0]
+    root, run = tmp_path / "repo", tmp_path / "run"
+    run.mkdir()
+    package = str(Path(__file__).resolve().parents[2])
+    subprocess.run([python, "-c", PATHLIB_310, package, str(root), str(run)], check=True, timeout=60)
+    opened = read_opened(run / "files.jsonl")
+    assert opened["read"] == ["data/ckpt.pt"]
+    assert opened["as_read"]["data/ckpt.pt"]["kept"] is True
+    assert (run / "kept" / "data" / "ckpt.pt").read_bytes() == b"resumed from"
