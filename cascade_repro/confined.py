@@ -185,6 +185,9 @@ def write_file(root: Path, relative: str, source: Path, what: str) -> Path:
                   else "check that the directory is writable") + ", then run the command again; "
                  "nothing half-written was left",
         ) from exc
+    except BaseException:  # Ctrl-C mid-copy: nothing half-written stays either
+        tmp.unlink(missing_ok=True)
+        raise
     return destination
 
 
