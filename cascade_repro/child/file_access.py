@@ -149,8 +149,14 @@ class FileAccess:
         if not self.read:
             return None
         rel = self.relative(_at(file, dir_fd))
-        if rel is not None and rel in self.read and self.before_write(rel, False, link):
-            return rel
+        if rel is None:
+            return None
+        if rel in self.read:
+            return rel if self.before_write(rel, False, link) else None
+        if not link and os.path.isdir(self.root + rel):  # renamed away: the files read in it go too
+            inside = rel.rstrip("/") + "/"
+            for read in [r for r in self.read if r.startswith(inside)]:
+                self.before_write(read, False)
         return None
 
     def kept_through(self, linked: str | None, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -252,3 +252,28 @@ def test_pathlib_reads_and_removals_are_seen_on_python_3_10(tmp_path: Path) -> N
     assert opened["read"] == ["data/ckpt.pt"]
     assert opened["as_read"]["data/ckpt.pt"]["kept"] is True
     assert (run / "kept" / "data" / "ckpt.pt").read_bytes() == b"resumed from"
+
+
+def test_the_files_read_in_a_directory_renamed_away_keep_their_bytes_as_read(
+    watched: tuple[FileAccess, Path], tmp_path: Path
+) -> None:
+    """os.rename (or shutil.move) of a directory after reading files in it kept nothing: the inputs lost
+    `ck/a/w.bin` (gone from its path at the run's end) and restore could not give it back."""
+    import hashlib
+
+    access, root = watched
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    log = os.open(run_dir / "files.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    access.log, access.keep_dir = log, str(run_dir / "read_before_write")
+    (root / "ck" / "a").mkdir(parents=True)
+    with io.FileIO(root / "ck" / "a" / "w.bin", "w") as setup:
+        setup.write(b"weights as read")
+    Path("ck/a/w.bin").read_bytes()
+    os.rename("ck", "ck_old")
+    os.close(log)
+    opened = read_opened(run_dir / "files.jsonl")
+    assert opened["as_read"] == {
+        "ck/a/w.bin": {"sha256": hashlib.sha256(b"weights as read").hexdigest(), "size": 15, "kept": True}
+    }
+    assert (run_dir / "read_before_write" / "ck" / "a" / "w.bin").read_bytes() == b"weights as read"
