@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -357,14 +358,25 @@ def _checkpoint_policy(check: _Checker) -> dict[str, Any]:
 
 
 def sqlite_path(uri: str) -> Path | None:
-    """The database file of a `sqlite:///` store URI (absolute after resolve_tracking_uri), else None."""
-    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+    """The database file of a `sqlite:///` store URI (absolute after resolve_tracking_uri), else None:
+    as SQLAlchemy reads it, the path before any `?query`, %XX decoded."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(urllib.parse.unquote(uri[len("sqlite:///") :].partition("?")[0]))
+
+
+def sqlite_uri(path: Path, query: str = "") -> str:
+    """The `sqlite:///` URI SQLAlchemy (so MLflow) reads as the database file `path`: `%` and `?` in
+    it quoted, nothing else changed."""
+    quoted = str(path).replace("%", "%25").replace("?", "%3F")
+    return f"sqlite:///{quoted}" + (f"?{query}" if query else "")
 
 
 def resolve_tracking_uri(uri: str, root: Path) -> str:
     """Make relative sqlite/file stores absolute against the repo root, as `mlflow ui` there sees them."""
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        return "sqlite:///" + str((root / uri[len("sqlite:///") :]).resolve())
+        relative, _, query = uri[len("sqlite:///") :].partition("?")
+        return sqlite_uri((root / urllib.parse.unquote(relative)).resolve(), query)
     if "://" not in uri and not uri.startswith("databricks"):
         return (root / uri).resolve().as_uri()
     return uri

@@ -90,7 +90,9 @@ def find(tracking_uri: str, ref: str) -> LocalRun | None:
 def local_folder(uri: str) -> Path | None:
     """The folder an artifact URI names on this machine (a `file:` URI or a plain path), else None."""
     parts = urllib.parse.urlsplit(uri)
-    if parts.scheme not in ("", "file") or parts.netloc:
+    if not parts.scheme:  # a plain path: `#` and `?` are its own; %XX is decoded, as MLflow does
+        return Path(urllib.parse.unquote(uri))
+    if parts.scheme != "file" or parts.netloc:
         return None
     return Path(urllib.parse.unquote(parts.path))
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from cascade_repro.errors import StoreError
-from cascade_repro.settings import OWN_DIR, sqlite_path
+from cascade_repro.settings import OWN_DIR, sqlite_path, sqlite_uri
 from cascade_repro.store.mlflow_store import first_line
 
 log = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ def _connect_ro(db: Path) -> sqlite3.Connection:
 
 
 def _repair(db: Path, state: _State, head: str, known: frozenset[str]) -> None:
-    uri = f"sqlite:///{db}"
+    uri = sqlite_uri(db)
     if state.revision is not None and state.revision not in known:
         import mlflow
 
@@ -229,7 +229,7 @@ def _build(db: Path) -> None:
             warnings.simplefilter("ignore")  # alembic's notes on unnamed constraints, for MLflow's developers
             # Tables, migrations and experiment 0, whose artifacts go where `mlflow ui` beside the
             # database puts them, whatever this process's working directory.
-            store = SqlAlchemyStore(f"sqlite:///{new}", str(db.parent / "mlruns"))
+            store = SqlAlchemyStore(sqlite_uri(new), str(db.parent / "mlruns"))
         store.engine.dispose()
         # A journal left by a crashed writer of the old file would be replayed into the new one.
         _remove(*(db.with_name(db.name + suffix) for suffix in ("-journal", "-wal", "-shm")))

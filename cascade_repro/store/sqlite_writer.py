@@ -394,8 +394,10 @@ def _check_params(params: list[Param]) -> None:
 def _append_path(location: str, *parts: str) -> str:
     """`location` (a plain path or a `file:` URI) with `parts` appended to its path, as MLflow does."""
     split = urllib.parse.urlsplit(location)
+    if not split.scheme:  # a plain path, joined as text (`#` or `?` in it is no fragment or query)
+        return posixpath.join(location.rstrip("/") or "/", *parts)
     path = posixpath.join(split.path.rstrip("/") or "/", *parts)
-    return urllib.parse.urlunsplit(split._replace(path=path)) if split.scheme else path
+    return urllib.parse.urlunsplit(split._replace(path=path))
 
 
 _ADJECTIVES = (

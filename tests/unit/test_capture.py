@@ -162,3 +162,23 @@ def test_what_capture_records_of_any_site_packages_passes_the_record_check(tmp_p
     check_shape({"python": {"packages": older}})
     reqs = requirements_from_packages(older)
     assert [line for line in reqs.text.splitlines() if line and not line.startswith("#")] == ["numpy==2.1.0"]
+
+
+def test_a_sqlite_store_address_names_the_file_sqlalchemy_opens(tmp_path: Path) -> None:
+    """`sqlite:////x/mlflow.db?timeout=30` crashed every command (the query was taken for part of the
+    file name); `%20` was not decoded; a repository under a directory named with `?` or `%` gave the
+    script's MLflow and `mlflow ui` another file than cascade's."""
+    from sqlalchemy.engine import make_url
+
+    from cascade_repro.settings import sqlite_path, sqlite_uri
+
+    assert sqlite_path("sqlite:////tmp/x/mlflow.db?timeout=30") == Path("/tmp/x/mlflow.db")
+    assert sqlite_path("sqlite:////tmp/my%20dir/m.db") == Path("/tmp/my dir/m.db")
+    odd = tmp_path / "what?" / "100%" / "a#b"
+    odd.mkdir(parents=True)
+    for given in ("sqlite:///mlflow.db", "sqlite:///mlflow.db?timeout=30"):
+        uri = resolve_tracking_uri(given, odd)
+        assert make_url(uri).database == str(odd.resolve() / "mlflow.db") == str(sqlite_path(uri))
+    with_query = resolve_tracking_uri("sqlite:///mlflow.db?timeout=30", odd)
+    assert dict(make_url(with_query).query) == {"timeout": "30"}
+    assert make_url(sqlite_uri(odd / "m.db")).database == str(odd / "m.db")

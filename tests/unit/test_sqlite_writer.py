@@ -201,3 +201,20 @@ def test_anything_but_a_known_embedded_store_and_experiment_goes_to_mlflow(
     with sqlite3.connect(tmp_path / "mlflow.db") as db:
         db.execute("ALTER TABLE runs ADD COLUMN added_by_a_newer_mlflow TEXT")
     assert SqliteWriter.open(uri, EXPERIMENT, {}) is None  # tables it does not know: MLflow writes
+
+
+@pytest.mark.parametrize("location", ["/tmp/proj#1/mlruns/0", "/tmp/what?/mlruns/0", "/tmp/a%41b/mlruns/0",
+                                      "file:///tmp/my%20dir/mlruns/1", "/tmp/plain/mlruns/2/"])  # fmt: skip
+def test_artifact_locations_are_joined_and_read_as_mlflow_does(location: str) -> None:
+    """A repository path holding `#` or `?` lost everything after it (read as a URL fragment or query):
+    the run's artifact URI named a sibling folder outside the project, and its files went there."""
+    from mlflow.utils.uri import append_to_uri_path
+
+    from cascade_repro.store.local_record import local_folder
+    from cascade_repro.store.sqlite_writer import _append_path
+
+    joined = _append_path(location, "0123abcd", "artifacts")
+    assert joined == append_to_uri_path(location, "0123abcd", "artifacts")
+    from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+
+    assert local_folder(joined) == Path(LocalArtifactRepository(joined).artifact_dir)
