@@ -125,11 +125,12 @@ class RunStore:
             local = local_record.find(self.tracking_uri, ref)
             if local is not None:
                 self._local[local.run_id] = local
-                row = self._tables.run(local.run_id) if self._tables is not None else None
+                if self._tables is None:  # (the id and version are all a fast caller reads)
+                    version = {VERSION_TAG: local.version} if local.version else {}
+                    return StoredRun(local.run_id, tags=version)
+                row = self._tables.run(local.run_id)
                 if row is not None:
-                    return StoredRun.of_row(row)
-                version = {VERSION_TAG: local.version} if local.version else {}
-                return StoredRun(local.run_id, tags=version)
+                    return StoredRun.of_row(row)  # (else locked past the timeout: MLflow says)
         with translated(f"finding run {ref!r}"):
             try:
                 return StoredRun.of(mlflow_store.resolve_run(self.client, ref, self.experiment))

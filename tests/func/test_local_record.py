@@ -182,3 +182,19 @@ def test_a_run_is_recorded_without_mlflow_as_mlflow_records_it(project: Project)
     assert project.manifest(second)["run_id"] == second
     verdict = json.loads(project.invoke("verify", "v1", "v2", "--json", check=True).stdout)["data"]
     assert verdict["verdict"] == "BITWISE_IDENTICAL"
+
+
+def test_a_run_the_tables_cannot_give_now_is_read_through_mlflow_not_left_hollow(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run found, its row then unreadable (a writer's lock held past the timeout: simulated, it
+    cannot be timed for real): resolve returned a run with no status, start or metrics, and verify
+    sorted and judged on it. It asks MLflow instead."""
+    from cascade_repro.store.local_record import LocalStore
+    from cascade_repro.store.run_store import RunStore
+
+    run_id = project.record("--tag", "v1", "train.py")
+    store = RunStore(project.tracking_uri, project.root.name, fast_reads=True)
+    monkeypatch.setattr(LocalStore, "run", lambda self, run_id: None)
+    found = store.resolve("v1")
+    assert (found.run_id, found.status) == (run_id, "FINISHED") and found.start_ms
