@@ -35,7 +35,8 @@ MAX_EVERY = 1024  # a divergence is bracketed within this many steps at worst
 MAX_CHANGES = 256  # schedule entries kept; past them `every` stays as it is
 SMOOTHING = 0.1  # of the step time's running average
 OUTLIER = 4.0  # a gap this many times the average step is not a step's time
-FULL_RECORDS = 128  # steps recorded whole whatever the budget: an early divergence is pinned at once
+FULL_RECORDS = 128  # steps with a record each whatever the budget (loss, RNG, batch: a divergence there is
+# seen at its step; the weights are read as the budget allows, so one in them alone is bracketed)
 THIN_ABOVE = 0.5  # records thinned while the every-step facets take more than this share of the budget
 THICKEN_BELOW = 0.125  # ... and twice as many kept when they take less than this share
 WINDOW = 32  # steps (times `records_every`, at least) the average is judged over

@@ -16,7 +16,7 @@ from cascade_repro.determinism.compare import (
 from cascade_repro.determinism.explain import Cause, Difference, likely_causes, manifest_differences
 from cascade_repro.determinism.magnitude import Magnitude
 from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
-from cascade_repro.determinism.trace_file import has_batches, on_common_steps
+from cascade_repro.determinism.trace_file import has_batches, on_common_steps, record_steps
 from cascade_repro.errors import EXIT_NOT_REPRODUCED, EXIT_OK
 from cascade_repro.manifest import Manifest
 from cascade_repro.record_sections import error_line
@@ -171,8 +171,11 @@ def judge(
     atol: float = DEFAULT_ATOL,
     steps: int | None = None,
 ) -> Verdict:
-    """`steps`: compare only steps 0..steps-1 (a re-run of a prefix, `cascade restore --steps`)."""
+    """`steps`: compare only steps 0..steps-1 (a re-run of a prefix, `cascade restore --steps`). A run
+    with a record past them ran them all, whether or not a budget left it a record at the last."""
+    ran: tuple[int, int] | None = None
     if steps is not None:
+        ran = (min(_last_step(trace_a) + 1, steps), min(_last_step(trace_b) + 1, steps))
         trace_a = [r for r in trace_a if int(r.get("step", 0)) < steps]
         trace_b = [r for r in trace_b if int(r.get("step", 0)) < steps]
     a_id, b_id = manifest_a.run_id, manifest_b.run_id
@@ -187,7 +190,7 @@ def judge(
     if reason:
         return verdict(INCOMPARABLE, reason, compare_traces([], []))
     trace_a, trace_b, notes = _compared_facets(manifest_a, manifest_b, trace_a, trace_b)
-    compared = _compare(trace_a, trace_b, manifest_a.trace_header)
+    compared, trace_a, trace_b = _compare(trace_a, trace_b, manifest_a.trace_header, ran)
     comparison = replace(compared, notes=(*compared.notes, *notes))
     causes = tuple(likely_causes(manifest_a, manifest_b, comparison, list(differences)))
     if comparison.step is None and comparison.same_length and (unseen := _saved_tensors_differ(
@@ -198,7 +201,8 @@ def judge(
         return verdict(DIVERGED, summary, comparison, (*causes[:ours], _unseen_state(unseen), *causes[ours:]))
     if comparison.step is None and comparison.same_length:
         scope = (
-            f"the first {comparison.compared} steps (--steps)"
+            (f"the {comparison.compared} steps both traces recorded in the first {steps} (--steps)"
+             if _thinned(comparison) else f"the first {comparison.compared} steps (--steps)")
             if steps is not None
             else (f"the {comparison.compared} steps both traces recorded (of {comparison.steps_a})"
                   if _thinned(comparison) else f"all {comparison.compared} steps")
@@ -257,14 +261,20 @@ def _compared_facets(manifest_a: Manifest, manifest_b: Manifest, trace_a: Sequen
     return trace_a, trace_b, notes
 
 
-def _compare(trace_a: Sequence[dict[str, Any]], trace_b: Sequence[dict[str, Any]],
-             header: Mapping[str, Any]) -> TraceComparison:  # fmt: skip
+def _compare(trace_a: Sequence[dict[str, Any]], trace_b: Sequence[dict[str, Any]], header: Mapping[str, Any],
+             ran: tuple[int, int] | None = None) -> tuple[TraceComparison, Any, Any]:  # fmt: skip
     """The comparison of two traces, at the steps both recorded where a budget thinned the records of
-    either (one a step otherwise; --trace-interval N: every Nth in both, as their headers agree)."""
+    either (one a step otherwise; --trace-interval N: every Nth in both, as their headers agree), and
+    the two traces as compared (cut to those steps). `ran`: how many steps each ran, where the records
+    do not say it (a prefix of a run: `judge`'s `steps`)."""
     if header.get("interval", 1) != 1:
-        return compare_traces(trace_a, trace_b)
-    trace_a, trace_b, ran = on_common_steps(trace_a, trace_b)
-    return compare_traces(trace_a, trace_b, ran, gaps_bracket=True)
+        return compare_traces(trace_a, trace_b), trace_a, trace_b
+    trace_a, trace_b, recorded = on_common_steps(trace_a, trace_b)
+    return compare_traces(trace_a, trace_b, ran or recorded, gaps_bracket=True), trace_a, trace_b
+
+
+def _last_step(trace: Sequence[dict[str, Any]]) -> int:
+    return max(record_steps(trace), default=-1)
 
 
 def _saved_tensors_differ(a: Manifest, b: Manifest) -> str | None:

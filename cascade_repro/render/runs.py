@@ -438,7 +438,7 @@ def _trace_cost(console: Any, cost: dict[str, float], budget: float | None) -> N
     if budget and cost["every_step"] > budget:
         console.print("  the facets read at recorded steps (RNG state, batch, loss) took more than the "
                       "budget, the steps being short: the first "
-                      f"{FULL_RECORDS} steps are recorded whole, then as rarely as the trace goes "
+                      f"{FULL_RECORDS} steps have a record each, then as rarely as the trace goes "
                       "(trace_interval: 0 in cascade.yaml, or --trace-interval 0, turns it off)")
 
 

@@ -441,3 +441,46 @@ def test_a_data_file_that_differs_is_named_before_unseeded_randomness_when_the_r
     summaries = [cause.summary for cause in verdict.causes]
     assert summaries[0].startswith("data differs: data/train.txt"), summaries
     assert not any(s.startswith("unseeded randomness") for s in summaries), summaries
+
+
+def _thinned(full: list[dict[str, Any]], every: int, final_step: int | None) -> list[dict[str, Any]]:
+    """`full` as a budget keeps it: every step to 3, then every `every`th, and the final weights."""
+    kept = [copy.deepcopy(r) for r in full if r["step"] < 4 or r["step"] % every == 0]
+    if final_step is not None and kept[-1]["step"] != final_step:
+        kept.append({"step": final_step, "params_after": {"w": f"p{final_step}"}})
+    return kept
+
+
+def test_losses_within_tolerance_are_judged_on_the_steps_both_recorded() -> None:
+    """Two machines (a class-A difference: bitwise equality is not expected) thinned their records on
+    other schedules: the losses were paired by position (step 8 with step 12) and the pair said
+    DIVERGED though every loss agreed within rtol."""
+    full = [_record(i, 1.0 - i / 100) for i in range(16)]
+    a = _thinned(full, 4, 15)
+    b = _thinned(full, 2, 15)
+    for record in b:
+        record["grads"] = {"w": "other"} if "grads" in record else record.get("grads")
+        if "loss" in record:
+            record["loss"]["bits"] += 1
+            record["loss"]["value"] *= 1 + 1e-7
+    other_machine = as_record(_manifest("b" * 32, cpu_capability="AVX2"))
+    verdict = judge(as_record(_manifest("a" * 32)), other_machine, a, b, rtol=1e-5)
+    assert verdict.verdict == "NUMERICALLY_EQUIVALENT", verdict.summary
+
+
+def test_a_restore_of_a_prefix_compares_with_a_thinned_original_that_has_no_record_at_its_last_step() -> None:
+    """`cascade restore RUN --steps 10` of a 16-step run thinned past step 3: the re-run wrote its final
+    weights at step 9, where the original has no record, and the runs were 'INCOMPARABLE: 9 and 10
+    steps'. Both ran the first 10 steps: compared where both recorded them."""
+    full = [_record(i) for i in range(16)]
+    original = _thinned(full, 4, 15)
+    rerun = _thinned(full[:10], 4, 9)
+    a, b = as_record(_manifest("a" * 32)), as_record(_manifest("b" * 32))
+    verdict = judge(a, b, original, rerun, steps=10)
+    assert verdict.verdict == "BITWISE_IDENTICAL", verdict.summary
+    assert verdict.summary == "the 6 steps both traces recorded in the first 10 (--steps) are bitwise " \
+        "identical"  # fmt: skip
+    changed = copy.deepcopy(rerun)
+    changed[-2]["loss"]["bits"] += 1  # step 8
+    diverged = judge(a, b, original, changed, steps=10)
+    assert (diverged.verdict, diverged.comparison.step) == ("DIVERGED", 8)
