@@ -25,13 +25,15 @@ tracer.install()
 torch.manual_seed(0)
 """
 
-PROGRAM = """
+TWO_HEADS = """
 x, y = torch.randn(64, 4), torch.randn(64, 1)
 trunk, head_a, head_b = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1), torch.nn.Linear(8, 1)
 params = [*trunk.parameters(), *head_a.parameters(), *head_b.parameters()]
 opt = torch.optim.SGD(params, lr=0.1)
 losses = []
-for step in range(5):
+"""
+
+PROGRAM = TWO_HEADS + """for step in range(5):
     features = torch.relu(trunk(x))
     main = torch.nn.functional.mse_loss(head_a(features), y)
     auxiliary = head_b(features).abs().mean() * float(sys.argv[2])
@@ -158,13 +160,7 @@ def test_weights_perturbed_between_two_backwards_before_the_first_step_are_no_ma
     assert [r["loss"]["bits"] for r in steps] == [[_float32_bits(a), _float32_bits(b)] for a, b in script]
 
 
-IN_A_CLOSURE = """
-x, y = torch.randn(64, 4), torch.randn(64, 1)
-trunk, head_a, head_b = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1), torch.nn.Linear(8, 1)
-params = [*trunk.parameters(), *head_a.parameters(), *head_b.parameters()]
-opt = torch.optim.SGD(params, lr=0.1)
-losses = []
-
+IN_A_CLOSURE = TWO_HEADS + """
 
 def closure():
     opt.zero_grad()
