@@ -122,7 +122,11 @@ def test_a_divergence_at_a_step_without_a_record_is_pinned_by_replay(project: Pr
     assert (magnitude["name"], magnitude["differing"]) == ("0.weight", 1)
     # the causes are ranked again from the pinned step (they were the bracket's: "at step 320, or at a
     # step from 257 on"), and the loss's first difference is the replays' (not the thinned traces')
-    assert replayed["loss_first_difference"]["step"] == perturbed + 1  # the weights written after it
+    # (after the weights written at the pinned step; a one-ulp weight may leave the next loss's float32
+    # bits as they were, on some CPUs: then a later step's, one the thinned traces have no record of)
+    loss_step = replayed["loss_first_difference"]["step"]
+    assert perturbed < loss_step <= step, (loss_step, first)
+    assert loss_step == perturbed + 1 or loss_step not in [r["step"] for r in trace_b], loss_step
     causes = [cause["summary"] for cause in replayed["likely_causes"]]
     assert causes[0].endswith(f"environment variables that differ: PERTURB_AT_STEP unset → '{perturbed}'")
     assert any(f"changed 0.weight after step {perturbed}" in cause for cause in causes), causes
