@@ -378,8 +378,9 @@ def test_restore_never_sets_variables_that_load_code_from_the_record(attacked: d
     (outside / "evil" / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
     record = json.loads(json.dumps(attacked["record"]))
     read = record.get("environment_read") or {}
-    record["environment_read"] = {**read, "PYTHONPATH": str(outside / "evil"), "GIT_CONFIG_COUNT": "1",
-                                  "GIT_CONFIG_KEY_0": "core.fsmonitor", "GIT_CONFIG_VALUE_0": f"touch {marker}"}
+    git_config = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.fsmonitor",
+                  "GIT_CONFIG_VALUE_0": f"touch {marker}"}  # fmt: skip
+    record["environment_read"] = {**read, "PYTHONPATH": str(outside / "evil"), **git_config}
     record["environment"] = {**record["environment"], "LD_PRELOAD": str(outside / "evil.so"),
                              "CUDA_INJECTION64_PATH": str(outside / "evil.so")}  # fmt: skip
     (attacked["artifacts"] / "run.json").write_text(json.dumps(record))
