@@ -11,7 +11,6 @@ real status once everything is stored.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import shutil
 import time
@@ -347,12 +346,9 @@ def _cache_as_read(root: Path, inputs: list[dict[str, Any]], kept: dict[str, Pat
 
 
 def _stopped(run_dir: Path) -> float:
-    """When the run stopped writing, as late as can be told: its last activity or the child's facts at
-    its exit, and a moment for a file the script wrote after both (a user's edit comes later)."""
-    times = [spool.last_activity(run_dir)]
-    with contextlib.suppress(OSError):
-        times.append((run_dir / protocol.FACTS_FILE).stat().st_mtime)
-    return max(times) + STOP_SLACK_S
+    """When the run stopped writing, as late as can be told (its last activity: the child's exit facts
+    among it), and a moment for a file the script wrote after it (a user's edit comes later)."""
+    return spool.last_activity(run_dir) + STOP_SLACK_S
 
 
 def _remember_outputs(plan: dict[str, Any], settings: Settings, run_id: str, record: dict[str, Any],

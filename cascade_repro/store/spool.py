@@ -194,7 +194,8 @@ def last_heartbeat(run_dir: Path) -> float:
 
 
 ACTIVITY_FILES = (OWNER_FILE, protocol.EVENTS_FILE, PARENT_EVENTS_FILE, protocol.TRACE_FILE,
-                  protocol.OUTPUT_LOG, protocol.CHECKPOINTS_FILE, protocol.FILES_FILE)  # fmt: skip
+                  protocol.OUTPUT_LOG, protocol.CHECKPOINTS_FILE, protocol.FILES_FILE,
+                  protocol.FACTS_FILE)  # fmt: skip  (the child's facts: written as it exits)
 
 
 def last_activity(run_dir: Path) -> float:
