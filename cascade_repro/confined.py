@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
+import re
 import shutil
 from pathlib import Path, PurePosixPath
 from typing import Iterable, Mapping
@@ -124,10 +125,24 @@ def _unquote(path: str) -> str:
 
 
 # -- while writing: real paths --------------------------------------------------------------------
+# Code points HFS+ ignores in a name (so `.g\u200cit` is `.git` there), as git's own path check has them.
+_HFS_IGNORED = dict.fromkeys([0x200C, 0x200D, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x206A, 0x2070),
+                              0xFEFF])  # fmt: skip
+_NTFS_SHORT_NAME = re.compile(r"git~[0-9]+")
+
+
+def names_git_dir(part: str) -> bool:
+    """Whether one path component names git's own directory on some disk: `.git` in any case (a
+    case-insensitive disk), with what HFS+ ignores, or as NTFS reads it (trailing dots and spaces
+    dropped, a `:stream` after it, the 8.3 short name `GIT~1`)."""
+    name = part.translate(_HFS_IGNORED).split(":", 1)[0].rstrip(". ").lower()
+    return name == ".git" or _NTFS_SHORT_NAME.fullmatch(name) is not None
+
+
 def refuse_git_dir(relative: str, what: str) -> None:
-    """Refuse a record's path with a `.git` component (any case: a case-insensitive disk, a nested
-    repository's): git's own directory is never the record's to write."""
-    if any(part.lower() == ".git" for part in PurePosixPath(relative).parts):
+    """Refuse a record's path with a `.git` component (`names_git_dir`; a nested repository's too):
+    git's own directory is never the record's to write."""
+    if any(names_git_dir(part) for part in PurePosixPath(relative).parts):
         raise UnsafeRecord(
             f"unsafe record: {what} {relative!r} is in a .git directory, git's own",
             hint="nothing was written; a run never writes there: the record was altered",

@@ -7,6 +7,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Iterable
 
 from cascade_repro.capture.git import sha256_of
+from cascade_repro.confined import names_git_dir
 from cascade_repro.errors import RestoreRefused, UnsafeRecord
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ def safe_path(path: str, what: str, allow_dot: bool = False) -> str:
         or PurePosixPath(path).is_absolute()
         or ".." in parts
         or normalized in (".", "")
-        or parts[0] == ".git"
+        or names_git_dir(parts[0])
     ):
         raise UnsafeRecord(f"unsafe record: {what} has the path {path!r}, which escapes the worktree")
     return normalized

@@ -31,7 +31,13 @@ def test_a_commit_id_is_one_and_has_commit_asks_git_only_for_one(tmp_path: Path)
     assert (tmp_path / "f").read_text() == "x"
 
 
-@pytest.mark.parametrize("path", [".git/config", "a/.git/hooks/pre-commit", ".GIT/config", "x/.Git"])
+@pytest.mark.parametrize("path", [".git/config", "a/.git/hooks/pre-commit", ".GIT/config", "x/.Git",
+                                  # what other file systems read as .git (git refuses the same names):
+                                  # NTFS drops trailing dots and spaces, reads a stream after ":" and
+                                  # names .git by its 8.3 short name; HFS+ ignores some code points
+                                  ".git./config", ".git . /config", ".git::$INDEX_ALLOCATION/config",
+                                  "GIT~1/config", "a/git~1/hooks/x", ".g\u200cit/config",
+                                  "\ufeff.GIT/config"])
 def test_no_path_into_a_git_directory_is_written(path: str, tmp_path: Path) -> None:
     source = tmp_path / "source"
     source.write_text("[core]\n\tfsmonitor = touch /tmp/ran\n")
@@ -72,3 +78,22 @@ def test_an_interrupted_write_leaves_no_temporary_file(
     with pytest.raises(KeyboardInterrupt):
         confined.write_file(root, "data/big.bin", source, "a data path")
     assert [p.name for p in (root / "data").iterdir()] == []
+
+
+@pytest.mark.parametrize("path", [".git./config", "GIT~1/hooks/post-checkout", ".g\u200dit/config"])
+def test_a_record_naming_a_git_directory_another_way_is_refused_up_front(path: str) -> None:
+    from cascade_repro.restore.safety import safe_path
+
+    with pytest.raises(UnsafeRecord):
+        safe_path(path, "the data path")
+
+
+@pytest.mark.parametrize("path", [".github/workflows/ci.yml", ".gitignore", "git/x", "a/git~1x", ".git-x/y",
+                                  "a/.gitattributes"])  # fmt: skip
+def test_names_that_only_start_like_git_are_written(path: str, tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    source.write_text("x")
+    root = tmp_path / "repo"
+    (root / ".git").mkdir(parents=True)
+    confined.write_file(root, path, source, "a data path")
+    assert (root / path).read_text() == "x"
