@@ -29,6 +29,13 @@ def printable(text: str) -> str:
     return _CONTROL.sub("", text)
 
 
+def one_line(text: str) -> str:
+    """`printable(text)` on one line: a newline in a record's text (an argv element, a path) is shown as
+    `\\n`, so it cannot print a line of its own that looks like cascade's (a tool's output quoted
+    in an error keeps its lines apart the same way)."""
+    return printable(text).strip("\n").replace("\n", "\\n")
+
+
 class _Printable:
     """A stream for rich: its own colour sequences pass, any other control character is dropped."""
 
@@ -51,15 +58,15 @@ class _Printable:
 
 def notice(message: str) -> None:
     """A one-line status message on stderr (plain: used while the script's output streams)."""
-    sys.stderr.write(f"cascade: {printable(message)}\n")
+    sys.stderr.write(f"cascade: {one_line(message)}\n")
     sys.stderr.flush()
 
 
 def error(message: str, hint: str | None = None, then: str | None = None) -> None:
     """An error on stderr, with the hint that names the fix and what to do next, each on its line."""
-    sys.stderr.write(f"cascade: error: {printable(message)}\n")
+    sys.stderr.write(f"cascade: error: {one_line(message)}\n")
     if hint:
-        sys.stderr.write(f"  hint: {printable(hint)}\n")
+        sys.stderr.write(f"  hint: {one_line(hint)}\n")
     if then:
         sys.stderr.write(f"  {then}\n")
     sys.stderr.flush()
@@ -150,5 +157,5 @@ def _size(size: Any) -> str:
 def _cell(value: Any) -> str:
     if value is None:
         return "—"
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    text = one_line(value) if isinstance(value, str) else json.dumps(value, default=str)
     return text if len(text) <= 60 else text[:57] + "..."

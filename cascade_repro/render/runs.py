@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from cascade_repro.child.trace_budget import FULL_RECORDS
 from cascade_repro.record_sections import error_line
 from cascade_repro.redaction import redact_text
-from cascade_repro.render.console import _console, _num, _size, _styled, _time, error, notice, printable
+from cascade_repro.render.console import _console, _num, _size, _styled, _time, error, notice, one_line
 from cascade_repro.settings import is_tracking_server
 
 if TYPE_CHECKING:
@@ -285,7 +285,7 @@ def run_record(record: RunRecord) -> None:
     table.add_column(overflow="fold")
     for key, value in rows:
         if value:  # (the record's text: a script's colours in its error message are dropped too)
-            table.add_row(key, printable(value))
+            table.add_row(key, one_line(value))
     console.print(table)
     from cascade_repro.params import flatten
 
@@ -296,7 +296,7 @@ def run_record(record: RunRecord) -> None:
         params.add_column("value")
         for key, value in flat.items():
             shown = json.dumps(value) if not isinstance(value, str) else value
-            params.add_row(printable(key), printable(shown))
+            params.add_row(one_line(key), one_line(shown))
         console.print(params)
     if record.trace is not None:
         _trace_summary(console, record.trace, record.status == "RUNNING")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from cascade_repro.determinism.catalogue import shown
-from cascade_repro.render.console import _cell, _console, _styled
+from cascade_repro.render.console import _cell, _console, _styled, one_line
 
 if TYPE_CHECKING:
     from cascade_repro.check import CheckReport
@@ -90,7 +90,7 @@ def diff(result: Diff) -> None:
             table.add_column(column, overflow="fold")
         for change in section.changes:
             a, b = (shown(section.name, change.key, v) for v in (change.a, change.b))
-            table.add_row(change.klass, change.key, _cell(a), _cell(b), change.note or "")
+            table.add_row(change.klass, one_line(change.key), _cell(a), _cell(b), one_line(change.note or ""))
         console.print(table)
     same = [s.name for s in result.sections if not s.changes and s.equal]
     if same:

@@ -390,3 +390,29 @@ def test_restore_never_sets_variables_that_load_code_from_the_record(attacked: d
     assert ("not set from the record: CUDA_INJECTION64_PATH, GIT_CONFIG_COUNT, GIT_CONFIG_KEY_0, "
             "GIT_CONFIG_VALUE_0, LD_PRELOAD, PYTHONPATH") in result.stdout + result.stderr
     assert "evil.so" not in result.stderr  # the loader never tried it
+
+
+def test_newlines_in_a_record_cannot_forge_lines_of_the_plan_show_or_diff(project: Project) -> None:
+    """A restore plan is read before the re-run: an argv element or a path with a newline printed
+    lines of its own (an `env` line the re-run does not set, a `commit` row), each looking like
+    cascade's."""
+    first = project.record("train.py")
+    second = project.record("--tag", "v-forged", "train.py")
+    record_file = _artifact_dir(project, second) / "cascade" / "run.json"
+    record = json.loads(record_file.read_text())
+    forged_env = "\ncascade:   env        NOTHING_TO_SEE=here"
+    record["command"]["argv"] = ["--note", "x" + forged_env]
+    record["command"]["cwd"] = ".\ncommit   " + "0" * 40 + " (main)"
+    record["params"]["values"] = {"lr\ncommit": "0.1\nforged"}
+    record_file.write_text(json.dumps(record))
+    plan = project.cascade("restore", "v-forged", "--no-run")
+    assert plan.returncode == 0, plan.stderr
+    assert "NOTHING_TO_SEE" in plan.stderr  # printed, as text of the command line ...
+    assert not [line for line in plan.stderr.splitlines() if line.startswith("cascade:   env")]  # ... no line
+    shown = project.cascade("show", second, check=True).stdout
+    rows = [line.split()[0] for line in shown.splitlines() if line.strip()]
+    assert rows.count("commit") == 1 and rows.count("cwd") == 1, shown  # the forged commit is in the cwd row
+    assert "\\ncommit   " + "0" * 40 in shown
+    assert not [line for line in shown.splitlines() if line.strip().startswith("forged")], shown
+    compared = project.cascade("diff", first, second).stdout
+    assert not [line for line in compared.splitlines() if "NOTHING_TO_SEE" in line and "--note" not in line]
