@@ -14,9 +14,9 @@ that open they are hashed and, up to MAX_KEEP_BYTES, copied into the run directo
 in the same pass: one line `{"as_read": path, "sha256", "size", "kept"}`. Only such files pay it.
 The same holds for a file the script read and is about to remove or rename away (`os.unlink`,
 `os.remove`, `os.rename`, `os.replace`, and so `pathlib`, `shutil.rmtree` and `shutil.move`; a
-checkpoint saved over, which is unlinked first: checkpoints.py): its bytes as read are kept too, by a
-hardlink where the file is only unlinked (no copy, whatever its size: a resume checkpoint of a few
-GB), else a copy, within the same size bound.
+checkpoint saved over, which is unlinked first: checkpoints.py) or cut (`os.truncate` by path): its
+bytes as read are kept too, by a hardlink where the file is only unlinked (no copy, whatever its
+size: a resume checkpoint of a few GB), else a copy, within the same size bound.
 
 Files written other than through `open` (torch.save's and safetensors' writers, Rust and C++) are
 noted as written by their hooks (`note_saved`). A file outside the repository that the run wrote
@@ -299,7 +299,8 @@ class FileAccess:
 
     def _install_removals(self) -> None:
         """os.unlink/os.remove and os.rename/os.replace keep the bytes as read of a file the run read
-        before it goes; a rename's target is then written."""
+        before it goes; a rename's target is then written. os.truncate by path: the same before it
+        cuts the file."""
         before_remove, note, kept_through = self.before_remove, self.note, self.kept_through
 
         def removal(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -323,8 +324,23 @@ class FileAccess:
 
         for name in ("unlink", "remove"):
             _replace(os, name, removal(getattr(os, name)))
+        _replace(os, "truncate", self._truncating(os.truncate))
         for name in ("rename", "replace"):
             _replace(os, name, renaming(getattr(os, name)))
+
+    def _truncating(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        relative, before_write, note_relative = self.relative, self.before_write, self.note_relative
+
+        def truncate_(path: Any, length: int) -> Any:  # (by descriptor: its open for writing kept them)
+            rel = relative(path)
+            if rel is not None:
+                before_write(rel, False)  # cut in place: a copy of the bytes as read
+            result = original(path, length)
+            if rel is not None:
+                note_relative(rel, True)
+            return result
+
+        return truncate_
 
 
 _ORIGINAL_OPEN = io.open  # (bound at import, before install: the hook's own reads are not noted)

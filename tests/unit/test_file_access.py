@@ -17,7 +17,7 @@ from cascade_repro.child.file_access import FileAccess
 @pytest.fixture
 def watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[FileAccess, Path]:
     for module, name in ((builtins, "open"), (io, "open"), (os, "open"), (os, "unlink"), (os, "remove"),
-                         (os, "rename"), (os, "replace")):  # fmt: skip
+                         (os, "rename"), (os, "replace"), (os, "truncate")):  # fmt: skip
         monkeypatch.setattr(module, name, getattr(module, name))  # put back after the test
     for kind in ("supports_dir_fd", "supports_fd", "supports_follow_symlinks", "supports_effective_ids"):
         monkeypatch.setattr(os, kind, set(getattr(os, kind)))
@@ -277,3 +277,32 @@ def test_the_files_read_in_a_directory_renamed_away_keep_their_bytes_as_read(
         "ck/a/w.bin": {"sha256": hashlib.sha256(b"weights as read").hexdigest(), "size": 15, "kept": True}
     }
     assert (run_dir / "read_before_write" / "ck" / "a" / "w.bin").read_bytes() == b"weights as read"
+
+
+def test_a_file_read_then_truncated_by_path_keeps_its_bytes_as_read(
+    watched: tuple[FileAccess, Path], tmp_path: Path
+) -> None:
+    """os.truncate(path, n) cut a file the run had read with no open() for writing: its bytes as read
+    were lost (a log or a cache the script reads, then empties). A truncate by descriptor follows an
+    open for writing, which kept them already; a file never read costs nothing."""
+    import hashlib
+
+    access, root = watched
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    log = os.open(run_dir / "files.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    access.log, access.keep_dir = log, str(run_dir / "read_before_write")
+    data = b"the records the run read"
+    for name, content in (("cache.bin", data), ("never.bin", b"never read")):
+        with io.FileIO(root / "data" / name, "w") as setup:  # (not through the hook: not the run's)
+            setup.write(content)
+    Path("data/cache.bin").read_bytes()
+    os.truncate("data/cache.bin", 3)
+    os.truncate(root / "data" / "never.bin", 0)
+    os.close(log)
+    opened = read_opened(run_dir / "files.jsonl")
+    as_read = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "kept": True}
+    assert opened["as_read"] == {"data/cache.bin": as_read}
+    assert (run_dir / "read_before_write" / "data" / "cache.bin").read_bytes() == data
+    assert (root / "data" / "cache.bin").read_bytes() == data[:3]
+    assert "data/cache.bin" in opened["written"]
