@@ -49,11 +49,19 @@ class Facts:
 
     def update(self, **values: Any) -> None:
         """Merge values (or, with none, re-save sections changed in place)."""
+        self._save(values, last_words=False)
+
+    def last_words(self, **values: Any) -> None:
+        """`update` at the script's end (its exception, its exit facts): on a full disk these may take
+        the run directory's reserve."""
+        self._save(values, last_words=True)
+
+    def _save(self, values: dict[str, Any], last_words: bool) -> None:
         self.data.update(values)
         try:
-            protocol.write_json_atomic(self.path, self.data)
+            protocol.write_json_atomic(self.path, self.data, last_words)
         except OSError:
-            pass  # the run directory vanished: nothing useful left to do
+            pass  # the run directory vanished or is full: nothing useful left to do
 
 
 def _observe_torch(torch: ModuleType, run_dir: Path, facts: Facts, determinism: dict[str, Any],
@@ -332,7 +340,7 @@ def _record_uncaught_exceptions(facts: Facts, determinism: dict[str, Any]) -> No
     original = sys.excepthook
 
     def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-        facts.update(exception={"type": kind.__name__, "message": str(value)[:2000]})
+        facts.last_words(exception={"type": kind.__name__, "message": str(value)[:2000]})
         op = protocol.nondeterministic_op(str(value))
         if op is not None:
             _note_nondeterministic_op(facts, determinism, op, stopped=True)
@@ -360,7 +368,7 @@ def _record_at_exit(facts: Facts, env_names: set[str]) -> None:
             errors[name] = f"{type(exc).__name__}: {exc}"[:500]
     if errors:
         values["errors"] = errors
-    facts.update(**values)
+    facts.last_words(**values)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ OUTPUT_LOG = "output.log"  # parent: the script's stdout and stderr as the termi
 RANKS_DIR = "ranks"  # multi-process runs: rank K > 0 writes its files in ranks/K/ (rank 0 in the run dir)
 RANK_EXIT_FILE = "exit.json"  # in ranks/K/, by the `cascade run` of a rank under the user's torchrun
 RESERVE_FILE = "reserve"  # parent: space set aside at the start, given up on a full disk (the run's end)
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)  # a full disk, or the user's quota on it
 
 DETERMINISM_MODES = ("off", "warn", "strict")
 # How torch words a nondeterministic op, as a warning (mode warn) or an error (mode strict).
@@ -86,10 +87,12 @@ def open_private(path: Path, mode: str = "a") -> IO[Any]:
     return os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8")
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so a reader never sees half a file (write a sibling, then rename), mode 0600. On a
-    full disk the directory's RESERVE_FILE, if any, is given up for it (the run's end must reach the
-    disk); a sibling that could not be written is removed, never left behind."""
+def write_json_atomic(path: Path, data: Any, last_words: bool = False) -> None:
+    """Write JSON so a reader never sees half a file (write a sibling, then rename), mode 0600; a
+    sibling that could not be written is removed, never left behind. `last_words` (the run's end: the
+    exit facts, the ledger's `ended`, the record): on a full disk (or quota) the directory's
+    RESERVE_FILE, if any, is given up for it. A write in the middle of the run fails as the disk does
+    and leaves the reserve for the end (the script would fill what it freed)."""
     text = json.dumps(data, indent=2, sort_keys=True, default=str)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # threads too
     for attempt in (1, 2):
@@ -101,7 +104,8 @@ def write_json_atomic(path: Path, data: Any) -> None:
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            if attempt == 2 or exc.errno != errno.ENOSPC or not _release_reserve(path.parent):
+            full = last_words and exc.errno in FULL_DISK
+            if attempt == 2 or not full or not _release_reserve(path.parent):
                 raise
 
 

@@ -219,7 +219,7 @@ class Delivery:
         """The record to send: kept in memory, and in the spool where the disk allows."""
         self.record = record
         with contextlib.suppress(OSError):
-            spool.write_json(self.ledger.run_dir / spool.RECORD_FILE, record)
+            spool.write_json(self.ledger.run_dir / spool.RECORD_FILE, record, last_words=True)
 
     def missing(self, pending_points: int) -> list[str]:
         """What the store lacks, one line each (pending for `cascade sync`, or refused and why)."""

@@ -5,7 +5,7 @@ removed only once all of it is in the store, so the next cascade command, `casca
 `cascade recover` can finish a run whose parent died or whose store stopped answering.
 
     lock            flock held by the live parent for its whole life (and by a recoverer meanwhile)
-    reserve         space set aside; the first write that meets a full disk frees it (protocol.py)
+    reserve         space set aside; the first of the run's last words to meet a full disk frees it
     parent.json     the parent's pid, start time (/proc/<pid>/stat ticks), boot id and host, and its
                     child's; its mtime is the parent's heartbeat
     plan.json       what a recoverer needs to open the run itself: store, experiment, tags, params
@@ -361,7 +361,8 @@ class Ledger:
         # The live parent works from memory; the file is for a recoverer. A full disk must not stop
         # the delivery (the run then cannot be recovered if this process dies too: said once).
         try:
-            write_json(self.run_dir / LEDGER_FILE, self.data)
+            # once the run has ended, what is saved is its end (the record, the close): the reserve's
+            write_json(self.run_dir / LEDGER_FILE, self.data, last_words="ended" in self.data)
             self.unsaved = None
         except OSError as exc:
             self.unsaved = f"{exc.strerror or exc}"
@@ -449,9 +450,10 @@ def trace_section(run_dir: Path, header: dict[str, Any] | None) -> dict[str, Any
 
 
 # -- files -----------------------------------------------------------------------------------------
-def write_json(path: Path, data: Any) -> None:
-    """Atomic, private (0600: plans and records may hold what the script was given)."""
-    protocol.write_json_atomic(path, data)
+def write_json(path: Path, data: Any, last_words: bool = False) -> None:
+    """Atomic, private (0600: plans and records may hold what the script was given); `last_words`
+    (the run's end) may take the run directory's reserve (`protocol.write_json_atomic`)."""
+    protocol.write_json_atomic(path, data, last_words)
 
 
 def read_json(path: Path) -> dict[str, Any]:

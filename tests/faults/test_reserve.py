@@ -1,0 +1,77 @@
+"""The run directory's reserve (space set aside for the run's last words on a full disk) is kept for
+them: a write in the middle of the run that meets a full disk does not give it up."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from cascade_repro.child import protocol
+from cascade_repro.store import spool
+from tests.faults.helpers import small_tmpfs
+
+pytestmark = pytest.mark.requires_root
+
+
+def _fill(directory: Path) -> None:
+    """Write until the disk is full (what a script saving checkpoints does to it)."""
+    fd = os.open(directory / f"filler{len(list(directory.iterdir()))}", os.O_WRONLY | os.O_CREAT)
+    try:
+        for size in (64 << 10, 4 << 10):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, bytes(size))
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError) as full:
+        (directory / "one-more").write_bytes(b"x" * 4096)
+    assert full.value.errno == errno.ENOSPC
+
+
+def test_a_write_in_the_middle_of_a_run_leaves_the_reserve_for_its_end(tmp_path: Path) -> None:
+    """The review's defect: the first atomic write to meet a full disk took the reserve, mid-run too
+    (the delivery ledger saving a batch of points); the script filled the space it freed, and the
+    run's end (`ended`, then the record) could not be written: the next command read it as died."""
+    with small_tmpfs(tmp_path / "small", "8m") as mount:
+        run_dir, lock = spool.make_run_dir(mount / "runs")
+        try:
+            assert (run_dir / protocol.RESERVE_FILE).stat().st_size == spool.RESERVE_BYTES
+            ledger = spool.Ledger(run_dir, {"ops": []})
+            _fill(mount)
+            ledger.put({"id": "points:1", "kind": "points", "state": "pending"})  # mid-run
+            assert ledger.unsaved is not None  # it waits, in memory, for room or the end
+            _fill(mount)  # the script goes on writing
+            ledger.update(ended={"status": "FAILED", "exit_code": 1})  # the run's end
+            assert ledger.unsaved is None
+            saved = json.loads((run_dir / spool.LEDGER_FILE).read_text())
+            assert saved["ended"]["status"] == "FAILED" and saved["ops"][0]["id"] == "points:1"
+            spool.write_json(run_dir / spool.RECORD_FILE, {"run_id": "r"}, last_words=True)
+            assert json.loads((run_dir / spool.RECORD_FILE).read_text()) == {"run_id": "r"}
+        finally:
+            os.close(lock)
+
+
+def test_a_full_quota_is_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EDQUOT (a user over quota on a shared disk) is a full disk for the run's last words too. It is
+    simulated: no quota can be set on this machine's file systems (tmpfs without quota support)."""
+    run_dir, lock = spool.make_run_dir(tmp_path / "runs")
+    original = protocol.open_private
+    refused = []
+
+    def over_quota(path: Path, mode: str = "w") -> object:
+        if (run_dir / protocol.RESERVE_FILE).exists():
+            refused.append(path)
+            raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+        return original(path, mode)
+
+    monkeypatch.setattr(protocol, "open_private", over_quota)
+    try:
+        protocol.write_json_atomic(run_dir / "child.json", {"exit_code": 1}, last_words=True)
+    finally:
+        os.close(lock)
+    assert refused and json.loads((run_dir / "child.json").read_text()) == {"exit_code": 1}
