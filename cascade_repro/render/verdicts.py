@@ -29,14 +29,15 @@ def verdict(result: Verdict) -> None:
     if result.causes:
         console.print("  Likely causes, most likely first:")
         for index, cause in enumerate(result.causes, 1):
-            console.print(f"    {index}. {cause.summary}")
-            console.print(f"       evidence: {cause.evidence}")
-            console.print(f"       fix: {cause.fix}")
+            console.print(f"    {index}. {one_line(cause.summary)}")  # (they quote the records' names)
+            console.print(f"       evidence: {one_line(cause.evidence)}")
+            console.print(f"       fix: {one_line(cause.fix)}")
     for record_difference in result.differences:
         if not any(record_difference.summary == cause.summary for cause in result.causes):
-            console.print(f"  also differs (class {record_difference.klass}): {record_difference.summary}")
+            summary = one_line(record_difference.summary)
+            console.print(f"  also differs (class {record_difference.klass}): {summary}")
     for note in result.comparison.notes:
-        console.print(f"  note: {note}")
+        console.print(f"  note: {one_line(note)}")
 
 
 def _first_divergence(console: Any, result: Verdict) -> None:
@@ -45,10 +46,10 @@ def _first_divergence(console: Any, result: Verdict) -> None:
     if c.step is None:
         return
     for difference in c.differences:
-        names = f" {', '.join(difference.names[:6])}" if difference.names else ""
+        names = f" {one_line(', '.join(difference.names[:6]))}" if difference.names else ""
         console.print(f"  step {c.step} · {difference.facet}:{names} ({difference.detail})")
     for magnitude in result.magnitudes[:MAGNITUDES_SHOWN]:
-        console.print(f"  step {c.step} · {magnitude.facet} {magnitude.name}: {magnitude.detail}")
+        console.print(f"  step {c.step} · {magnitude.facet} {one_line(magnitude.name)}: {magnitude.detail}")
     if len(result.magnitudes) > MAGNITUDES_SHOWN:  # (a step where every tensor differs: a model's worth)
         console.print(f"  step {c.step} · … and {len(result.magnitudes) - MAGNITUDES_SHOWN} more tensors "
                       "measured (--json lists every one)")  # fmt: skip

@@ -414,5 +414,7 @@ def test_newlines_in_a_record_cannot_forge_lines_of_the_plan_show_or_diff(projec
     assert rows.count("commit") == 1 and rows.count("cwd") == 1, shown  # the forged commit is in the cwd row
     assert "\\ncommit   " + "0" * 40 in shown
     assert not [line for line in shown.splitlines() if line.strip().startswith("forged")], shown
-    compared = project.cascade("diff", first, second).stdout
-    assert not [line for line in compared.splitlines() if "NOTHING_TO_SEE" in line and "--note" not in line]
+    for args in (("diff", first, second), ("verify", first, second)):
+        said = project.cascade(*args).stdout
+        assert "NOTHING_TO_SEE" in said, (args, said)  # the difference is named ...
+        assert not [line for line in said.splitlines() if line.lstrip().startswith("cascade:")], args  # on its line
