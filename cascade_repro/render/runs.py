@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from cascade_repro.child.trace_budget import FULL_RECORDS
+from cascade_repro.child.trace_budget import FULL_RECORDS, parse_schedule
 from cascade_repro.record_sections import error_line
 from cascade_repro.redaction import redact_text
 from cascade_repro.render.console import _console, _num, _size, _styled, _time, error, notice, one_line
@@ -301,7 +301,7 @@ def run_record(record: RunRecord) -> None:
     if record.trace is not None:
         _trace_summary(console, record.trace, record.status == "RUNNING")
     elif m.trace:
-        console.print(f"trace: {m.trace.get('steps')} steps (cascade show --trace for the loss curve)")
+        console.print(f"trace: {_trace_count(m.trace)} (cascade show --trace for the loss curve)")
     _metrics(console, m.metrics.get("keys") or {}, record.metrics)
 
 
@@ -412,6 +412,14 @@ def _trace_summary(console: Any, t: Any, running: bool = False) -> None:
     if t.nonfinite_losses:
         parts.append(f"{t.nonfinite_losses} non-finite")
     console.print("  " + ", ".join(parts))
+
+
+def _trace_count(section: dict[str, Any]) -> str:
+    """The record's count of trace lines: steps, or records where the budget thinned them."""
+    count = one_line(str(section.get("steps")))
+    schedule = parse_schedule(section.get("records")) or []
+    thinned = ", ".join(f"every {every} from step {start}" for start, every in schedule if every > 1)
+    return f"{count} records, thinned by the budget ({thinned})" if thinned else f"{count} steps"
 
 
 def _trace_steps(console: Any, t: Any) -> None:

@@ -418,3 +418,19 @@ def test_newlines_in_a_record_cannot_forge_lines_of_the_plan_show_or_diff(projec
         said = project.cascade(*args).stdout
         assert "NOTHING_TO_SEE" in said, (args, said)  # the difference is named ...
         assert not [line for line in said.splitlines() if line.lstrip().startswith("cascade:")], args  # on its line
+
+
+def test_show_counts_a_thinned_traces_records_as_records_not_steps(project: Project) -> None:
+    """`show` printed the trace's record count as its steps: a budget that kept 182 records of 425
+    steps said "182 steps". The count is untrusted text as well (one line)."""
+    run_id = project.record("train.py")
+    record_file = _artifact_dir(project, run_id) / "cascade" / "run.json"
+    record = json.loads(record_file.read_text())
+    record["trace"] = {**record["trace"], "steps": 182, "records": [[0, 1], [128, 4]]}
+    record_file.write_text(json.dumps(record))
+    shown = project.cascade("show", run_id, check=True).stdout
+    assert "trace: 182 records, thinned by the budget (every 4 from step 128)" in shown, shown
+    record["trace"] = {**record["trace"], "steps": "7\ncommit forged", "records": [[0, 1]]}
+    record_file.write_text(json.dumps(record))
+    shown = project.cascade("show", run_id).stdout
+    assert not [line for line in shown.splitlines() if line.startswith("commit forged")], shown
