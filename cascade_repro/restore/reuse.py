@@ -28,26 +28,58 @@ def state_fingerprint(workdir: Path) -> dict[str, Any]:
 
 def write_marker(workdir: Path, plan: RestorePlan, rerun_started: bool = False) -> None:
     """The worktree's state as this restore leaves it; `rerun_started`: the re-run starts now, and a
-    restore killed during it leaves new files that only it wrote (its outputs, removed on reuse)."""
+    restore killed during it leaves new files that only it wrote (its outputs, removed on reuse).
+    The files git ignores before a re-run (the data the restore placed) are kept in the marker: any
+    other ignored file found on reuse is a re-run's (a checkpoints directory it would resume from)."""
     marker = git_repo.git_dir(workdir) / MARKER
-    body = {"run_id": plan.run_id, "version": plan.version, "state": state_fingerprint(workdir)}
+    body: dict[str, Any] = {"run_id": plan.run_id, "version": plan.version,
+                            "state": state_fingerprint(workdir)}
     if rerun_started:
         body["rerun"] = "started"
+        body["ignored"] = _ignored(workdir)
+    else:
+        before = _read_marker(marker)
+        if before.get("run_id") == plan.run_id and isinstance(before.get("ignored"), list):
+            body["ignored"] = before["ignored"]  # (the last re-run's, until the next one starts)
     marker.write_text(json.dumps(body, indent=2), encoding="utf-8")
+
+
+def _ignored(workdir: Path) -> list[str]:
+    """Ignored files now, cascade's own entries apart (a nested repository, listed as a directory: too)."""
+    own = tuple(f"{entry}/" for entry in OWN_ENTRIES)
+    return sorted(p for p in git_repo.ignored_files(workdir)
+                  if p not in OWN_ENTRIES and not p.startswith(own) and not p.endswith("/"))  # fmt: skip
+
+
+def _read_marker(marker: Path) -> dict[str, Any]:
+    try:
+        body = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def rerun_outputs(workdir: Path, plan: RestorePlan, state: Mapping[str, Any]) -> list[str]:
+    """What the last re-run left in the worktree: untracked files the record does not name, and
+    files git ignores that were not there before it (none where no re-run is known to have run)."""
+    recorded = {u.path for u in plan.untracked}
+    outputs = [str(rel) for rel, _digest in state.get("untracked") or [] if rel not in recorded]
+    before = _read_marker(git_repo.git_dir(workdir) / MARKER).get("ignored")
+    if isinstance(before, list):
+        kept = set(map(str, before))
+        outputs += [rel for rel in _ignored(workdir) if rel not in kept]
+    return outputs
 
 
 def remove_rerun_outputs(workdir: Path, plan: RestorePlan, state: Mapping[str, Any],
                          aside: Path | None = None) -> list[str]:  # fmt: skip
-    """Untracked files a previous re-run wrote (unchanged since: the state check passed), so the
-    next re-run starts from the recorded state, not from the last one's outputs. `aside`: the last
-    re-run was cut short, so a new file may as well be one someone added since: each is moved there
-    (its path kept), never deleted."""
-    recorded = {u.path for u in plan.untracked}
+    """The files a previous re-run wrote (`rerun_outputs`; unchanged since: the state check passed),
+    so the next re-run starts from the recorded state, not from the last one's outputs. `aside`: the
+    last re-run was cut short, so a new file may as well be one someone added since: each is moved
+    there (its path kept), never deleted."""
     removed = []
-    for rel, _digest in state.get("untracked") or []:
-        if rel in recorded:
-            continue
-        path = workdir / safe_path(str(rel), "a re-run output")
+    for rel in rerun_outputs(workdir, plan, state):
+        path = workdir / safe_path(rel, "a re-run output")
         if aside is not None:
             target = aside / str(rel)
             target.parent.mkdir(parents=True, exist_ok=True)

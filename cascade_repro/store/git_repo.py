@@ -110,6 +110,11 @@ def visible_files(root: Path, *pathspecs: str) -> list[str]:
     return names(output(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", *spec))
 
 
+def ignored_files(root: Path) -> list[str]:
+    """Files in the work tree that git ignores (each file, not only their directories)."""
+    return names(output(root, "ls-files", "-z", "--others", "--ignored", "--exclude-standard"))
+
+
 def git_dir(work_tree: Path) -> Path:
     """The git directory of a work tree (a linked worktree has its own under the main one's)."""
     return Path(text(work_tree, "rev-parse", "--absolute-git-dir").strip())

@@ -417,7 +417,8 @@ def test_newlines_in_a_record_cannot_forge_lines_of_the_plan_show_or_diff(projec
     for args in (("diff", first, second), ("verify", first, second)):
         said = project.cascade(*args).stdout
         assert "NOTHING_TO_SEE" in said, (args, said)  # the difference is named ...
-        assert not [line for line in said.splitlines() if line.lstrip().startswith("cascade:")], args  # on its line
+        forged = [line for line in said.splitlines() if line.lstrip().startswith("cascade:")]
+        assert not forged, args  # ... on its own line
 
 
 def test_show_counts_a_thinned_traces_records_as_records_not_steps(project: Project) -> None:

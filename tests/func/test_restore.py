@@ -407,3 +407,44 @@ def _restore_held_in_its_rerun(project: Project, *options: str) -> subprocess.Po
         assert started.poll() is None and time.monotonic() < deadline, "the restore's re-run never held"
         time.sleep(0.1)
     return started
+
+
+RESUMES = """
+import os
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+start = 0
+if os.path.exists("ckpt/last.pt"):  # resume where the last run left off, as many scripts do
+    state = torch.load("ckpt/last.pt")
+    model.load_state_dict(state["model"])
+    start = state["step"]
+for step in range(start, 6):
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+os.makedirs("ckpt", exist_ok=True)
+torch.save({"model": model.state_dict(), "step": 6}, "ckpt/last.pt")
+print("trained from step", start)
+"""
+
+
+def test_a_reused_worktree_has_no_ignored_outputs_of_the_last_re_run(project: Project) -> None:
+    """A re-run's outputs that git ignores (a checkpoints directory) stayed in the worktree: restoring
+    the run again resumed from the last re-run's checkpoint and trained no step (INCOMPARABLE). A
+    reused worktree is the restore's again, ignored files included; files ignored before the re-run
+    (the data the restore placed) stay."""
+    project.write("resume.py", RESUMES)
+    project.write(".gitignore", (project.root / ".gitignore").read_text() + "ckpt/\nscratch/\n")
+    project.commit("a script that resumes")
+    project.record("--tag", "v-resume", "resume.py")
+    code, first, stderr = _restore(project, "v-resume")
+    assert code == 0 and first["verdict"]["verdict"] == "BITWISE_IDENTICAL", stderr
+    worktree = Path(first["worktree"]["path"])
+    assert (worktree / "ckpt" / "last.pt").is_file()
+    code, again, stderr = _restore(project, "v-resume")
+    assert again["worktree"]["reused"] is True, stderr
+    assert code == 0 and again["verdict"]["verdict"] == "BITWISE_IDENTICAL", (again["verdict"], stderr)
+    assert "removed 1 file(s) the last re-run wrote" in stderr, stderr
