@@ -147,9 +147,9 @@ def restore(
             request = replace(request, docker=True, gpus=gpus, image=image, shm_size=shm_size,
                               extra_tags=tags)
         notify(f"re-running {' '.join((plan.script, *plan.argv))} in {tree.path}")
-        restoring.write_marker(tree.path, plan, rerun_started=True)  # killed during it: reusable still
+        restoring.write_marker(tree.path, plan, rerun="started")  # killed during it: reusable still
         result = run(request, notify)
-        restoring.write_marker(tree.path, plan)  # the re-run's own outputs belong to the state reuse expects
+        restoring.write_marker(tree.path, plan, rerun="ended")  # its outputs: the state reuse expects
         verdict = judge_runs(store, manifest, result.manifest, rtol, atol, steps=steps, trace_a=recorded)
         verdict = _crash_told(verdict, store, manifest, result)
         record_verdict(store, verdict, result.run_id, run_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -26,21 +27,23 @@ def state_fingerprint(workdir: Path) -> dict[str, Any]:
     }
 
 
-def write_marker(workdir: Path, plan: RestorePlan, rerun_started: bool = False) -> None:
-    """The worktree's state as this restore leaves it; `rerun_started`: the re-run starts now, and a
-    restore killed during it leaves new files that only it wrote (its outputs, removed on reuse).
-    The files git ignores before a re-run (the data the restore placed) are kept in the marker: any
-    other ignored file found on reuse is a re-run's (a checkpoints directory it would resume from)."""
+def write_marker(workdir: Path, plan: RestorePlan, rerun: str | None = None) -> None:
+    """The worktree's state as this restore leaves it. `rerun` "started": the re-run starts now, and a
+    restore killed during it leaves new files that only it wrote (its outputs, removed on reuse), the
+    files git ignores now (the data the restore placed) noted; "ended": the ignored files it added
+    are noted (a checkpoints directory it would resume from), to be removed on reuse. An ignored
+    file added after the re-run is nobody's to remove."""
     marker = git_repo.git_dir(workdir) / MARKER
     body: dict[str, Any] = {"run_id": plan.run_id, "version": plan.version,
-                            "state": state_fingerprint(workdir)}
-    if rerun_started:
+                            "state": state_fingerprint(workdir)}  # fmt: skip
+    if rerun == "started":
         body["rerun"] = "started"
         body["ignored"] = _ignored(workdir)
-    else:
-        before = _read_marker(marker)
-        if before.get("run_id") == plan.run_id and isinstance(before.get("ignored"), list):
-            body["ignored"] = before["ignored"]  # (the last re-run's, until the next one starts)
+    elif rerun == "ended":
+        before = _read_marker(marker).get("ignored")
+        if isinstance(before, list):
+            kept = set(map(str, before))
+            body["rerun_ignored"] = [rel for rel in _ignored(workdir) if rel not in kept]
     marker.write_text(json.dumps(body, indent=2), encoding="utf-8")
 
 
@@ -60,12 +63,15 @@ def _read_marker(marker: Path) -> dict[str, Any]:
 
 
 def rerun_outputs(workdir: Path, plan: RestorePlan, state: Mapping[str, Any]) -> list[str]:
-    """What the last re-run left in the worktree: untracked files the record does not name, and
-    files git ignores that were not there before it (none where no re-run is known to have run)."""
+    """What the last re-run left in the worktree: untracked files the record does not name, and the
+    ignored files it added (those there when it ended or, cut short, any not there when it began)."""
     recorded = {u.path for u in plan.untracked}
     outputs = [str(rel) for rel, _digest in state.get("untracked") or [] if rel not in recorded]
-    before = _read_marker(git_repo.git_dir(workdir) / MARKER).get("ignored")
-    if isinstance(before, list):
+    marker = _read_marker(git_repo.git_dir(workdir) / MARKER)
+    added, before = marker.get("rerun_ignored"), marker.get("ignored")
+    if isinstance(added, list):
+        outputs += [str(rel) for rel in added if os.path.lexists(workdir / str(rel))]
+    elif marker.get("rerun") == "started" and isinstance(before, list):  # (moved aside, not deleted)
         kept = set(map(str, before))
         outputs += [rel for rel in _ignored(workdir) if rel not in kept]
     return outputs

@@ -434,8 +434,8 @@ print("trained from step", start)
 def test_a_reused_worktree_has_no_ignored_outputs_of_the_last_re_run(project: Project) -> None:
     """A re-run's outputs that git ignores (a checkpoints directory) stayed in the worktree: restoring
     the run again resumed from the last re-run's checkpoint and trained no step (INCOMPARABLE). A
-    reused worktree is the restore's again, ignored files included; files ignored before the re-run
-    (the data the restore placed) stay."""
+    reused worktree is the restore's again, ignored files included; an ignored file someone added
+    after the re-run is not the re-run's to remove."""
     project.write("resume.py", RESUMES)
     project.write(".gitignore", (project.root / ".gitignore").read_text() + "ckpt/\nscratch/\n")
     project.commit("a script that resumes")
@@ -444,7 +444,10 @@ def test_a_reused_worktree_has_no_ignored_outputs_of_the_last_re_run(project: Pr
     assert code == 0 and first["verdict"]["verdict"] == "BITWISE_IDENTICAL", stderr
     worktree = Path(first["worktree"]["path"])
     assert (worktree / "ckpt" / "last.pt").is_file()
+    (worktree / "scratch").mkdir()
+    (worktree / "scratch" / "mine.txt").write_text("my notes on the re-run")
     code, again, stderr = _restore(project, "v-resume")
     assert again["worktree"]["reused"] is True, stderr
     assert code == 0 and again["verdict"]["verdict"] == "BITWISE_IDENTICAL", (again["verdict"], stderr)
     assert "removed 1 file(s) the last re-run wrote" in stderr, stderr
+    assert (worktree / "scratch" / "mine.txt").read_text() == "my notes on the re-run"
