@@ -23,6 +23,7 @@ SERVER_SCHEMES = ("http", "https", "databricks")  # a tracking server: it owns t
 OWN_DIR = ".cascade"  # cascade's own files in a project; `cascade init` ignores it
 # What a project holds that is cascade's (the embedded store, its own directory): never the user's code.
 OWN_ENTRIES = (OWN_DIR, "mlruns", "mlartifacts", "mlflow.db")
+RESTORE_MARKER = "cascade-restore.json"  # in a restore worktree's own git dir, never in its files
 
 # Every environment variable a user may set for cascade, and what it does.
 VARIABLES = {
@@ -134,14 +135,33 @@ class ProjectPaths:
 
     def spool_dirs(self) -> list[Path]:
         """Where run directories may wait for delivery: this project's, and each restore worktree's (a
-        restore killed during its re-run leaves that run's there)."""
-        found = [self.runs]
+        restore killed during its re-run leaves that run's there), in `.cascade/restore/` or made
+        with `--workdir` elsewhere (a linked worktree of the repository with a restore's marker)."""
         try:
-            worktrees = sorted(p for p in self.restores.iterdir()
-                               if p.is_dir() and not p.name.startswith("."))  # fmt: skip
+            worktrees = [p for p in self.restores.iterdir() if p.is_dir() and not p.name.startswith(".")]
         except OSError:  # no restore yet
+            worktrees = []
+        worktrees += [w for w in self._marked_worktrees() if w.parent != self.restores]
+        return [self.runs] + [w / OWN_DIR / "runs" for w in sorted(set(worktrees))]
+
+    def _marked_worktrees(self) -> list[Path]:
+        """The repository's linked worktrees that a restore made: read from git's own files (no git
+        process: every command asks), `.git/worktrees/NAME/` holding the marker and `gitdir`."""
+        found: list[Path] = []
+        try:
+            linked = list((self.root / ".git" / "worktrees").iterdir())
+        except OSError:  # none, or this project is itself a linked worktree
             return found
-        return found + [w / OWN_DIR / "runs" for w in worktrees]
+        for entry in linked:
+            try:
+                if not (entry / RESTORE_MARKER).is_file():
+                    continue
+                dot_git = Path((entry / "gitdir").read_text(encoding="utf-8").strip())
+            except (OSError, ValueError):
+                continue
+            if dot_git.is_absolute() and dot_git.name == ".git":
+                found.append(dot_git.parent)
+        return found
 
     @property
     def replays(self) -> Path:

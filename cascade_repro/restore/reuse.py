@@ -11,10 +11,10 @@ from cascade_repro.capture.git import capture_git
 from cascade_repro.errors import RestoreRefused
 from cascade_repro.restore.plan import RestorePlan
 from cascade_repro.restore.safety import safe_path
-from cascade_repro.settings import OWN_ENTRIES
+from cascade_repro.settings import OWN_ENTRIES, RESTORE_MARKER
 from cascade_repro.store import git_repo
 
-MARKER = "cascade-restore.json"  # in the worktree's own git dir, never in its files
+MARKER = RESTORE_MARKER  # in the worktree's own git dir, never in its files
 
 
 def state_fingerprint(workdir: Path) -> dict[str, Any]:

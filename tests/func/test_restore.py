@@ -395,13 +395,39 @@ def test_a_restore_killed_during_its_rerun_can_be_restored_again(project: Projec
     assert process_gone(first.pid)
 
 
-def _restore_held_in_its_rerun(project: Project, *options: str) -> subprocess.Popen[str]:
+def test_a_restore_killed_in_a_worktree_of_its_own_is_recovered_by_the_projects_commands(
+    project: Project, tmp_path: Path
+) -> None:
+    """A restore into `--workdir` elsewhere, killed during its re-run: its run stayed RUNNING until a
+    command was run in that directory (the project's commands looked in `.cascade/restore/` only)."""
+    import os
+    import signal
+
+    from tests.faults.helpers import add_faults_script, process_gone
+
+    add_faults_script(project)
+    project.record("--tag", "v1", "faults.py", "--steps", "6", "--hold-at", "2", "--hold-s", "3")
+    elsewhere = tmp_path / "my restores" / "v1"
+    first = _restore_held_in_its_rerun(project, workdir=elsewhere)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(timeout=30)
+    (owner,) = (elsewhere / ".cascade" / "runs").glob("*/parent.json")
+    assert process_gone(int(json.loads(owner.read_text()).get("child_pid") or first.pid))  # (its script)
+    project.cascade("ls", check=True)
+    statuses = sorted(r.data.tags.get("cascade.status", "") for r in project.runs())
+    assert statuses.count("KILLED") == 1, statuses
+    assert not [r for r in project.runs() if r.info.status == "RUNNING"]
+
+
+def _restore_held_in_its_rerun(project: Project, *options: str,
+                               workdir: Path | None = None) -> subprocess.Popen[str]:  # fmt: skip
     """`cascade restore v1` started, returned once its re-run of faults.py holds (out/hold)."""
     from tests.plugin import CASCADE
 
-    started = subprocess.Popen([*CASCADE, "restore", "v1", *options], cwd=project.root, text=True,
+    where = ("--workdir", str(workdir)) if workdir is not None else ()
+    started = subprocess.Popen([*CASCADE, "restore", "v1", *where, *options], cwd=project.root, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    held = project.root / ".cascade" / "restore" / "v1" / "out" / "hold"
+    held = (workdir or project.root / ".cascade" / "restore" / "v1") / "out" / "hold"
     deadline = time.monotonic() + 120
     while not held.exists():
         assert started.poll() is None and time.monotonic() < deadline, "the restore's re-run never held"
