@@ -319,23 +319,28 @@ def _files(run_dir: Path, plan: dict[str, Any], record: dict[str, Any], settings
     except Exception as exc:  # the rest of the record still goes in
         log.warning("inputs and outputs not recovered: %s", exc)
         return list(record.get("inputs") or []), list(record.get("outputs") or [])
-    _cache_as_read(root, files.inputs, files.kept, notify)
+    _cache_inputs(root, files.inputs, files.kept, notify, every=plan.get("track_inputs") is True)
     return files.inputs, files.outputs
 
 
-def _cache_as_read(root: Path, inputs: list[dict[str, Any]], kept: dict[str, Path], notify: Notify) -> None:
+def _cache_inputs(root: Path, inputs: list[dict[str, Any]], kept: dict[str, Path], notify: Notify,
+                  every: bool) -> None:  # fmt: skip
     """The bytes as read of the files the script read and then rewrote (the child's copies, which go
-    with the run directory) into the DVC cache, as finish() puts them there: `restore` gives them back."""
+    with the run directory) into the DVC cache, as finish() puts them there: `restore` gives them back.
+    `every` (the run's --track-inputs): every input, the others as they are now (as they are hashed)."""
     from cascade_repro.store.dvc_store import Cache
 
-    rewritten = [i for i in inputs if i.get("rewritten") and i["path"] in kept]
-    if not rewritten or not Cache.exists_for(root):
+    if every:
+        chosen = [i for i in inputs if not i.get("rewritten") or i["path"] in kept]
+    else:
+        chosen = [i for i in inputs if i.get("rewritten") and i["path"] in kept]
+    if not chosen or not Cache.exists_for(root):
         return
     cache = Cache(root)
     try:
-        for item in rewritten:
+        for item in chosen:
             try:
-                stored = cache.add(kept[item["path"]])
+                stored = cache.add(kept.get(item["path"]) or root / item["path"])
             except Exception as exc:  # DataError, OSError: the input stays recorded by its hash
                 notify(f"warning: {item['path']} as the run read it not cached: {exc}")
                 continue

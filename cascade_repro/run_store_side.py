@@ -325,7 +325,7 @@ class Recording:
             "in_container": plan.container is not None,
             "resolved_params": resolved_dict(plan.params), "root": str(plan.settings.root),
             "dvc_remote": plan.settings.dvc_remote, "log_checkpoints": plan.settings.log_checkpoints,
-            "env_allow_prefixes": list(plan.settings.env_allow_prefixes),
+            "env_allow_prefixes": list(plan.settings.env_allow_prefixes), "track_inputs": plan.track_inputs,
         })  # fmt: skip
         skeleton = build_manifest(
             plan, None, self.start_ms, self.run_dir, empty_snapshot(), facts={}

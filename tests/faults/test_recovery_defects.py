@@ -20,7 +20,8 @@ from tests.plugin import Project, git
 pytestmark = pytest.mark.slow
 
 # Saves out/ckpt.pt at every step (a new version each time: nanoGPT's ckpt.pt every eval), and with
-# --state reads state/counter.txt first and rewrites it (a counter: read, then written).
+# --state reads state/counter.txt first and rewrites it (a counter: read, then written); --read FILE
+# reads a file.
 SAVER = """\
 import argparse, os, time
 from pathlib import Path
@@ -30,7 +31,10 @@ cli = argparse.ArgumentParser()
 cli.add_argument("--steps", type=int, default=60)
 cli.add_argument("--sleep", type=float, default=0.1)
 cli.add_argument("--state", action="store_true")
+cli.add_argument("--read")
 args = cli.parse_args()
+if args.read:
+    Path(args.read).read_bytes()
 out = Path("out")
 out.mkdir(exist_ok=True)
 if args.state:
@@ -126,6 +130,30 @@ def test_sigkill_keeps_the_bytes_of_a_file_read_then_rewritten(project: Project)
     assert restored.returncode == 0, restored.stderr
     worktree = Path(json.loads(restored.stdout)["data"]["worktree"]["path"])
     assert (worktree / "state" / "counter.txt").read_text() == "41\n"
+
+
+def test_sigkill_caches_the_inputs_of_a_run_with_track_inputs(project: Project) -> None:
+    """`--track-inputs` puts the files a run read that neither git nor DVC tracks into the DVC cache
+    when it ends; a run whose parent was SIGKILLed recorded them by their hashes only: a restore
+    could not give them back once they changed."""
+    _saver_project(project, ignore="mlflow.db\nmlruns/\n.cascade/\nout/\nstate/\n")
+    table = bytes(range(256)) * 64
+    (project.root / "state").mkdir()
+    (project.root / "state" / "table.bin").write_bytes(table)
+    run = Background(project, "--track-inputs", "saver.py", "--read", "state/table.bin", "--steps", "200")
+    started = project.root / "out" / "started"  # (after the read)
+    _kill_when(run, project, lambda: _captured(run) and started.exists(), "capture's end and the read")
+
+    item = _recover(project)
+    md5 = hashlib.md5(table).hexdigest()
+    (read,) = [i for i in project.manifest(str(item["run_id"]))["inputs"] if i["path"] == "state/table.bin"]
+    assert read.get("md5") == md5, read
+    assert (project.root / ".dvc/cache/files/md5" / md5[:2] / md5[2:]).read_bytes() == table
+    (project.root / "state" / "table.bin").write_bytes(b"changed since")
+    restored = project.cascade("restore", str(item["run_id"]), "--no-run", "--json")
+    assert restored.returncode == 0, restored.stderr
+    worktree = Path(json.loads(restored.stdout)["data"]["worktree"]["path"])
+    assert (worktree / "state" / "table.bin").read_bytes() == table
 
 
 def test_sigkill_notes_the_recovered_runs_outputs_for_the_next_run(project: Project) -> None:
