@@ -180,7 +180,7 @@ def _data_here(root: Path) -> list[dict[str, Any]]:
     from cascade_repro.capture.data import tracked_data
 
     try:
-        return tracked_data(root)
+        return tracked_data(root, hash_modified=True)
     except CascadeError:  # a broken DVC repo: `current` still describes the rest
         return []
 

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from cascade_repro.store.dvc_store import Cache
+from cascade_repro.store.dvc_store import Cache, workspace_md5
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +39,26 @@ def capture_data(root: Path) -> list[dict[str, Any]]:
         cache.close()
 
 
-def tracked_data(root: Path) -> list[dict[str, Any]]:
-    """The DVC-tracked outputs as they are now, read only: nothing enters the cache."""
+def tracked_data(root: Path, hash_modified: bool = False) -> list[dict[str, Any]]:
+    """The DVC-tracked outputs as they are now, read only: nothing enters the cache. `hash_modified`:
+    a workspace file or directory that differs from its pointer gets the md5 it would have there
+    (`workspace_md5`, as a run records it), so its bytes can be compared with a run's."""
     if not Cache.exists_for(root):
         return []
     cache = Cache(root)
     try:
-        return cache.tracked_outputs()
+        outputs = cache.tracked_outputs()
     finally:
         cache.close()
+    for item in outputs if hash_modified else ():
+        path = root / item["path"]
+        if item["matches"] or not (path.is_file() or path.is_dir()):
+            continue
+        try:
+            item["workspace_md5"], item["workspace_size"] = workspace_md5(path)
+        except OSError:  # it changed or went while it was read: unknown bytes
+            continue
+    return outputs
 
 
 def dirty_data(root: Path) -> list[str]:

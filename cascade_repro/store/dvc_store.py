@@ -67,6 +67,30 @@ def md5_of(path: Path, progress: Progress | None = None) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
+def directory_files(path: Path) -> list[Path]:
+    """The files of a directory as DVC's `.dir` object lists them (by relative path; symlinks left out)."""
+    return sorted((p for p in path.rglob("*") if p.is_file() and not p.is_symlink()),
+                  key=lambda p: p.relative_to(path).as_posix())  # fmt: skip
+
+
+def directory_listing(entries: list[dict[str, str]]) -> bytes:
+    """A `.dir` object's bytes: its entries (md5, relpath), whose md5 + `.dir` names it."""
+    return json.dumps(entries, sort_keys=True).encode("utf-8")
+
+
+def workspace_md5(path: Path) -> tuple[str, int]:
+    """The md5 a file or directory would have in the DVC cache (a directory's `.dir` object's) and its
+    size, read only: nothing enters the cache."""
+    if not path.is_dir():
+        return md5_of(path)
+    entries, total = [], 0
+    for file in directory_files(path):
+        md5, size = md5_of(file)
+        entries.append({"md5": md5, "relpath": file.relative_to(path).as_posix()})
+        total += size
+    return hashlib.md5(directory_listing(entries), usedforsecurity=False).hexdigest() + DIR_SUFFIX, total
+
+
 def pointer_text(md5: str, size: int, path: str, files: int | None = None) -> str:
     """A stock DVC pointer file (`dvc pull` / `dvc checkout` of it restores the object or directory)."""
     nfiles = "" if files is None else f"  nfiles: {files}\n"
@@ -171,17 +195,15 @@ class Cache:
         `.dir` object listing them (md5, relative path), named by its own md5 + `.dir`. None if it
         vanished meanwhile. Symlinks inside are left out (a checkpoint holds files). Files enter by
         reflink or copy, never by hardlink: a framework may rewrite one of them in place later."""
-        files = sorted((p for p in path.rglob("*") if p.is_file() and not p.is_symlink()),
-                       key=lambda p: p.relative_to(path).as_posix())  # fmt: skip
         entries, total, links = [], 0, set()
-        for file in files:
+        for file in directory_files(path):
             stored = self.add(file)
             if stored is None:
                 return None
             entries.append({"md5": stored.md5, "relpath": file.relative_to(path).as_posix()})
             total += stored.size
             links.add(stored.link)
-        listing = json.dumps(entries, sort_keys=True).encode("utf-8")
+        listing = directory_listing(entries)
         md5 = hashlib.md5(listing, usedforsecurity=False).hexdigest() + DIR_SUFFIX
         target = self.object_path(md5)
         if not target.exists():

@@ -208,3 +208,31 @@ def test_a_committed_symlink_in_place_of_the_directory_is_never_written_through(
     code, _, stderr = _restore(project, "s1", "--no-run", "--workdir", str(tmp_path / "wt"))
     assert code == 1 and "unsafe record" in stderr and "shards/" in stderr, stderr
     assert list(outside.iterdir()) == [] and not (tmp_path / "wt").exists()
+
+
+def test_diff_against_current_compares_modified_data_by_its_bytes(sharded: Project) -> None:
+    """`cascade diff RUN current` after a DVC-tracked directory was modified: "current" had no md5 for
+    it (the workspace was not hashed), so diff said the data was missing here rather than whether it
+    is what the run read. The workspace is hashed (nothing enters the DVC cache)."""
+    project = sharded
+    run_id = project.record("train2.py")
+    original = project.manifest(run_id)["data"][0]["md5"]
+    project.write("shards/s0.bin", _shard(99))  # a modified file: another directory object
+    cache = project.root / ".dvc" / "cache"
+    objects_before = sorted(p for p in cache.rglob("*") if p.is_file())
+    (data,) = [s for s in _diff_json(project, run_id, "current")["sections"] if s["name"] == "data"]
+    (change,) = data["changes"]
+    assert change["key"] == "shards" and change["a"] == original, change
+    entries = [{"md5": _md5(_shard(99 if n == "s0.bin" else i)), "relpath": n} for i, n in enumerate(NAMES)]
+    listing = json.dumps(sorted(entries, key=lambda e: e["relpath"]), sort_keys=True)
+    assert change["b"] == hashlib.md5(listing.encode()).hexdigest() + ".dir", change
+    assert sorted(p for p in cache.rglob("*") if p.is_file()) == objects_before  # read only
+    project.write("shards/s0.bin", _shard(0))  # as the run read it again: equal
+    (data,) = [s for s in _diff_json(project, run_id, "current")["sections"] if s["name"] == "data"]
+    assert not data["changes"], data
+
+
+def _diff_json(project: Project, *args: str) -> dict[str, Any]:
+    result = project.cascade("diff", *args, "--json")
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout)["data"])
