@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from cascade_repro.capture.git import capture_git
 from cascade_repro.errors import RestoreRefused
@@ -30,28 +31,38 @@ def state_fingerprint(workdir: Path) -> dict[str, Any]:
 def write_marker(workdir: Path, plan: RestorePlan, rerun: str | None = None) -> None:
     """The worktree's state as this restore leaves it. `rerun` "started": the re-run starts now, and a
     restore killed during it leaves new files that only it wrote (its outputs, removed on reuse), the
-    files git ignores now (the data the restore placed) noted; "ended": the ignored files it added
-    are noted (a checkpoints directory it would resume from), to be removed on reuse. An ignored
-    file added after the re-run is nobody's to remove."""
+    files git ignores now noted; "ended": the ignored files it added are noted with their size and
+    time (a checkpoints directory it would resume from), to be removed on reuse while unchanged. An
+    ignored file added after the re-run is nobody's to remove; one changed since is moved aside."""
     marker = git_repo.git_dir(workdir) / MARKER
     body: dict[str, Any] = {"run_id": plan.run_id, "version": plan.version,
                             "state": state_fingerprint(workdir)}  # fmt: skip
     if rerun == "started":
         body["rerun"] = "started"
-        body["ignored"] = _ignored(workdir)
+        body["ignored"] = _ignored(workdir, plan)
     elif rerun == "ended":
         before = _read_marker(marker).get("ignored")
         if isinstance(before, list):
             kept = set(map(str, before))
-            body["rerun_ignored"] = [rel for rel in _ignored(workdir) if rel not in kept]
+            added = [(rel, _stamp(workdir / rel)) for rel in _ignored(workdir, plan) if rel not in kept]
+            body["rerun_ignored"] = [[rel, *stamp] for rel, stamp in added if stamp is not None]
     marker.write_text(json.dumps(body, indent=2), encoding="utf-8")
 
 
-def _ignored(workdir: Path) -> list[str]:
-    """Ignored files now, cascade's own entries apart (a nested repository, listed as a directory: too)."""
-    own = tuple(f"{entry}/" for entry in OWN_ENTRIES)
-    return sorted(p for p in git_repo.ignored_files(workdir)
-                  if p not in OWN_ENTRIES and not p.startswith(own) and not p.endswith("/"))  # fmt: skip
+def _ignored(workdir: Path, plan: RestorePlan) -> list[str]:
+    """Ignored files now: not cascade's own entries, nor inside the DVC-tracked data the restore
+    places (a dataset's million files: never a re-run's to remove), nor a nested repository."""
+    excluded = [f":(exclude,literal){path}" for path in (*OWN_ENTRIES, *(d.path for d in plan.data))]
+    return sorted(p for p in git_repo.ignored_files(workdir, ".", *excluded) if not p.endswith("/"))
+
+
+def _stamp(path: Path) -> list[int] | None:
+    """The size and modification time of the file itself (a symlink's own), to tell it unchanged."""
+    try:
+        status = os.lstat(path)
+    except OSError:
+        return None
+    return [status.st_size, status.st_mtime_ns]
 
 
 def _read_marker(marker: Path) -> dict[str, Any]:
@@ -62,42 +73,63 @@ def _read_marker(marker: Path) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
-def rerun_outputs(workdir: Path, plan: RestorePlan, state: Mapping[str, Any]) -> list[str]:
-    """What the last re-run left in the worktree: untracked files the record does not name, and the
-    ignored files it added (those there when it ended or, cut short, any not there when it began)."""
+def rerun_outputs(workdir: Path, plan: RestorePlan, state: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """What the last re-run left in the worktree: (files to remove, files to move aside). Untracked
+    files the record does not name; the ignored files it added by its end (those since changed:
+    aside), or, cut short, any not ignored when it began. An ignored path is taken only while git
+    still ignores it (never a tracked file, never one through a symlinked directory)."""
     recorded = {u.path for u in plan.untracked}
-    outputs = [str(rel) for rel, _digest in state.get("untracked") or [] if rel not in recorded]
+    remove = [str(rel) for rel, _digest in state.get("untracked") or [] if rel not in recorded]
+    aside: list[str] = []
     marker = _read_marker(git_repo.git_dir(workdir) / MARKER)
     added, before = marker.get("rerun_ignored"), marker.get("ignored")
     if isinstance(added, list):
-        outputs += [str(rel) for rel in added if os.path.lexists(workdir / str(rel))]
-    elif marker.get("rerun") == "started" and isinstance(before, list):  # (moved aside, not deleted)
+        ignored = set(_ignored(workdir, plan))
+        for entry in added:
+            if not (isinstance(entry, list) and len(entry) == 3 and str(entry[0]) in ignored):
+                continue
+            (remove if _stamp(workdir / str(entry[0])) == entry[1:] else aside).append(str(entry[0]))
+    elif marker.get("rerun") == "started" and isinstance(before, list):
         kept = set(map(str, before))
-        outputs += [rel for rel in _ignored(workdir) if rel not in kept]
-    return outputs
+        aside += [rel for rel in _ignored(workdir, plan) if rel not in kept]
+    return remove, aside
 
 
 def remove_rerun_outputs(workdir: Path, plan: RestorePlan, state: Mapping[str, Any],
-                         aside: Path | None = None) -> list[str]:  # fmt: skip
-    """The files a previous re-run wrote (`rerun_outputs`; unchanged since: the state check passed),
-    so the next re-run starts from the recorded state, not from the last one's outputs. `aside`: the
-    last re-run was cut short, so a new file may as well be one someone added since: each is moved
-    there (its path kept), never deleted."""
-    removed = []
-    for rel in rerun_outputs(workdir, plan, state):
+                         set_aside: Callable[[], Path], cut: bool) -> tuple[list[str], list[str]]:
+    """The files a previous re-run wrote (`rerun_outputs`; unchanged since: the state check passed)
+    removed, so the next re-run starts from the recorded state, not from the last one's outputs.
+    `cut`: the last re-run was cut short, so a new file may as well be one someone added since: each
+    is moved into `set_aside()` (its path kept), never deleted; so is a changed one. Returns (removed,
+    moved aside). Nothing outside the worktree is touched (a directory made a symlink since)."""
+    remove, aside = rerun_outputs(workdir, plan, state)
+    if cut:
+        remove, aside = [], remove + aside
+    real = os.path.realpath(workdir)
+    removed: list[str] = []
+    moved: list[str] = []
+    for rel in remove + aside:
         path = workdir / safe_path(rel, "a re-run output")
-        if aside is not None:
-            target = aside / str(rel)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            path.replace(target)
-        else:
+        parent = os.path.realpath(path.parent)
+        if parent != real and not parent.startswith(real + os.sep):
+            continue
+        if rel in remove:
             path.unlink(missing_ok=True)
-        removed.append(str(rel))
-        parent = path.parent
-        while parent != workdir and parent.is_dir() and not any(parent.iterdir()):
-            parent.rmdir()
-            parent = parent.parent
-    return removed
+            removed.append(rel)
+        elif os.path.lexists(path):
+            target = set_aside() / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(path, target)  # (another file system than the project's: copied)
+            moved.append(rel)
+        _remove_empty_parents(workdir, path.parent)
+    return removed, moved
+
+
+def _remove_empty_parents(workdir: Path, directory: Path) -> None:
+    while directory != workdir and directory.is_dir() and not directory.is_symlink() \
+            and not any(directory.iterdir()):  # fmt: skip
+        directory.rmdir()
+        directory = directory.parent
 
 
 def check_reusable(root: Path, workdir: Path, plan: RestorePlan) -> tuple[Mapping[str, Any], bool]:

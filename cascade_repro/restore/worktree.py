@@ -55,17 +55,22 @@ def materialize(plan: RestorePlan, root: Path, store: RunStore, notify: Callable
     workdir = plan.workdir
     if workdir.exists() and any(workdir.iterdir()):
         state, cut = check_reusable(root, workdir, plan)
-        aside = _set_aside_dir(root, workdir) if cut else None
-        removed = remove_rerun_outputs(workdir, plan, state, aside)
-        if aside is not None and not removed:
-            aside.rmdir()
+        aside: list[Path] = []
+
+        def set_aside() -> Path:  # (made for the first file moved there)
+            if not aside:
+                aside.append(_set_aside_dir(root, workdir))
+            return aside[0]
+
+        removed, moved = remove_rerun_outputs(workdir, plan, state, set_aside, cut)
         write_marker(workdir, plan)
-        if aside is not None and removed:
+        if cut and moved:
             notify(f"reusing the restore worktree {workdir}: its last restore was killed during its re-run; "
-                   f"moved the {len(removed)} file(s) added since that restore to {aside}")  # fmt: skip
-        else:
-            notify(f"reusing the restore worktree {workdir} (unchanged since the last restore"
-                   + (f"; removed {len(removed)} file(s) the last re-run wrote)" if removed else ")"))
+                   f"moved the {len(moved)} file(s) added since that restore to {aside[0]}")  # fmt: skip
+            return Worktree(workdir, reused=True)
+        notify(f"reusing the restore worktree {workdir} (unchanged since the last restore"
+               + (f"; removed {len(removed)} file(s) the last re-run wrote" if removed else "")
+               + (f"; moved {len(moved)} it wrote, changed since, to {aside[0]}" if moved else "") + ")")
         return Worktree(workdir, reused=True)
     with tempfile.TemporaryDirectory(prefix="cascade-restore-") as tmp:
         patch_file, files = stage_dirty_state(plan, store, Path(tmp))

@@ -110,9 +110,10 @@ def visible_files(root: Path, *pathspecs: str) -> list[str]:
     return names(output(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", *spec))
 
 
-def ignored_files(root: Path) -> list[str]:
+def ignored_files(root: Path, *pathspecs: str) -> list[str]:
     """Files in the work tree that git ignores (each file, not only their directories)."""
-    return names(output(root, "ls-files", "-z", "--others", "--ignored", "--exclude-standard"))
+    spec = ("--", *pathspecs) if pathspecs else ()
+    return names(output(root, "ls-files", "-z", "--others", "--ignored", "--exclude-standard", *spec))
 
 
 def git_dir(work_tree: Path) -> Path:

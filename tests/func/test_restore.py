@@ -461,9 +461,10 @@ def test_a_reused_worktree_has_no_ignored_outputs_of_the_last_re_run(project: Pr
     """A re-run's outputs that git ignores (a checkpoints directory) stayed in the worktree: restoring
     the run again resumed from the last re-run's checkpoint and trained no step (INCOMPARABLE). A
     reused worktree is the restore's again, ignored files included; an ignored file someone added
-    after the re-run is not the re-run's to remove."""
+    after the re-run is not the re-run's to remove, one they changed is moved aside, and nothing is
+    removed through a directory made a symlink since."""
     project.write("resume.py", RESUMES)
-    project.write(".gitignore", (project.root / ".gitignore").read_text() + "ckpt/\nscratch/\n")
+    project.write(".gitignore", (project.root / ".gitignore").read_text() + "ckpt\nscratch/\n")
     project.commit("a script that resumes")
     project.record("--tag", "v-resume", "resume.py")
     code, first, stderr = _restore(project, "v-resume")
@@ -477,3 +478,18 @@ def test_a_reused_worktree_has_no_ignored_outputs_of_the_last_re_run(project: Pr
     assert code == 0 and again["verdict"]["verdict"] == "BITWISE_IDENTICAL", (again["verdict"], stderr)
     assert "removed 1 file(s) the last re-run wrote" in stderr, stderr
     assert (worktree / "scratch" / "mine.txt").read_text() == "my notes on the re-run"
+
+    (worktree / "ckpt" / "last.pt").write_bytes(b"fine-tuned since, by hand")
+    code, _, stderr = _restore(project, "v-resume", "--no-run")
+    assert code == 0 and "moved 1 it wrote, changed since" in stderr, stderr
+    (aside,) = (project.root / ".cascade" / "set-aside").iterdir()
+    assert (aside / "ckpt" / "last.pt").read_bytes() == b"fine-tuned since, by hand"
+
+    code, _, stderr = _restore(project, "v-resume")  # the re-run writes ckpt/last.pt again
+    assert code == 0, stderr
+    outside = project.root.parent / "elsewhere"
+    (worktree / "ckpt").rename(outside)
+    (worktree / "ckpt").symlink_to(outside)  # the same name, another directory now
+    code, _, stderr = _restore(project, "v-resume", "--no-run")
+    assert code == 0, stderr
+    assert (outside / "last.pt").is_file()  # not the re-run's to remove
