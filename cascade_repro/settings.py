@@ -97,6 +97,24 @@ class Settings:
         return (self.root / "mlruns").as_uri()
 
 
+def _read_line(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="surrogateescape").strip()
+
+
+def _common_git_dir(root: Path) -> Path:
+    """The repository's common git directory, read from its files: `.git` itself, or, where `.git`
+    is a file (the project a linked worktree, a submodule), the directory it names and its `commondir`."""
+    dot_git = root / ".git"
+    if not dot_git.is_file():
+        return dot_git
+    named = _read_line(dot_git).removeprefix("gitdir:").strip()
+    git_dir = Path(os.path.normpath(root / named))
+    try:
+        return Path(os.path.normpath(git_dir / _read_line(git_dir / "commondir")))
+    except OSError:  # a submodule's or a separate git directory: common to itself
+        return git_dir
+
+
 @dataclass(frozen=True)
 class ProjectPaths:
     """Every path cascade keeps in a project: under `.cascade/`, which git ignores."""
@@ -141,25 +159,27 @@ class ProjectPaths:
             worktrees = [p for p in self.restores.iterdir() if p.is_dir() and not p.name.startswith(".")]
         except OSError:  # no restore yet
             worktrees = []
-        worktrees += [w for w in self._marked_worktrees() if w.parent != self.restores]
+        seen = {os.path.realpath(w) for w in worktrees}  # (.cascade may be a symlink: one spool, once)
+        worktrees += [w for w in self._marked_worktrees() if os.path.realpath(w) not in seen]
         return [self.runs] + [w / OWN_DIR / "runs" for w in sorted(set(worktrees))]
 
     def _marked_worktrees(self) -> list[Path]:
         """The repository's linked worktrees that a restore made: read from git's own files (no git
-        process: every command asks), `.git/worktrees/NAME/` holding the marker and `gitdir`."""
+        process: every command asks), `worktrees/NAME/` in the common git directory holding the
+        marker and `gitdir` (absolute, or relative to it: git's worktree.useRelativePaths)."""
         found: list[Path] = []
         try:
-            linked = list((self.root / ".git" / "worktrees").iterdir())
-        except OSError:  # none, or this project is itself a linked worktree
+            linked = list((_common_git_dir(self.root) / "worktrees").iterdir())
+        except OSError:  # none
             return found
         for entry in linked:
             try:
                 if not (entry / RESTORE_MARKER).is_file():
                     continue
-                dot_git = Path((entry / "gitdir").read_text(encoding="utf-8").strip())
-            except (OSError, ValueError):
+                dot_git = Path(os.path.normpath(entry / _read_line(entry / "gitdir")))
+            except OSError:
                 continue
-            if dot_git.is_absolute() and dot_git.name == ".git":
+            if dot_git.name == ".git":
                 found.append(dot_git.parent)
         return found
 
