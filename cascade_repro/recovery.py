@@ -319,21 +319,33 @@ def _files(run_dir: Path, plan: dict[str, Any], record: dict[str, Any], settings
     except Exception as exc:  # the rest of the record still goes in
         log.warning("inputs and outputs not recovered: %s", exc)
         return list(record.get("inputs") or []), list(record.get("outputs") or [])
-    _cache_inputs(root, files.inputs, files.kept, notify, every=plan.get("track_inputs") is True)
+    every = plan.get("track_inputs") is True
+    _cache_inputs(root, files.inputs, files.kept, notify, _stopped(run_dir) if every else None)
     return files.inputs, files.outputs
 
 
 def _cache_inputs(root: Path, inputs: list[dict[str, Any]], kept: dict[str, Path], notify: Notify,
-                  every: bool) -> None:  # fmt: skip
+                  every_until: float | None) -> None:  # fmt: skip
     """The bytes as read of the files the script read and then rewrote (the child's copies, which go
     with the run directory) into the DVC cache, as finish() puts them there: `restore` gives them back.
-    `every` (the run's --track-inputs): every input, the others as they are now (as they are hashed)."""
+    `every_until` (the run's --track-inputs, and when it stopped): every input, the others as they are
+    now where unchanged since the run stopped (one edited since is not what it read)."""
     from cascade_repro.store.dvc_store import Cache
 
-    if every:
-        chosen = [i for i in inputs if not i.get("rewritten") or i["path"] in kept]
-    else:
-        chosen = [i for i in inputs if i.get("rewritten") and i["path"] in kept]
+    every = every_until is not None
+    chosen = [i for i in inputs if i["path"] in kept and (every or i.get("rewritten"))]  # as read
+    if every_until is not None:
+        for item in inputs:
+            if item["path"] in kept or item.get("rewritten"):
+                continue
+            try:
+                changed = (root / item["path"]).stat().st_mtime > every_until
+            except OSError:
+                continue
+            if changed:
+                notify(f"warning: --track-inputs: {item['path']} changed after the run stopped: not cached")
+            else:
+                chosen.append(item)
     if not chosen or not Cache.exists_for(root):
         return
     cache = Cache(root)
@@ -346,6 +358,8 @@ def _cache_inputs(root: Path, inputs: list[dict[str, Any]], kept: dict[str, Path
                 continue
             if stored is not None and stored.size == item["size"]:
                 item["md5"] = stored.md5
+            else:
+                notify(f"warning: {item['path']} changed while it was cached: not cached")
     finally:
         cache.close()
 

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 # Saves out/ckpt.pt at every step (a new version each time: nanoGPT's ckpt.pt every eval), and with
 # --state reads state/counter.txt first and rewrites it (a counter: read, then written); --read FILE
-# reads a file.
+# reads a file (each one given).
 SAVER = """\
 import argparse, os, time
 from pathlib import Path
@@ -31,10 +31,10 @@ cli = argparse.ArgumentParser()
 cli.add_argument("--steps", type=int, default=60)
 cli.add_argument("--sleep", type=float, default=0.1)
 cli.add_argument("--state", action="store_true")
-cli.add_argument("--read")
+cli.add_argument("--read", action="append", default=[])
 args = cli.parse_args()
-if args.read:
-    Path(args.read).read_bytes()
+for name in args.read:
+    Path(name).read_bytes()
 out = Path("out")
 out.mkdir(exist_ok=True)
 if args.state:
@@ -135,19 +135,26 @@ def test_sigkill_keeps_the_bytes_of_a_file_read_then_rewritten(project: Project)
 def test_sigkill_caches_the_inputs_of_a_run_with_track_inputs(project: Project) -> None:
     """`--track-inputs` puts the files a run read that neither git nor DVC tracks into the DVC cache
     when it ends; a run whose parent was SIGKILLed recorded them by their hashes only: a restore
-    could not give them back once they changed."""
+    could not give them back once they changed. One changed after the run stopped is not taken for
+    what it read."""
     _saver_project(project, ignore="mlflow.db\nmlruns/\n.cascade/\nout/\nstate/\n")
     table = bytes(range(256)) * 64
     (project.root / "state").mkdir()
     (project.root / "state" / "table.bin").write_bytes(table)
-    run = Background(project, "--track-inputs", "saver.py", "--read", "state/table.bin", "--steps", "200")
+    (project.root / "state" / "notes.txt").write_text("as read")
+    run = Background(project, "--track-inputs", "saver.py", "--read", "state/table.bin", "--read",
+                     "state/notes.txt", "--steps", "200")  # fmt: skip
     started = project.root / "out" / "started"  # (after the read)
     _kill_when(run, project, lambda: _captured(run) and started.exists(), "capture's end and the read")
+    time.sleep(2.5)  # (past the moment a file written by the run itself still counts as its own)
+    (project.root / "state" / "notes.txt").write_text("edited after the run")
 
     item = _recover(project)
     md5 = hashlib.md5(table).hexdigest()
     (read,) = [i for i in project.manifest(str(item["run_id"]))["inputs"] if i["path"] == "state/table.bin"]
     assert read.get("md5") == md5, read
+    (notes,) = [i for i in project.manifest(str(item["run_id"]))["inputs"] if i["path"] == "state/notes.txt"]
+    assert "md5" not in notes, notes  # not cached as the bytes the run read
     assert (project.root / ".dvc/cache/files/md5" / md5[:2] / md5[2:]).read_bytes() == table
     (project.root / "state" / "table.bin").write_bytes(b"changed since")
     restored = project.cascade("restore", str(item["run_id"]), "--no-run", "--json")
