@@ -42,7 +42,7 @@ class CascadeError(Exception):
         self.hint = hint
 
     def __str__(self) -> str:
-        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+        return self.message if not self.hint else f"{self.message} (hint: {self.hint})"  # one line: a warning
 
 
 class UsageError(CascadeError):

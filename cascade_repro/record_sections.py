@@ -49,13 +49,20 @@ def _text(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
+def single_line(text: Any) -> str:
+    """A record's text on one line: its newlines shown as `\\n` (a verdict or a line printed from it
+    never gets a line the record wrote)."""
+    return str(text).replace("\r\n", "\n").replace("\n", "\\n")
+
+
 def error_line(error: Any, limit: int | None = None) -> str:
     """`RuntimeError: boom` for a recorded exception (`{type, message}`, untrusted), the type alone where
-    its message is empty (Ctrl-C's `KeyboardInterrupt`), "" for none; `limit` cuts a long message."""
+    its message is empty (Ctrl-C's `KeyboardInterrupt`), "" for none; `limit` cuts a long message. One
+    line (`single_line`)."""
     if not isinstance(error, Mapping) or not error.get("type"):
         return ""
     message = "" if error.get("message") is None else str(error["message"]).strip()
-    return f"{error['type']}: {message[:limit]}" if message else str(error["type"])
+    return single_line(f"{error['type']}: {message[:limit]}" if message else error["type"])
 
 
 def _int(value: Any) -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
@@ -35,6 +36,20 @@ if TYPE_CHECKING:
 StepsToSave = tuple[int, int, Path]  # `verify --replay`: the first and last step, and the directory
 
 
+
+def shell_word(word: str) -> str:
+    """`word` quoted for a POSIX shell; one with a newline or another control character (an argv of a
+    record) in bash's $'...', so the command printed on one line is the command pasted."""
+    if not any(ord(c) < 32 or ord(c) == 127 for c in word):
+        return shlex.quote(word)
+    escaped = "".join(_ANSI_C.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 32 or ord(c) == 127 else c)
+                      for c in word)  # fmt: skip
+    return f"$'{escaped}'"
+
+
+_ANSI_C = {"\\": "\\\\", "'": "\\'"}
+
+
 @dataclass(frozen=True)
 class RestoreResult:
     """`cascade restore`: the plan, the worktree it made or reused, the re-run and its verdict
@@ -60,13 +75,13 @@ class RestoreResult:
 
         def quoted(word: str) -> str:  # (a secret's ${VARIABLE} expands: double quotes)
             escaped = word.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
-            return f'"{escaped}"' if "${CASCADE_SECRET_" in word else shlex.quote(word)
+            return f'"{escaped}"' if "${CASCADE_SECRET_" in word else shell_word(word)
 
         words = ["cascade", "run", "--seed", str(plan.seed), "--deterministic", plan.determinism, plan.script,
                  *argv]  # fmt: skip
         where = [f"MLFLOW_TRACKING_URI={shlex.quote(self.store[0])}",
                  f"CASCADE_EXPERIMENT={shlex.quote(self.store[1])}"] if self.store else []  # fmt: skip
-        return f"cd {shlex.quote(str(self.worktree.path / plan.cwd))} && " + " ".join(
+        return f"cd {shell_word(str(self.worktree.path / plan.cwd))} && " + " ".join(
             [*where, *map(quoted, words)])
 
     @property

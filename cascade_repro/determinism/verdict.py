@@ -19,7 +19,7 @@ from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from cascade_repro.determinism.trace_file import has_batches, on_common_steps, record_steps
 from cascade_repro.errors import EXIT_NOT_REPRODUCED, EXIT_OK
 from cascade_repro.manifest import Manifest
-from cascade_repro.record_sections import error_line
+from cascade_repro.record_sections import error_line, single_line
 
 BITWISE_IDENTICAL = "BITWISE_IDENTICAL"
 NUMERICALLY_EQUIVALENT = "NUMERICALLY_EQUIVALENT"
@@ -158,7 +158,8 @@ def _incomparable(manifest_a: Manifest, manifest_b: Manifest, traced_a: bool,
     header_a, header_b = manifest_a.trace_header, manifest_b.trace_header
     for key in ("algorithm", "interval"):
         if header_a.get(key) != header_b.get(key):
-            return f"the traces differ in {key}: {header_a.get(key)} vs {header_b.get(key)}"
+            values = " vs ".join(single_line(header.get(key)) for header in (header_a, header_b))
+            return f"the traces differ in {key}: {values}"
     return trace_formats.scaler_incomparable(header_a, header_b, manifest_a.run_id, manifest_b.run_id)
 
 
@@ -295,7 +296,7 @@ def _saved_tensors_differ(a: Manifest, b: Manifest) -> str | None:
     for key, tensors in in_a.items():
         if key in in_b and in_b[key] != tensors:
             path, step, _ = key
-            return f"{path} at step {step}" if step is not None else path
+            return single_line(f"{path} at step {step}" if step is not None else path)
     return None
 
 
@@ -376,10 +377,12 @@ def _where(comparison: TraceComparison, magnitudes: Sequence[Magnitude] = ()) ->
           if _thinned(comparison) else f"of {comparison.compared}")
     parts = [f"DIVERGED at step {comparison.step} ({of}): {FACET_WORDS[first.facet]} {_differ(first.facet)}"]
     if first.names:
-        parts.append(" in " + ", ".join(first.names[:4]) + (" …" if len(first.names) > 4 else ""))
+        named = single_line(", ".join(first.names[:4]))
+        parts.append(f" in {named}" + (" …" if len(first.names) > 4 else ""))
     measured = [m for m in magnitudes if m.facet == first.facet]
     if measured:
-        details = [m.detail if len(measured) == 1 else f"{m.name}: {m.detail}" for m in measured[:4]]
+        one = len(measured) == 1
+        details = [m.detail if one else single_line(f"{m.name}: {m.detail}") for m in measured[:4]]
         parts.append(f" ({'; '.join(details)})")
     if first.facet == "loss":
         parts.append(f" ({first.detail})")

@@ -156,6 +156,7 @@ def run_list(runs: list[RunSummary], show_experiment: bool = False, versions_onl
         "commit": [(r.commit or "")[:10] + ("+dirty" if r.dirty else "") for r in runs],
         "metrics": ["  ".join(f"{k}={_num(v)}" for k, v in r.metrics.items()) for r in runs],
     })  # fmt: skip
+    cells = {column: [one_line(value) for value in values] for column, values in cells.items()}  # a row each
     layout = fit_columns(cells, console.width)
     table = Table(box=None, header_style="bold", pad_edge=False)
     for name, width in layout.widths.items():
@@ -241,8 +242,10 @@ def run_record(record: RunRecord) -> None:
     m = record.manifest
     console = _console()
     outcome = m.outcome
-    name, version = record.tags.get("mlflow.runName"), record.tags.get("cascade.version")
-    console.print(_styled((f"run {m.run_id}", "bold"), f"  {record.status}  experiment {m.experiment}",
+    name, version = (one_line(str(v)) if v else v for v in (record.tags.get("mlflow.runName"),
+                                                             record.tags.get("cascade.version")))  # fmt: skip
+    experiment = one_line(m.experiment)
+    console.print(_styled((f"run {m.run_id}", "bold"), f"  {record.status}  experiment {experiment}",
                           f"  name {name}" if name else "", *((("  version ", ""), (version, "bold"))
                                                               if version else ())))  # fmt: skip
     recovered = str(outcome.get("recovered") or "")
@@ -322,9 +325,9 @@ def _metrics(console: Any, summary: dict[str, Any], last: dict[str, float]) -> N
         stats = summary.get(key)
         if stats:
             cells = [_num(stats[f]) if f in stats else "" for f in ("last", "min", "max")]
-            metrics.add_row(key, *cells, str(stats.get("count", "")))
+            metrics.add_row(one_line(key), *cells, str(stats.get("count", "")))
         elif key in last:
-            metrics.add_row(key, _num(last[key]))
+            metrics.add_row(one_line(key), _num(last[key]))
     console.print(metrics)
     if not set(last) <= set(summary):
         console.print("(min, max, points: only for metrics logged with cascade_repro.log_metrics)")
@@ -347,9 +350,9 @@ def checkpoints(entries: Sequence[CheckpointEntry]) -> None:
             {True: "yes", False: "NO"}.get(bool(entry.get("pushed")), "") if "pushed" in entry.raw else ""
         )
         table.add_row(
-            "" if entry.step is None else str(entry.step), entry.path,
-            str(entry.status) + (f" ({entry.get('reason')})" if entry.get("reason") else ""),
-            metrics, str(entry.md5 or "")[:12], _size(entry.size), pushed,
+            "" if entry.step is None else str(entry.step), one_line(entry.path),
+            one_line(str(entry.status) + (f" ({entry.get('reason')})" if entry.get("reason") else "")),
+            one_line(metrics), str(entry.md5 or "")[:12], _size(entry.size), pushed,
         )  # fmt: skip
     console.print(table)
 
@@ -426,11 +429,11 @@ def _trace_steps(console: Any, t: Any) -> None:
     """How many steps have a record, and which where the budget thinned them."""
     span = f", steps {t.first_step}..{t.last_step}" if t.steps else ""
     if not t.records:
-        recorded = f"  {t.steps} steps recorded (every {t.interval}, {t.algorithm}){span}"
+        recorded = f"  {t.steps} steps recorded (every {t.interval}, {one_line(str(t.algorithm))}){span}"
         console.print(_styled(("trace", "bold"), recorded))
         return
     thinned = ", ".join(f"every {every} from step {start}" for start, every in t.records if every > 1)
-    recorded = f"  {t.steps} records ({t.algorithm}){span}: thinned by the budget, {thinned}"
+    recorded = f"  {t.steps} records ({one_line(str(t.algorithm))}){span}: thinned by the budget, {thinned}"
     console.print(_styled(("trace", "bold"), recorded))
     console.print("  (the steps being short: `cascade verify` brackets a divergence between two records, "
                   "`--replay` pins its step)")

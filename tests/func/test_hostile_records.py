@@ -404,18 +404,27 @@ def test_newlines_in_a_record_cannot_forge_lines_of_the_plan_show_or_diff(projec
     record["command"]["argv"] = ["--note", "x" + forged_env]
     record["command"]["cwd"] = ".\ncommit   " + "0" * 40 + " (main)"
     record["params"]["values"] = {"lr\ncommit": "0.1\nforged"}
+    error = {"type": "ValueError", "message": "boom\nforged: by the record"}
+    record["outcome"] = {**record["outcome"], "status": "FAILED", "exit_code": 1, "error": error}
     record_file.write_text(json.dumps(record))
+    project.client().set_tag(second, "mlflow.runName", "x\nforged: a row of ls")
     plan = project.cascade("restore", "v-forged", "--no-run")
     assert plan.returncode == 0, plan.stderr
     assert "NOTHING_TO_SEE" in plan.stderr  # printed, as text of the command line ...
     assert not [line for line in plan.stderr.splitlines() if line.startswith("cascade:   env")]  # ... no line
+    assert "$'x\\x0acascade:   env        NOTHING_TO_SEE=here'" in plan.stderr  # to paste: the same argv
     shown = project.cascade("show", second, check=True).stdout
     rows = [line.split()[0] for line in shown.splitlines() if line.strip()]
     assert rows.count("commit") == 1 and rows.count("cwd") == 1, shown  # the forged commit is in the cwd row
     assert "\\ncommit   " + "0" * 40 in shown
     assert not [line for line in shown.splitlines() if line.strip().startswith("forged")], shown
+    listed = project.cascade("ls", check=True).stdout
+    assert "forged: a row" in listed, listed
+    assert not [line for line in listed.splitlines() if line.startswith("forged")], listed
+    assert not [line for line in shown.splitlines() if line.startswith("forged")], shown
     for args in (("diff", first, second), ("verify", first, second)):
         said = project.cascade(*args).stdout
+        assert not [line for line in said.splitlines() if line.lstrip().startswith("forged")], (args, said)
         assert "NOTHING_TO_SEE" in said, (args, said)  # the difference is named ...
         forged = [line for line in said.splitlines() if line.lstrip().startswith("cascade:")]
         assert not forged, args  # ... on its own line
