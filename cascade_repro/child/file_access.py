@@ -329,7 +329,8 @@ class FileAccess:
             _replace(os, name, renaming(getattr(os, name)))
 
     def _truncating(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        relative, before_write, note_relative = self.relative, self.before_write, self.note_relative
+        relative, before_write, note_relative, note = (self.relative, self.before_write, self.note_relative,
+                                                       self.note)  # fmt: skip
 
         def truncate_(path: Any, length: int) -> Any:  # (by descriptor: its open for writing kept them)
             rel = relative(path)
@@ -338,6 +339,8 @@ class FileAccess:
             result = original(path, length)
             if rel is not None:
                 note_relative(rel, True)
+            else:
+                note(path, True)  # outside the repository: the run's own file, if read back
             return result
 
         return truncate_

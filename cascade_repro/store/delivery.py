@@ -200,7 +200,7 @@ class Delivery:
                  end_tags: dict[str, Any], status: str, end_ms: int) -> list[str]:  # fmt: skip
         """Write the record (saying what is not stored), the end tags, then close the run with `status`
         unless something is still pending. Returns what the store lacks (empty: complete)."""
-        self.keep_record(self.annotate(record, pending_points))
+        self.keep_record(self.annotate(record, pending_points), last_words=True)
         self.ledger.update(stage="final")
         self.do(record_op(artifact_file))
         earlier = self.state(END_TAGS_OP) or {}
@@ -215,11 +215,12 @@ class Delivery:
             self.do({"id": CLOSE_OP, "kind": CLOSE_OP, "status": status, "end_ms": end_ms})
         return self.missing(pending_points)
 
-    def keep_record(self, record: dict[str, Any]) -> None:
-        """The record to send: kept in memory, and in the spool where the disk allows."""
+    def keep_record(self, record: dict[str, Any], last_words: bool = False) -> None:
+        """The record to send: kept in memory, and in the spool where the disk allows (`last_words`:
+        the final one, which may take the run directory's reserve; the early one, mid-run, not)."""
         self.record = record
         with contextlib.suppress(OSError):
-            spool.write_json(self.ledger.run_dir / spool.RECORD_FILE, record, last_words=True)
+            spool.write_json(self.ledger.run_dir / spool.RECORD_FILE, record, last_words=last_words)
 
     def missing(self, pending_points: int) -> list[str]:
         """What the store lacks, one line each (pending for `cascade sync`, or refused and why)."""

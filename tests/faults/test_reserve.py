@@ -8,11 +8,13 @@ import errno
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from cascade_repro.child import protocol
 from cascade_repro.store import spool
+from cascade_repro.store.delivery import Delivery
 from tests.faults.helpers import small_tmpfs
 
 pytestmark = pytest.mark.requires_root
@@ -45,12 +47,17 @@ def test_a_write_in_the_middle_of_a_run_leaves_the_reserve_for_its_end(tmp_path:
             _fill(mount)
             ledger.put({"id": "points:1", "kind": "points", "state": "pending"})  # mid-run
             assert ledger.unsaved is not None  # it waits, in memory, for room or the end
+            early = SimpleNamespace(ledger=ledger, record=None)  # the record made after capture, mid-run
+            Delivery.keep_record(early, {"run_id": "r", "stage": "captured"})  # type: ignore[arg-type]
+            assert early.record is not None and not (run_dir / spool.RECORD_FILE).exists()
+            assert (run_dir / protocol.RESERVE_FILE).exists()
             _fill(mount)  # the script goes on writing
             ledger.update(ended={"status": "FAILED", "exit_code": 1})  # the run's end
             assert ledger.unsaved is None
             saved = json.loads((run_dir / spool.LEDGER_FILE).read_text())
             assert saved["ended"]["status"] == "FAILED" and saved["ops"][0]["id"] == "points:1"
-            spool.write_json(run_dir / spool.RECORD_FILE, {"run_id": "r"}, last_words=True)
+            final = SimpleNamespace(ledger=ledger, record=None)
+            Delivery.keep_record(final, {"run_id": "r"}, last_words=True)  # type: ignore[arg-type]
             assert json.loads((run_dir / spool.RECORD_FILE).read_text()) == {"run_id": "r"}
         finally:
             os.close(lock)
