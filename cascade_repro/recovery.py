@@ -239,7 +239,7 @@ def _complete_from_run_dir(record: dict[str, Any], run_dir: Path, plan: dict[str
             delivery.do(file_op(path, artifact_dir))
         record["distributed"] = layout.section(entries)
     record["checkpoints"] = _checkpoints(run_dir, plan, settings, delivery, notify)
-    record["inputs"], record["outputs"] = _files(run_dir, plan, record, settings, notify)
+    record["inputs"], record["outputs"] = _files(run_dir, plan, record, settings, notify, stopped)
     _remember_outputs(plan, settings, delivery.run_id, record, stopped)
     for name in (protocol.OUTPUT_LOG, protocol.TRACE_FILE):
         if (run_dir / name).exists():
@@ -299,8 +299,8 @@ def _checkpoints(run_dir: Path, plan: dict[str, Any], settings: Settings, delive
     return recorded.entries
 
 
-def _files(run_dir: Path, plan: dict[str, Any], record: dict[str, Any], settings: Settings,
-           notify: Notify) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
+def _files(run_dir: Path, plan: dict[str, Any], record: dict[str, Any], settings: Settings, notify: Notify,
+           stopped: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
     """The inputs git and DVC cannot see and the outputs, from what the child noted (as finish()
     records them; the hashes are of the files as they are now, which the recoverer says it read, but
     for a file read and then rewritten: the child's hash and copy of its bytes as read, cached as
@@ -319,8 +319,9 @@ def _files(run_dir: Path, plan: dict[str, Any], record: dict[str, Any], settings
     except Exception as exc:  # the rest of the record still goes in
         log.warning("inputs and outputs not recovered: %s", exc)
         return list(record.get("inputs") or []), list(record.get("outputs") or [])
-    every = plan.get("track_inputs") is True
-    _cache_inputs(root, files.inputs, files.kept, notify, _stopped(run_dir) if every else None)
+    # (`stopped`: read before this recovery wrote in the run directory, which would move it later)
+    track_inputs = plan.get("track_inputs") is True
+    _cache_inputs(root, files.inputs, files.kept, notify, stopped if track_inputs else None)
     return files.inputs, files.outputs
 
 
@@ -332,9 +333,8 @@ def _cache_inputs(root: Path, inputs: list[dict[str, Any]], kept: dict[str, Path
     now where unchanged since the run stopped (one edited since is not what it read)."""
     from cascade_repro.store.dvc_store import Cache
 
-    every = every_until is not None
-    chosen = [i for i in inputs if i["path"] in kept and (every or i.get("rewritten"))]  # as read
-    if every_until is not None:
+    chosen = [i for i in inputs if i["path"] in kept and (every_until is not None or i.get("rewritten"))]
+    if every_until is not None:  # (the others: as they are now)
         for item in inputs:
             if item["path"] in kept or item.get("rewritten"):
                 continue

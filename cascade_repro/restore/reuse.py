@@ -13,7 +13,7 @@ from cascade_repro.errors import RestoreRefused
 from cascade_repro.restore.plan import RestorePlan
 from cascade_repro.restore.safety import safe_path
 from cascade_repro.settings import OWN_ENTRIES, RESTORE_MARKER
-from cascade_repro.store import git_repo
+from cascade_repro.store import git_repo, spool
 
 MARKER = RESTORE_MARKER  # in the worktree's own git dir, never in its files
 
@@ -41,7 +41,7 @@ def write_marker(workdir: Path, plan: RestorePlan, rerun: str | None = None) -> 
         body["rerun"] = "started"
         body["ignored"] = _ignored(workdir, plan)
     elif rerun == "ended":
-        before = _read_marker(marker).get("ignored")
+        before = spool.read_json(marker).get("ignored")
         if isinstance(before, list):
             kept = set(map(str, before))
             added = [(rel, _stamp(workdir / rel)) for rel in _ignored(workdir, plan) if rel not in kept]
@@ -65,14 +65,6 @@ def _stamp(path: Path) -> list[int] | None:
     return [status.st_size, status.st_mtime_ns]
 
 
-def _read_marker(marker: Path) -> dict[str, Any]:
-    try:
-        body = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
 def rerun_outputs(workdir: Path, plan: RestorePlan, state: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     """What the last re-run left in the worktree: (files to remove, files to move aside). Untracked
     files the record does not name; the ignored files it added by its end (those since changed:
@@ -81,7 +73,7 @@ def rerun_outputs(workdir: Path, plan: RestorePlan, state: Mapping[str, Any]) ->
     recorded = {u.path for u in plan.untracked}
     remove = [str(rel) for rel, _digest in state.get("untracked") or [] if rel not in recorded]
     aside: list[str] = []
-    marker = _read_marker(git_repo.git_dir(workdir) / MARKER)
+    marker = spool.read_json(git_repo.git_dir(workdir) / MARKER)
     added, before = marker.get("rerun_ignored"), marker.get("ignored")
     if isinstance(added, list):
         ignored = set(_ignored(workdir, plan))

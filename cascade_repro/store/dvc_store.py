@@ -73,9 +73,10 @@ def directory_files(path: Path) -> list[Path]:
                   key=lambda p: p.relative_to(path).as_posix())  # fmt: skip
 
 
-def directory_listing(entries: list[dict[str, str]]) -> bytes:
-    """A `.dir` object's bytes: its entries (md5, relpath), whose md5 + `.dir` names it."""
-    return json.dumps(entries, sort_keys=True).encode("utf-8")
+def directory_object(entries: list[dict[str, str]]) -> tuple[bytes, str]:
+    """A `.dir` object's bytes, its entries (md5, relpath), and its name: their md5 + `.dir`."""
+    listing = json.dumps(entries, sort_keys=True).encode("utf-8")
+    return listing, hashlib.md5(listing, usedforsecurity=False).hexdigest() + DIR_SUFFIX
 
 
 def workspace_md5(path: Path) -> tuple[str, int]:
@@ -88,7 +89,7 @@ def workspace_md5(path: Path) -> tuple[str, int]:
         md5, size = md5_of(file)
         entries.append({"md5": md5, "relpath": file.relative_to(path).as_posix()})
         total += size
-    return hashlib.md5(directory_listing(entries), usedforsecurity=False).hexdigest() + DIR_SUFFIX, total
+    return directory_object(entries)[1], total
 
 
 def pointer_text(md5: str, size: int, path: str, files: int | None = None) -> str:
@@ -203,8 +204,7 @@ class Cache:
             entries.append({"md5": stored.md5, "relpath": file.relative_to(path).as_posix()})
             total += stored.size
             links.add(stored.link)
-        listing = directory_listing(entries)
-        md5 = hashlib.md5(listing, usedforsecurity=False).hexdigest() + DIR_SUFFIX
+        listing, md5 = directory_object(entries)
         target = self.object_path(md5)
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
