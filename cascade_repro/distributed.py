@@ -323,5 +323,5 @@ class RankFollower:
         return self.job_dir
 
     def ended(self, exit_code: int) -> None:
-        protocol.write_json_atomic(self.own / protocol.RANK_EXIT_FILE, {"exit_code": exit_code,
-                                                                          "pid": os.getpid()})  # fmt: skip
+        ended = {"exit_code": exit_code, "pid": os.getpid()}
+        protocol.write_json_atomic(self.own / protocol.RANK_EXIT_FILE, ended, last_words=True)

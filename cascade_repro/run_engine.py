@@ -11,6 +11,7 @@ as capture is done and again with the outcome, metrics are flushed before the ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -67,7 +68,9 @@ def _record(plan: RunPlan, notify: Notify, run_dir: Path, start_ms: int) -> RunR
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing ran, nothing recorded: leave nothing behind
         raise
     if plan.container is None:  # pid reuse is told apart by the start time /proc gives
-        spool.write_owner(run_dir, child.pid)
+        # (a disk filled since the directory was made: parent.json keeps naming this process alone)
+        with contextlib.suppress(OSError):
+            spool.write_owner(run_dir, child.pid)
     try:
         recording, store = _start_recording(plan, notify, child, env, run_dir, start_ms)
     except BaseException:

@@ -199,6 +199,7 @@ def _own_directory(job_dir: Path) -> Path:
         return job_dir
     own = protocol.rank_dir(job_dir, rank)
     own.mkdir(parents=True, exist_ok=True, mode=0o700)
+    protocol.set_aside_reserve(own)  # this rank's last words on a full disk (its exit facts)
     os.environ[protocol.ENV_RUN_DIR] = str(own)  # runtime.log_metrics and checkpoints follow it
     os.environ.pop(protocol.ENV_TRACE_DUMP, None)  # `verify --replay` saves rank 0's tensors
     return own

@@ -44,7 +44,8 @@ FILES_FILE = "files.jsonl"  # child → parent: {"read"|"written": path} per rep
 OUTPUT_LOG = "output.log"  # parent: the script's stdout and stderr as the terminal saw them
 RANKS_DIR = "ranks"  # multi-process runs: rank K > 0 writes its files in ranks/K/ (rank 0 in the run dir)
 RANK_EXIT_FILE = "exit.json"  # in ranks/K/, by the `cascade run` of a rank under the user's torchrun
-RESERVE_FILE = "reserve"  # parent: space set aside at the start, given up on a full disk (the run's end)
+RESERVE_FILE = "reserve"  # space set aside at the start, given up on a full disk (the run's end)
+RESERVE_BYTES = 256 << 10  # the final record, the outbox and the child's exit facts, on a full disk
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)  # a full disk, or the user's quota on it
 
 DETERMINISM_MODES = ("off", "warn", "strict")
@@ -107,6 +108,34 @@ def write_json_atomic(path: Path, data: Any, last_words: bool = False) -> None:
             full = last_words and exc.errno in FULL_DISK
             if attempt == 2 or not full or not _release_reserve(path.parent):
                 raise
+
+
+def set_aside_reserve(directory: Path) -> None:
+    """Space set aside in `directory` for the run's last words (the run directory's, by the parent; a
+    rank's ranks/K/, by that rank's child): a script that fills the disk must not keep its end
+    (status, exit code, exception) from the spool. Allocated, not written, where the file system can;
+    none on a file system with little room left (the run's own files need it more)."""
+    path = directory / RESERVE_FILE
+    try:
+        room = os.statvfs(directory)
+        if room.f_bavail * room.f_frsize < 16 * RESERVE_BYTES:
+            return
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError:
+        return
+    try:
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            if os.write(fd, bytes(RESERVE_BYTES)) != RESERVE_BYTES:  # no fallocate on this file system
+                raise OSError(errno.ENOSPC, "short write") from exc
+    except OSError:  # no room to set aside: nothing is
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    finally:
+        os.close(fd)
 
 
 def _release_reserve(directory: Path) -> bool:

@@ -98,6 +98,7 @@ def remove_rerun_outputs(workdir: Path, plan: RestorePlan, state: Mapping[str, A
     if cut:
         remove, aside = [], remove + aside
     real = os.path.realpath(workdir)
+    removing = set(remove)  # (a re-run's many thousands of outputs: one lookup each)
     removed: list[str] = []
     moved: list[str] = []
     for rel in remove + aside:
@@ -105,7 +106,7 @@ def remove_rerun_outputs(workdir: Path, plan: RestorePlan, state: Mapping[str, A
         parent = os.path.realpath(path.parent)
         if parent != real and not parent.startswith(real + os.sep):
             continue
-        if rel in remove:
+        if rel in removing:
             path.unlink(missing_ok=True)
             removed.append(rel)
         elif os.path.lexists(path):

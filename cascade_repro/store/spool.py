@@ -23,6 +23,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import socket
 import threading
 import time
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from cascade_repro.child import protocol
+from cascade_repro.errors import CascadeError
 
 LOCK_FILE = "lock"
 OWNER_FILE = "parent.json"
@@ -42,7 +44,6 @@ PARENT_EVENTS_FILE = "parent_events.jsonl"  # the parent's own points (resources
 EVENT_FILES = (protocol.EVENTS_FILE, PARENT_EVENTS_FILE)
 SPOOL_TAG = "cascade.spool"  # on the MLflow run: its directory's name, so a recoverer finds a run it opened
 
-RESERVE_BYTES = 256 << 10  # the final record, the outbox and the child's exit facts, on a full disk
 HEARTBEAT_S = 5.0
 STALE_S = 120.0  # a parent on another host silent this long is taken for dead
 YOUNG_S = 30.0  # a directory without parent.json this young may still be in the making
@@ -65,44 +66,37 @@ def make_run_dir(base: Path) -> tuple[Path, int]:
 
     Made under a hidden name and renamed into place, so a scan never sees it without its lock.
     """
-    base.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = f"{stamp}-{os.getpid()}"
     hidden = base / f".{name}.new"
-    hidden.mkdir(mode=0o700)  # what the script logs and reads is its owner's only
-    fd = _lock(hidden / LOCK_FILE)
-    assert fd is not None  # nobody else knows the directory yet
-    write_owner(hidden)
-    _reserve(hidden / protocol.RESERVE_FILE)
-    run_dir = base / name
-    os.rename(hidden, run_dir)
+    fd: int | None = None
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        hidden.mkdir(mode=0o700)  # what the script logs and reads is its owner's only
+        fd = _lock(hidden / LOCK_FILE)
+        assert fd is not None  # nobody else knows the directory yet
+        write_owner(hidden)
+        protocol.set_aside_reserve(hidden)
+        run_dir = base / name
+        os.rename(hidden, run_dir)
+    except OSError as exc:  # a full disk, a read-only one: said before anything runs, nothing left
+        if fd is not None:
+            release(fd)
+        shutil.rmtree(hidden, ignore_errors=True)
+        raise _cannot_make(base, exc) from exc
     return run_dir, fd
 
 
-def _reserve(path: Path) -> None:
-    """Space set aside for the run's last words: a script that fills the disk must not keep its end
-    (status, exit code, exception) from the spool. Allocated, not written, where the file system can;
-    none on a file system with little room left (the run's own files need it more)."""
-    try:
-        room = os.statvfs(path.parent)
-        if room.f_bavail * room.f_frsize < 16 * RESERVE_BYTES:
-            return
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    except OSError:
-        return
-    try:
-        try:
-            os.posix_fallocate(fd, 0, RESERVE_BYTES)
-        except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-            if os.write(fd, bytes(RESERVE_BYTES)) != RESERVE_BYTES:  # no fallocate on this file system
-                raise OSError(errno.ENOSPC, "short write") from exc
-    except OSError:  # no room to set aside: nothing is
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-    finally:
-        os.close(fd)
+def _cannot_make(base: Path, exc: OSError) -> CascadeError:
+    """Why no run directory could be made in `base`, and the fix."""
+    where = f"{base.parent.name}/{base.name}"
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = f"free space on the disk that holds {base} (a run needs room for its log, trace and record)"
+    else:
+        hint = f"make {base} writable by you"
+    return CascadeError(f"cannot make the run's directory in {where}: {reason}; the script did not run",
+                        hint=hint)  # fmt: skip
 
 
 def release(fd: int) -> None:

@@ -42,7 +42,7 @@ def test_a_write_in_the_middle_of_a_run_leaves_the_reserve_for_its_end(tmp_path:
     with small_tmpfs(tmp_path / "small", "8m") as mount:
         run_dir, lock = spool.make_run_dir(mount / "runs")
         try:
-            assert (run_dir / protocol.RESERVE_FILE).stat().st_size == spool.RESERVE_BYTES
+            assert (run_dir / protocol.RESERVE_FILE).stat().st_size == protocol.RESERVE_BYTES
             ledger = spool.Ledger(run_dir, {"ops": []})
             _fill(mount)
             ledger.put({"id": "points:1", "kind": "points", "state": "pending"})  # mid-run
@@ -82,3 +82,22 @@ def test_a_full_quota_is_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyP
     finally:
         os.close(lock)
     assert refused and json.loads((run_dir / "child.json").read_text()) == {"exit_code": 1}
+
+
+def test_a_rank_of_a_torchrun_job_keeps_room_for_its_last_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last stop's named gap: rank K > 0 writes its exit facts in ranks/K/, where no reserve was
+    set aside (only the run directory had one), so a script that filled the disk lost that rank's end."""
+    from cascade_repro.child import bootstrap
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv(protocol.ENV_RUN_DIR, str(tmp_path))  # (the bootstrap points it at ranks/1)
+    with small_tmpfs(tmp_path / "small", "8m") as mount:
+        own = bootstrap._own_directory(mount / "job")
+        assert own == mount / "job" / protocol.RANKS_DIR / "1"
+        assert (own / protocol.RESERVE_FILE).stat().st_size == protocol.RESERVE_BYTES
+        _fill(mount)  # the script fills the disk, then ends
+        protocol.write_json_atomic(own / protocol.FACTS_FILE, {"exit_code": 3}, last_words=True)
+        assert json.loads((own / protocol.FACTS_FILE).read_text()) == {"exit_code": 3}

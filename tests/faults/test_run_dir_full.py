@@ -3,6 +3,8 @@ closed, and the record says what is missing instead of a silent success."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -47,3 +49,25 @@ def test_a_full_run_directory_never_blocks_the_script_and_the_run_says_it_is_inc
     history = project.client().get_metric_history(run.info.run_id, "m")
     claimed = record["metrics"]["keys"].get("m", {}).get("count", 0)  # no key when none were stored
     assert claimed == len(history) < 4000  # points were dropped (said above); the record claims no more
+
+
+def test_a_disk_already_full_stops_the_run_before_the_script_with_the_fix_named(
+    project: Project, full_runs_dir: Path
+) -> None:
+    """Found by trying it: with `.cascade/runs` on a disk already full, `cascade run` printed a bare
+    `OSError: [Errno 28]` and left a half-made hidden run directory behind."""
+    project.write("hello.py", "open('ran', 'w').write('yes')\nprint('the script ran')\n")
+    project.commit("hello")
+    fd = os.open(full_runs_dir / "filler", os.O_WRONLY | os.O_CREAT)
+    with contextlib.suppress(OSError):
+        while True:
+            os.write(fd, bytes(4096))
+    os.close(fd)
+    result = project.cascade("run", "hello.py", timeout=120)
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert "cannot make the run's directory" in result.stderr and ".cascade/runs" in result.stderr
+    assert "No space left on device" in result.stderr and "free space on the disk" in result.stderr
+    assert "Traceback" not in result.stderr and "OSError" not in result.stderr
+    assert "the script ran" not in result.stdout and not (project.root / "ran").exists()  # nothing ran
+    assert sorted(p.name for p in full_runs_dir.iterdir()) == ["filler"]  # nothing half-made is left
+    assert project.runs() == []
