@@ -367,9 +367,15 @@ def _record_at_exit(facts: Facts, env_names: set[str]) -> None:
             values[name] = part()
         except Exception as exc:  # reported in the record, not on the terminal
             errors[name] = f"{type(exc).__name__}: {exc}"[:500]
+    waiting = runtime.write_checkpoint_notes()  # (a full run directory kept them waiting)
+    if waiting:
+        errors["checkpoints"] = waiting
     if errors:
         values["errors"] = errors
     facts.last_words(**values)
+    if waiting and runtime.write_checkpoint_notes() is None:  # the reserve, given up for the facts
+        del errors["checkpoints"]
+        facts.last_words(errors=errors or None)
 
 
 if __name__ == "__main__":

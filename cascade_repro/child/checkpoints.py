@@ -17,6 +17,8 @@ read back after saving it is its own output, inside the repository or outside.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import sys
@@ -69,6 +71,8 @@ class CheckpointLog:
         self.lock = threading.Lock()
         self.warned_monitor = False
         self.superseded = 0
+        self.unwritten: list[str] = []  # notes the run directory could not take yet (a full disk)
+        self.warned_full = False
 
     def make_room(self, path: Path) -> None:
         """Before a save over an existing file: keep its bytes for the parent under a second name,
@@ -97,8 +101,45 @@ class CheckpointLog:
                 record.update(_identity(path))
             except OSError:
                 return
-        with self.lock, protocol.open_private(self.path) as handle:
-            handle.write(json.dumps(record, default=str) + "\n")
+        with self.lock:
+            self.unwritten.append(json.dumps(record, default=str) + "\n")
+            self.write_unwritten()
+
+    def write_unwritten(self) -> str | None:
+        """The notes not written yet, appended whole, in order (under `lock`). Where the run directory
+        cannot take them (its disk full) they wait in memory, for the next save or the script's end
+        (`runtime.write_checkpoint_notes`, after the reserve is given up): the script's own save never
+        fails for them. Returns the error that kept them, if any; a line cut short is taken back."""
+        assert self.path is not None
+        if not self.unwritten:
+            return None
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as exc:
+            return self._kept(exc)
+        try:
+            while self.unwritten:
+                end = os.fstat(fd).st_size
+                line = self.unwritten[0].encode()
+                try:
+                    if os.write(fd, line) != len(line):
+                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                except OSError as exc:
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, end)  # no half line for the parent to read
+                    return self._kept(exc)
+                self.unwritten.pop(0)
+        finally:
+            os.close(fd)
+        return None
+
+    def _kept(self, exc: OSError) -> str:
+        error = f"{exc.strerror or exc}"
+        if not self.warned_full:
+            self.warned_full = True
+            sys.stderr.write(f"cascade: checkpoint notes wait in memory: the run directory cannot take them "
+                             f"({error}); the script goes on\n")  # fmt: skip
+        return error
 
 
 def _identity(path: Path) -> dict[str, int]:

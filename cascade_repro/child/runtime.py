@@ -115,6 +115,18 @@ def checkpoint_log(directory: Path | None) -> CheckpointLog:
         return _checkpoints[0]
 
 
+def write_checkpoint_notes() -> str | None:
+    """At the script's end: the checkpoint notes a full run directory kept waiting, written now if it
+    takes them; what is still missing otherwise (None: nothing is)."""
+    with _lock:
+        log = _checkpoints[0] if _checkpoints else None
+    if log is None or log.path is None:
+        return None
+    with log.lock:
+        error = log.write_unwritten()
+        return None if error is None else f"{len(log.unwritten)} checkpoint save(s) not noted: {error}"
+
+
 def _open_sink() -> EventSink | None:
     directory = run_dir()
     if directory is None:

@@ -71,3 +71,51 @@ def test_a_disk_already_full_stops_the_run_before_the_script_with_the_fix_named(
     assert "the script ran" not in result.stdout and not (project.root / "ran").exists()  # nothing ran
     assert sorted(p.name for p in full_runs_dir.iterdir()) == ["filler"]  # nothing half-made is left
     assert project.runs() == []
+
+
+SAVES_ON_A_FULL_RUN_DIR = """
+import os, sys, torch
+def fill(directory):
+    fd = os.open(os.path.join(directory, "filler"), os.O_WRONLY | os.O_CREAT)
+    for size in (1 << 16, 1 << 12, 1):
+        try:
+            while True:
+                os.write(fd, bytes(size))
+        except OSError:
+            pass
+    os.close(fd)
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(20):
+    opt.zero_grad()
+    model(torch.randn(4, 8)).pow(2).mean().backward()
+    opt.step()
+    if step == 4:  # something else fills the disk that holds the run directory
+        fill(os.path.dirname(os.environ["CASCADE_RUN_DIR"]))
+    if step in (9, 14):
+        torch.save(model.state_dict(), f"ck{step}.pt")
+print("the end", flush=True)
+"""
+
+
+def test_a_checkpoint_saved_on_a_full_run_directory_never_fails_the_scripts_save(
+    project: Project, tmp_path: Path
+) -> None:
+    """Found on pytorch/examples' word_language_model: its `torch.save` raised OSError(ENOSPC) from
+    cascade's hook, which noted the save in the run directory's full disk; the script died (exit 1)
+    where plain python finished. The notes now wait in memory and are written at the end, from the
+    run directory's reserve: the script ends as it would, and the checkpoints are in the record."""
+    project.write("saves.py", SAVES_ON_A_FULL_RUN_DIR)
+    project.commit("saves")
+    with small_tmpfs(project.root / ".cascade" / "runs", "8m"):
+        result = project.cascade("run", "saves.py", timeout=240)
+    assert "the end" in result.stdout, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    (run,) = project.runs()
+    assert run.info.status == "FINISHED", result.stderr
+    record = project.manifest(run.info.run_id)
+    assert record["outcome"]["exit_code"] == 0
+    saved = {Path(c["path"]).name: c for c in record["checkpoints"]}
+    assert sorted(saved) == ["ck14.pt", "ck9.pt"], record["checkpoints"]
+    assert saved["ck9.pt"]["step"] == 9 and saved["ck14.pt"]["step"] == 14
