@@ -559,7 +559,8 @@ class StepTracer:
         self.closed = True
         self._final_weights(self.step - 1)  # as at exit: the last step's, where it has no record
         self._writer.close()
-        sys.stderr.write(f"cascade: stopped after {self.step} steps, as asked (--steps)\n")
+        sys.stderr.write(f"cascade: stopped after {self.step} steps, as the restore asked (the recorded "
+                         "run's steps, or --steps)\n")  # fmt: skip
         raise SystemExit(0)
 
     # -- pieces -----------------------------------------------------------------------------
@@ -593,10 +594,11 @@ class StepTracer:
 
     def stop(self, exc: Exception) -> None:
         """Something the trace reads failed: the trace stops there, saying so; the training goes on."""
+        if not self._stopped:  # (said once: closing it at exit may meet the same failure)
+            sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
         self.closed = self._stopped = True
         self.coasting = False
         self._pending = None
-        sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
 
     def _wait_for_devices(self) -> None:
         """Before a sampled step's fingerprints are timed for the budget: an accelerator finishes the

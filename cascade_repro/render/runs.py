@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import shlex
+import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from cascade_repro.child.trace_budget import FULL_RECORDS, parse_schedule
 from cascade_repro.record_sections import error_line
@@ -256,11 +258,11 @@ def run_record(record: RunRecord) -> None:
     uncaptured = "not captured (the cascade process died first)" \
         if any(item.startswith("capture:") for item in outcome.missing) else None  # fmt: skip
     rows: list[tuple[str, str]] = [
-        ("command", " ".join(["cascade run", m.command.get("script", ""), *m.command.get("argv", [])])),
+        ("command", _command(m.command)),
         ("cwd", m.command.get("cwd", "")),
         ("outcome", "still running: its outcome, trace and files are recorded when it ends"
          if record.status == "RUNNING" and outcome.exit_code is None
-         else f"{_exit(outcome.exit_code, recovered)} after {outcome.get('duration_s')}s"),
+         else f"{_exit(outcome.exit_code, recovered, outcome.signal)} after {outcome.get('duration_s')}s"),
         ("error", error_line(error)),
         ("recovered", recovered),
         ("missing", "; ".join(outcome.missing)),
@@ -457,10 +459,26 @@ def _os(system: dict[str, Any]) -> str:
     return f"{system.get('system')} {system.get('release')}"
 
 
-def _exit(code: int | None, recovered: str) -> str:
-    if code is not None:
-        return f"exit {code}"
-    return "no exit code seen" + (" (the cascade process died first)" if recovered else "")
+def _command(command: Mapping[str, Any]) -> str:
+    """The `cascade run` command as it was typed, cascade's own options too (`--seed 7`), quoted to
+    be pasted; a record from before `invocation` was kept: the script and its arguments."""
+    invocation = command.get("invocation")
+    if isinstance(invocation, list) and invocation and all(isinstance(part, str) for part in invocation):
+        return shlex.join(invocation)
+    return " ".join(["cascade run", str(command.get("script", "")), *map(str, command.get("argv") or [])])
+
+
+def _exit(code: int | None, recovered: str, signal_number: Any = None) -> str:
+    if code is None:
+        return "no exit code seen" + (" (the cascade process died first)" if recovered else "")
+    said = f"exit {code}"
+    if isinstance(signal_number, int) and not isinstance(signal_number, bool):
+        try:
+            name = signal.Signals(signal_number).name
+        except ValueError:
+            name = f"signal {signal_number}"
+        said += f" ({name} reached the script" + (", which caught it and ended itself)" if code == 0 else ")")
+    return said
 
 
 def _dirty(git: GitSection) -> str:

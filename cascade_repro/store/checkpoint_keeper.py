@@ -261,9 +261,7 @@ def finish_checkpoints(keeper: CheckpointKeeper, delivery: Delivery, remote: str
             parent = Path(entry.path).parent.as_posix()
             directory = "cascade/checkpoint_files" + ("" if parent == "." else f"/{parent}")
             delivery.do(file_op(keeper.root / entry.path, directory))
-    outside = [e.path for e in entries if e.status == "not_cached"]
-    if outside:
-        warnings.append(f"checkpoints not in the DVC cache: {', '.join(outside[:3])} ({entries[-1].reason})")
+    warnings += _not_cached(entries)
     records = [e.to_dict() for e in entries]
     if keeper.cache is not None and data_md5s:  # inputs never cached here are not ours to push
         data_md5s = [m for m in data_md5s if keeper.cache.object_path(m).exists()]
@@ -289,3 +287,12 @@ def finish_checkpoints(keeper: CheckpointKeeper, delivery: Delivery, remote: str
         {"cascade.checkpoints": ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))} if entries else {}
     )
     return CheckpointsRecorded(records, warnings, tags)
+
+
+def _not_cached(entries: list[CheckpointEntry]) -> list[str]:
+    """The warning for checkpoints left out of the DVC cache: each path once (one saved every epoch)."""
+    outside = list(dict.fromkeys(e.path for e in entries if e.status == "not_cached"))
+    if not outside:
+        return []
+    more = f" and {len(outside) - 3} more" if len(outside) > 3 else ""
+    return [f"checkpoints not in the DVC cache: {', '.join(outside[:3])}{more} ({entries[-1].reason})"]

@@ -167,3 +167,21 @@ def test_a_checkpoint_pruned_while_it_is_hashed_is_gone_not_an_error(
         assert cache.add(checkpoint, hardlink=True) is None
     finally:
         cache.close()
+
+
+def test_the_not_cached_warning_names_each_path_once() -> None:
+    """Found on word_language_model (model.pt saved every epoch): the warning read "model.pt, model.pt"."""
+    from cascade_repro.store.checkpoint_keeper import CheckpointEntry, _not_cached
+
+    reason = "no DVC repository (run `cascade init`)"
+
+    def not_cached(path: str, step: int) -> CheckpointEntry:
+        return CheckpointEntry(path, step, {}, "torch.save", status="not_cached", reason=reason)
+
+    assert _not_cached([not_cached("model.pt", 1), not_cached("model.pt", 2)]) == [
+        f"checkpoints not in the DVC cache: model.pt ({reason})"
+    ]
+    many = [not_cached(f"ck{s}.pt", s) for s in range(5)]
+    (warning,) = _not_cached(many)
+    assert warning == f"checkpoints not in the DVC cache: ck0.pt, ck1.pt, ck2.pt and 2 more ({reason})"
+    assert _not_cached([CheckpointEntry("kept.pt", 1, {}, "torch.save")]) == []

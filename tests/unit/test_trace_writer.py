@@ -35,3 +35,16 @@ def test_losses_held_as_tensors_are_read_together_as_each_would_be_alone(
     assert text == [json.dumps(loss) for loss in [*alone, None]]
     assert written[0]["loss"]["bits"] == 0x3DCCCCCD and written[1]["loss"]["bits"] == -(2**31)
     assert written[4]["loss"]["dtype"] == "float64" and written[5]["loss"]["dtype"] == "bfloat16"
+
+
+def test_a_trace_that_stops_says_so_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found on a full run directory: the failed flush stopped the trace, and closing it at exit met the
+    same failure and printed the same line again."""
+    from cascade_repro.child.trace import StepTracer
+
+    tracer = StepTracer(torch, tmp_path / "trace.jsonl")
+    full = OSError(28, "No space left on device")
+    tracer.stop(full)
+    tracer.stop(full)
+    assert capsys.readouterr().err.count("the step trace stopped") == 1
+    tracer.close()

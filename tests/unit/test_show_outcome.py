@@ -1,0 +1,25 @@
+"""`cascade show`'s command and outcome rows, from records as they come (a shared server's too)."""
+
+from __future__ import annotations
+
+from cascade_repro.render.runs import _command, _exit
+
+
+def test_the_outcome_names_a_signal_the_script_caught() -> None:
+    """Found on word_language_model, which catches Ctrl-C and ends itself: show said "exit 0" alone and
+    only `--json` had `signal: 2`."""
+    assert _exit(0, "", 2) == "exit 0 (SIGINT reached the script, which caught it and ended itself)"
+    assert _exit(143, "", 15) == "exit 143 (SIGTERM reached the script)"
+    assert _exit(0, "", None) == "exit 0"
+    assert _exit(1, "", 999) == "exit 1 (signal 999 reached the script)"
+    assert _exit(1, "", "2; rm -rf /") == "exit 1"  # (not a number: not shown)
+    assert _exit(None, "recovered") == "no exit code seen (the cascade process died first)"
+
+
+def test_the_command_is_the_one_typed_and_pastes() -> None:
+    typed = {"invocation": ["cascade", "run", "--seed", "7", "main.py", "--seed", "5", "--name", "a b"],
+             "script": "main.py", "argv": ["--seed", "5"]}  # fmt: skip
+    assert _command(typed) == "cascade run --seed 7 main.py --seed 5 --name 'a b'"
+    older = {"script": "main.py", "argv": ["--epochs", "2"]}  # a record from before `invocation`
+    assert _command(older) == "cascade run main.py --epochs 2"
+    assert _command({"invocation": "cascade run x", "script": "main.py"}) == "cascade run main.py"
