@@ -106,7 +106,7 @@ def likely_causes(
         "threads": "pin the thread count (OMP_NUM_THREADS / torch.set_num_threads) to the recorded value",
         "environment": "export the recorded values of those variables (cascade restore sets them)",
         "environment_read": "export the recorded values of those variables (cascade restore sets them)",
-        "data": "check out the recorded data (dvc checkout at the recorded commit; cascade restore does)",
+        "data": _data_fix(a, b),
         "packages": "install the recorded versions (cascade restore --docker reuses the recorded image)",
         "image": "run in the recorded image: cascade restore --docker",
     }
@@ -274,6 +274,20 @@ def _seed(changes: list[Change], a: Manifest, b: Manifest) -> str:
         else f"seed {c.a} → {c.b}"
         for c in changes
     )
+
+
+def _data_fix(a: Manifest, b: Manifest) -> str:
+    """Where the data differs: DVC's data is checked out; files neither git nor DVC tracks are put
+    back as the run read them (a copy only where --track-inputs kept one)."""
+    fixes = []
+    if dict(a.data_objects) != dict(b.data_objects):
+        fixes.append("check out the recorded data (dvc checkout at the recorded commit; cascade restore "
+                     "does)")  # fmt: skip
+    if {i.path: i.sha256 for i in a.inputs} != {i.path: i.sha256 for i in b.inputs}:
+        fixes.append("put back the files neither git nor DVC tracks as the run read them (their sha256 is "
+                     "in the record; cascade restore puts them back where the run had --track-inputs), "
+                     "then track them: dvc add, or cascade run --track-inputs")  # fmt: skip
+    return "; ".join(fixes) or "check out the recorded data (cascade restore does)"
 
 
 def _seed_fix(a: Manifest, b: Manifest) -> str:

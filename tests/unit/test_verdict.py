@@ -441,6 +441,8 @@ def test_a_data_file_that_differs_is_named_before_unseeded_randomness_when_the_r
     summaries = [cause.summary for cause in verdict.causes]
     assert summaries[0].startswith("data differs: data/train.txt"), summaries
     assert not any(s.startswith("unseeded randomness") for s in summaries), summaries
+    # the fix for a file neither git nor DVC tracks (it said "dvc checkout", which knows nothing of it)
+    assert "dvc checkout" not in verdict.causes[0].fix and "--track-inputs" in verdict.causes[0].fix
 
 
 def _thinned(full: list[dict[str, Any]], every: int, final_step: int | None) -> list[dict[str, Any]]:
