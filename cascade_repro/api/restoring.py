@@ -327,6 +327,8 @@ def _rerun_request(plan: RestorePlan, manifest: Manifest, tree: Path, settings: 
             **({"cascade.restored_version": plan.version} if plan.version else {}),
         },
         docker=False,  # in a container only with `restore --docker`, whatever cascade.yaml says
+        # (the inputs it kept in the DVC cache are kept by the re-run too, not warned about as loose)
+        track_inputs="--track-inputs" in (manifest.command.get("invocation") or []),
     )
 
 

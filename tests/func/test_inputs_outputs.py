@@ -183,6 +183,11 @@ def test_track_inputs_keeps_them_in_the_dvc_cache_and_restore_takes_them_from_th
     assert restored["plan"]["input_sources"] == {"data/meta.pkl": "dvc", "data/train.bin": "dvc"}
     worktree = Path(restored["worktree"]["path"])
     assert hashlib.md5((worktree / "data" / "train.bin").read_bytes()).hexdigest() == md5
+    # the re-run keeps them as the run did (it warned they came from the checkout only, as loose files)
+    assert "neither git nor DVC tracks" not in stderr
+    (rerun,) = [r for r in project.runs() if r.data.tags.get("cascade.restored_from")]
+    reread = {i["path"]: i.get("md5") for i in project.manifest(rerun.info.run_id)["inputs"]}
+    assert reread["data/train.bin"] == md5
 
 
 def test_a_rerun_that_crashes_is_reported_as_a_crash_not_as_a_trace_setting(
