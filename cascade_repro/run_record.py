@@ -7,7 +7,7 @@ import getpass
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from cascade_repro import __version__
 from cascade_repro.capture.environment import environment_read
@@ -104,6 +104,25 @@ def end_tags(manifest: Manifest) -> dict[str, str | None]:
         "cascade.image": manifest.container.image,
         "cascade.image_id": manifest.container.image_id,
     }
+
+
+def lost_at_the_end(ended: ChildExit, facts: Mapping[str, Any], run_dir: Path,
+                    unsaved: str | None) -> list[str]:  # fmt: skip
+    """What the record lacks of the script's end, for the run's `outcome.missing` (exit 4): the step
+    trace cut short (its header says where and why: a full disk), or the exit facts never written by
+    a script that ended by itself while the run directory's disk is full (the parent's own writes
+    refused, or no room there now). The checkpoints it noted at its end went with them."""
+    lost = []
+    stopped = (facts.get("trace") or {}).get("stopped")
+    if isinstance(stopped, Mapping):
+        lost.append(f"the step trace stopped at step {stopped.get('step')} ({stopped.get('error')}): the "
+                    "steps after it are not in it")  # fmt: skip
+    if facts.get("ended_at") or ended.killed_by_signal is not None:
+        return lost
+    if unsaved or ended.log_error or spool.disk_full(run_dir):
+        lost.append("the script's exit facts: the run directory's disk is full, so what the script noted at "
+                    "its end is not recorded (checkpoints it saved then, torch's flags, the trace's header)")
+    return lost
 
 
 def status_of(ended: ChildExit) -> str:

@@ -29,7 +29,14 @@ from cascade_repro.manifest import ARTIFACT_PATH, Manifest
 from cascade_repro.params import resolved_dict, unused_overrides, used_params
 from cascade_repro.record_sections import DataEntry
 from cascade_repro.run_plan import Notify, RunPlan, RunResult
-from cascade_repro.run_record import build_manifest, end_tags, seed_notice, start_tags, status_of
+from cascade_repro.run_record import (
+    build_manifest,
+    end_tags,
+    lost_at_the_end,
+    seed_notice,
+    start_tags,
+    status_of,
+)
 from cascade_repro.settings import sqlite_path
 from cascade_repro.store import local_record, spool
 from cascade_repro.store.checkpoint_keeper import CheckpointKeeper, CheckpointsRecorded, finish_checkpoints
@@ -185,6 +192,9 @@ class Recording:
             outcome["child_errors"] = facts["errors"]
             lost = "; ".join(f"{part} ({error})" for part, error in facts["errors"].items())
             self.warnings.append(f"the script's exit facts are incomplete: {lost}")
+        cut = lost_at_the_end(ended, facts, self.run_dir, self.ledger.unsaved)
+        if cut:
+            outcome["missing"] = [*outcome.get("missing", []), *cut]
         return outcome
 
     def _checkpoints(self, captured: Mapping[str, Any], files: RunFiles) -> CheckpointsRecorded:
@@ -250,6 +260,7 @@ class Recording:
         notice = seed_notice(self.plan, manifest.determinism)
         if notice:
             self.notify(notice)
+        missing += outcome.get("missing", [])  # (what the child could not write: the record is incomplete)
         if ended.log_error:
             missing.append(f"the run directory's disk filled up ({ended.log_error}): the output log is "
                            "incomplete (the terminal showed all of it) and metric points logged after "

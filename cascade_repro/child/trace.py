@@ -94,6 +94,7 @@ class StepTracer:
         self._last_optimizer: Any = None  # the last step's (its weights are read at exit)
         self._last_recorded = -1  # the last step that got a record
         self._stopped = False  # something the trace read failed: nothing more is read
+        self._stopped_at: dict[str, Any] | None = None  # where and why (the header says so)
         self._pending_sampled = True  # the pending step gets its weights (and gradients) read
         self._hash_s = 0.0  # what fingerprinting the pending step's tensors took so far
         self._spent_s = 0.0  # time inside the hooks since the last step began ...
@@ -147,7 +148,7 @@ class StepTracer:
         def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
             if self.in_step and optimizer is not self._last_optimizer:
                 return
-            if self.coasting:
+            if self.coasting or self._stopped:  # (stopped: steps still counted, for checkpoints' steps)
                 self.in_step = True
                 self._last_optimizer = optimizer
                 return
@@ -155,6 +156,10 @@ class StepTracer:
 
         def post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
             if optimizer is not self._last_optimizer and self.in_step:
+                return
+            if self._stopped:
+                self.in_step = False
+                self.step += 1
                 return
             if self.coasting:
                 if self.step + 1 < self._coast_until:
@@ -596,6 +601,7 @@ class StepTracer:
         """Something the trace reads failed: the trace stops there, saying so; the training goes on."""
         if not self._stopped:  # (said once: closing it at exit may meet the same failure)
             sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
+            self._stopped_at = {"step": self.step, "error": f"{type(exc).__name__}: {exc}"[:300]}
         self.closed = self._stopped = True
         self.coasting = False
         self._pending = None
@@ -644,6 +650,8 @@ class StepTracer:
             header["stopped_after_steps"] = self.stop_after
         if self.grad_scaler:
             header["grad_scaler"] = True
+        if self._stopped_at is not None:  # the trace ends there, whatever the script did after
+            header["stopped"] = self._stopped_at
         cost = self.sampling.cost()
         if cost is not None:  # (measured by the budget's clock, whatever the budget)
             header["cost"] = cost

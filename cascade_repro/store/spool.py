@@ -99,6 +99,15 @@ def _cannot_make(base: Path, exc: OSError) -> CascadeError:
                         hint=hint)  # fmt: skip
 
 
+def disk_full(run_dir: Path) -> bool:
+    """Whether the run directory's disk has no room left for what a run writes at its end."""
+    try:
+        room = os.statvfs(run_dir)
+    except OSError:
+        return False
+    return room.f_bavail * room.f_frsize < protocol.RESERVE_BYTES
+
+
 def release(fd: int) -> None:
     with contextlib.suppress(OSError):
         os.close(fd)

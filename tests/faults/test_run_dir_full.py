@@ -99,23 +99,33 @@ print("the end", flush=True)
 """
 
 
+@pytest.mark.parametrize("size", ["8m", "200k"])
 def test_a_checkpoint_saved_on_a_full_run_directory_never_fails_the_scripts_save(
-    project: Project, tmp_path: Path
+    project: Project, size: str
 ) -> None:
     """Found on pytorch/examples' word_language_model: its `torch.save` raised OSError(ENOSPC) from
     cascade's hook, which noted the save in the run directory's full disk; the script died (exit 1)
     where plain python finished. The notes now wait in memory and are written at the end, from the
-    run directory's reserve: the script ends as it would, and the checkpoints are in the record."""
+    run directory's reserve: the script ends as it would, and the checkpoints are in the record.
+    On a disk too small for a reserve (200k) they are lost, and (found on Lightning) the run said
+    FINISHED, exit 0, with no word of it: the record now says what it lacks, and the exit is 4."""
     project.write("saves.py", SAVES_ON_A_FULL_RUN_DIR)
     project.commit("saves")
-    with small_tmpfs(project.root / ".cascade" / "runs", "8m"):
+    with small_tmpfs(project.root / ".cascade" / "runs", size):
         result = project.cascade("run", "saves.py", timeout=240)
     assert "the end" in result.stdout, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     (run,) = project.runs()
     assert run.info.status == "FINISHED", result.stderr
+    assert result.returncode == 4, result.stderr  # the record is incomplete, and says what it lacks
     record = project.manifest(run.info.run_id)
     assert record["outcome"]["exit_code"] == 0
+    if size == "200k":  # no room for a reserve: the script's last words are lost, and that is said
+        missing = record["outcome"]["missing"]
+        assert any(m.startswith("the script's exit facts: the run directory's disk is full") for m in missing)
+        return
+    assert record["outcome"]["output_log"].startswith("incomplete: No space left"), record["outcome"]
+    assert record["trace"]["steps"] == 20, record["trace"]  # written at the end, from the reserve
     saved = {Path(c["path"]).name: c for c in record["checkpoints"]}
     assert sorted(saved) == ["ck14.pt", "ck9.pt"], record["checkpoints"]
     assert saved["ck9.pt"]["step"] == 9 and saved["ck14.pt"]["step"] == 14

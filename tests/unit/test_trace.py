@@ -277,3 +277,29 @@ def test_a_step_whose_optimizer_failed_keeps_its_loss(tmp_path: Path) -> None:
     assert [r["step"] for r in steps] == [0, 1, 2]
     assert [r["loss"]["value"] for r in steps] == losses[:3]
     assert "params_after" in steps[2]  # the final weights, read at exit
+
+
+STOPPED = """
+import sys, torch
+from pathlib import Path
+from cascade_repro.child.trace import StepTracer
+tracer = StepTracer(torch, Path(sys.argv[1]) / "trace.jsonl")
+tracer.install()
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(6):
+    opt.zero_grad()
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    if step == 1:
+        tracer.stop(OSError(28, "No space left on device"))  # as a flush on a full disk stops it
+    print(tracer.last_step())
+"""
+
+
+def test_a_stopped_trace_still_counts_the_steps_a_checkpoint_is_saved_at(tmp_path: Path) -> None:
+    """Found on HF Trainer with a full run directory: once the trace stopped (at step 4), the saves at
+    steps 7, 11 and 15 were all recorded at step 4: the step count stopped with the trace."""
+    done = subprocess.run([sys.executable, "-c", STOPPED, str(tmp_path)], capture_output=True, text=True,
+                          check=True, timeout=120)  # fmt: skip
+    assert done.stdout.split() == ["0", "1", "2", "3", "4", "5"]

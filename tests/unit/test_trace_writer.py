@@ -47,4 +47,6 @@ def test_a_trace_that_stops_says_so_once(tmp_path: Path, capsys: pytest.CaptureF
     tracer.stop(full)
     tracer.stop(full)
     assert capsys.readouterr().err.count("the step trace stopped") == 1
+    # the record says where the trace ends and why (the run said FINISHED with a trace cut short)
+    assert tracer.header()["stopped"] == {"step": 0, "error": "OSError: [Errno 28] No space left on device"}
     tracer.close()
