@@ -114,6 +114,20 @@ class CheckpointKeeper:
                 entry.status, entry.reason = "pruned", None
                 return
 
+    def _left_out(self, entry: CheckpointEntry, path: Path) -> bool:
+        """A checkpoint no DVC cache takes (outside the repository, or no DVC): said why, and a
+        directory's size counted here (the size announced is the directory's own, 4 KB)."""
+        if os.path.isabs(entry.path):
+            entry.reason = "outside the repository: save checkpoints inside it"
+        elif self.cache is None:
+            entry.reason = "no DVC repository (run `cascade init`)"
+        else:
+            return False
+        entry.status = "not_cached"
+        if path.is_dir() and not path.is_symlink():
+            entry.size, entry.files = _directory_size(path)
+        return True
+
     def _handle(self, event: dict[str, Any]) -> None:
         path = Path(str(event["path"]))
         rel = dvc_store.relative_posix(path, self.root)
@@ -138,12 +152,9 @@ class CheckpointKeeper:
         )
         self._numbers[id(entry)] = (len(self.entries), event.get("inode"))
         self.entries.append(entry)
-        if os.path.isabs(rel):
-            entry.status, entry.reason = "not_cached", "outside the repository: save checkpoints inside it"
+        if self._left_out(entry, path):
             return
-        if self.cache is None:
-            entry.status, entry.reason = "not_cached", "no DVC repository (run `cascade init`)"
-            return
+        assert self.cache is not None  # (`_left_out` takes every checkpoint without one)
         announced = (event.get("inode"), event.get("size"), event.get("mtime_ns"))
         earlier = self._earlier_result(entry)
         if earlier is not None:  # hashed by the keeper of a parent that died: the file may be gone now
@@ -296,3 +307,16 @@ def _not_cached(entries: list[CheckpointEntry]) -> list[str]:
         return []
     more = f" and {len(outside) - 3} more" if len(outside) > 3 else ""
     return [f"checkpoints not in the DVC cache: {', '.join(outside[:3])}{more} ({entries[-1].reason})"]
+
+
+def _directory_size(path: Path) -> tuple[int, int]:
+    """A directory checkpoint's bytes and files (HF's checkpoint-500/), where no DVC cache counts them."""
+    size = files = 0
+    for directory, _, names in os.walk(path):
+        for name in names:
+            try:
+                status = os.lstat(os.path.join(directory, name))
+            except OSError:  # (removed while it is counted: a rotation by save_total_limit)
+                continue
+            size, files = size + status.st_size, files + 1
+    return size, files

@@ -185,3 +185,23 @@ def test_the_not_cached_warning_names_each_path_once() -> None:
     (warning,) = _not_cached(many)
     assert warning == f"checkpoints not in the DVC cache: ck0.pt, ck1.pt, ck2.pt and 2 more ({reason})"
     assert _not_cached([CheckpointEntry("kept.pt", 1, {}, "torch.save")]) == []
+
+
+def test_a_directory_checkpoint_without_dvc_has_the_size_of_its_files(tmp_path: Path) -> None:
+    """Found on HF Trainer without `cascade init`: every checkpoint-N/ was listed at 4.0 KB, the size
+    of the directory itself (its files held 383 KB)."""
+    import json
+    import os
+
+    from cascade_repro.store.checkpoint_keeper import CheckpointKeeper
+
+    saved = tmp_path / "out" / "checkpoint-8"
+    (saved / "sub").mkdir(parents=True)
+    (saved / "model.safetensors").write_bytes(bytes(300_000))
+    (saved / "sub" / "optimizer.pt").write_bytes(bytes(83_000))
+    announced = {"event": "saved", "path": str(saved), "step": 8, "size": os.stat(saved).st_size}
+    events = tmp_path / "run" / "checkpoints.jsonl"
+    events.parent.mkdir()
+    events.write_text(json.dumps(announced) + "\n")
+    (entry,) = CheckpointKeeper(tmp_path, events, cache=None).stop()
+    assert (entry.status, entry.size, entry.files) == ("not_cached", 383_000, 2)
