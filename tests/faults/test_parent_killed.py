@@ -115,6 +115,7 @@ def test_sigkill_of_the_parent_is_recovered_by_the_next_command(project: Project
     listed = project.cascade("ls", "--json")  # any command that touches the store recovers
     assert listed.returncode == 0, listed.stderr
     assert "recovered" in listed.stderr
+    assert "WARNING cascade_repro" not in listed.stderr  # cascade's own lines, not log records
     assert statuses(project) == [expected_status]
     assert "RUNNING" not in listed.stdout
     assert [r["status"] for r in json.loads(listed.stdout)["data"]] == [expected_status]
