@@ -114,14 +114,15 @@ def lost_at_the_end(ended: ChildExit, facts: Mapping[str, Any], run_dir: Path,
     refused, or no room there now). The checkpoints it noted at its end went with them."""
     lost = []
     stopped = (facts.get("trace") or {}).get("stopped")
-    if isinstance(stopped, Mapping):
+    if isinstance(stopped, Mapping) and stopped.get("full_disk") is True:  # (another failure: said, not lost)
         lost.append(f"the step trace stopped at step {stopped.get('step')} ({stopped.get('error')}): the "
-                    "steps after it are not in it")  # fmt: skip
+                    "run directory's disk is full, and the steps after it are not in it")  # fmt: skip
     if facts.get("ended_at") or ended.killed_by_signal is not None:
         return lost
     if unsaved or ended.log_error or spool.disk_full(run_dir):
-        lost.append("the script's exit facts: the run directory's disk is full, so what the script noted at "
-                    "its end is not recorded (checkpoints it saved then, torch's flags, the trace's header)")
+        lost.append("the script's exit facts, never written: the run directory's disk is full (or the script "
+                    "ended through os._exit), so what it noted at its end is not recorded (checkpoints it "
+                    "saved then, torch's flags, the trace's header)")  # fmt: skip
     return lost
 
 

@@ -8,7 +8,7 @@ import os
 import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from cascade_repro.api.compare import machine_record
 from cascade_repro.api.data import fetch_files, not_restorable
@@ -328,8 +328,29 @@ def _rerun_request(plan: RestorePlan, manifest: Manifest, tree: Path, settings: 
         },
         docker=False,  # in a container only with `restore --docker`, whatever cascade.yaml says
         # (the inputs it kept in the DVC cache are kept by the re-run too, not warned about as loose)
-        track_inputs="--track-inputs" in (manifest.command.get("invocation") or []),
+        track_inputs=_recorded_flag(manifest.command.get("invocation"), "--track-inputs"),
     )
+
+
+# `cascade run`'s options that take a value (api/runs.py `_invocation_options` writes them before the script)
+_VALUED_OPTIONS = ("--set", "--add", "--params", "--seed", "--deterministic", "--name", "--tag", "--gpus",
+                   "--shm-size", "--nproc-per-node")  # fmt: skip
+
+
+def _recorded_flag(invocation: Any, flag: str) -> bool:
+    """Whether the recorded `cascade run` invocation (untrusted: a list of str, or not) had `flag` among
+    cascade's own options, before the script: never one of the script's arguments."""
+    if not isinstance(invocation, list) or invocation[:2] != ["cascade", "run"]:
+        return False
+    words = iter(invocation[2:])
+    for word in words:
+        if not isinstance(word, str) or not word.startswith("--"):
+            return False  # the script: its arguments are its own
+        if word == flag:
+            return True
+        if word in _VALUED_OPTIONS:
+            next(words, None)
+    return False
 
 
 CRASH_LINES = 12  # of the re-run's output, in the verdict of a re-run that crashed

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +17,8 @@ from cascade_repro.store import spool
 
 if TYPE_CHECKING:
     from cascade_repro.recovery import Delivered
+
+log = logging.getLogger("cascade_repro.recovery")
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ def finish_dead_runs(settings: Settings, notify: Notify | None = None,
     script must not wait for an old run's delivery, which may wait out a store's retry budget) the
     delivery runs in a thread the caller joins."""
     entries = spool.scan_all(settings.paths.spool_dirs())
-    say = notify or _on_stderr  # (a read command: said as cascade's own lines, not as a log record)
+    say = notify or (lambda message: log.warning("%s", message))
     waiting = sum(entry.state == spool.PENDING for entry in entries)
     if waiting and notify is not None:  # `cascade run` says it; `cascade ls` shows them PENDING-SYNC
         say(f"{waiting} earlier run(s) still have records pending delivery: `cascade sync` delivers them")
@@ -70,7 +72,3 @@ def finish_dead_runs(settings: Settings, notify: Notify | None = None,
     thread = threading.Thread(target=recover, name="cascade-recover", daemon=True)
     thread.start()
     return thread
-
-
-def _on_stderr(message: str) -> None:
-    sys.stderr.write(f"cascade: {message}\n")

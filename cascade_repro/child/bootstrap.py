@@ -373,9 +373,13 @@ def _record_at_exit(facts: Facts, env_names: set[str]) -> None:
     if errors:
         values["errors"] = errors
     facts.last_words(**values)
-    if waiting and runtime.write_checkpoint_notes() is None:  # the reserve, given up for the facts
-        del errors["checkpoints"]
-        facts.last_words(errors=errors or None)
+    if waiting:  # the reserve, given up for the facts, may take them now: the facts say what is left
+        left = runtime.write_checkpoint_notes()
+        if left != waiting:
+            errors.pop("checkpoints")
+            if left:
+                errors["checkpoints"] = left
+            facts.last_words(errors=errors or None)
 
 
 if __name__ == "__main__":

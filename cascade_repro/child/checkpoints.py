@@ -72,7 +72,9 @@ class CheckpointLog:
         self.warned_monitor = False
         self.superseded = 0
         self.unwritten: list[str] = []  # notes the run directory could not take yet (a full disk)
+        self.cut = False  # the last write stopped short of its line's end
         self.warned_full = False
+        os.register_at_fork(after_in_child=self._forked)
 
     def make_room(self, path: Path) -> None:
         """Before a save over an existing file: keep its bytes for the parent under a second name,
@@ -106,32 +108,36 @@ class CheckpointLog:
             self.write_unwritten()
 
     def write_unwritten(self) -> str | None:
-        """The notes not written yet, appended whole, in order (under `lock`). Where the run directory
-        cannot take them (its disk full) they wait in memory, for the next save or the script's end
+        """The notes not written yet, appended in order (under `lock`). Where the run directory cannot
+        take them (its disk full) they wait in memory, for the next save or the script's end
         (`runtime.write_checkpoint_notes`, after the reserve is given up): the script's own save never
-        fails for them. Returns the error that kept them, if any; a line cut short is taken back."""
+        fails for them. Returns the error that kept them, if any. A line a full disk cut short stays
+        as it is (the parent skips it; cutting it back could take a line another process appended
+        since): the next note starts a line of its own."""
         assert self.path is not None
-        if not self.unwritten:
-            return None
+        written, fd = 0, None
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            for line in self.unwritten:
+                data = (b"\n" if self.cut else b"") + line.encode()
+                if os.write(fd, data) != len(data):
+                    self.cut = True
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                self.cut = False
+                written += 1
         except OSError as exc:
             return self._kept(exc)
-        try:
-            while self.unwritten:
-                end = os.fstat(fd).st_size
-                line = self.unwritten[0].encode()
-                try:
-                    if os.write(fd, line) != len(line):
-                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-                except OSError as exc:
-                    with contextlib.suppress(OSError):
-                        os.ftruncate(fd, end)  # no half line for the parent to read
-                    return self._kept(exc)
-                self.unwritten.pop(0)
         finally:
-            os.close(fd)
+            del self.unwritten[:written]
+            if fd is not None:
+                with contextlib.suppress(OSError):  # (NFS reports a full quota at close)
+                    os.close(fd)
         return None
+
+    def _forked(self) -> None:
+        """A forked process (a DataLoader worker) starts with none of its parent's notes to write."""
+        self.unwritten.clear()
+        self.cut = False
 
     def _kept(self, exc: OSError) -> str:
         error = f"{exc.strerror or exc}"

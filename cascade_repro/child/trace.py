@@ -50,7 +50,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from cascade_repro.child import step_values, trace_install
+from cascade_repro.child import protocol, step_values, trace_install
 from cascade_repro.child.step_tensors import StepTensors
 from cascade_repro.child.trace_budget import SamplingBudget, round_up
 from cascade_repro.child.trace_dump import TensorDump
@@ -602,6 +602,8 @@ class StepTracer:
         if not self._stopped:  # (said once: closing it at exit may meet the same failure)
             sys.stderr.write(f"cascade: the step trace stopped at step {self.step}: {exc!r}\n")
             self._stopped_at = {"step": self.step, "error": f"{type(exc).__name__}: {exc}"[:300]}
+            if isinstance(exc, OSError) and exc.errno in protocol.FULL_DISK:  # (the record is incomplete)
+                self._stopped_at["full_disk"] = True
         self.closed = self._stopped = True
         self.coasting = False
         self._pending = None

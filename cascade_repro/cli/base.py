@@ -142,4 +142,24 @@ def main(ctx: click.Context, log_level: str, verbose: bool) -> None:
     if log_level != "debug":
         for noisy in ("alembic", "mlflow", "dvc"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
+    _said_as_cascades_own(logging.getLogger("cascade_repro.recovery"))
     ctx.obj = _State(verbose, in_process=ctx.obj == IN_PROCESS)
+
+
+def _said_as_cascades_own(logger: logging.Logger) -> None:
+    """A read command's recovery of a dead run speaks in cascade's own lines ("cascade: recovered run
+    ..."), not as log records ("cascade: WARNING cascade_repro.recovery: ..."); once per process."""
+    if any(isinstance(handler, _ToStderr) for handler in logger.handlers):
+        return
+    handler = _ToStderr()
+    handler.setFormatter(logging.Formatter("cascade: %(message)s"))
+    logger.addHandler(handler)
+    logger.propagate = False
+
+
+class _ToStderr(logging.StreamHandler):
+    """Whatever sys.stderr is when a record comes (a command run in-process gets its own)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)

@@ -302,11 +302,12 @@ def finish_checkpoints(keeper: CheckpointKeeper, delivery: Delivery, remote: str
 
 def _not_cached(entries: list[CheckpointEntry]) -> list[str]:
     """The warning for checkpoints left out of the DVC cache: each path once (one saved every epoch)."""
-    outside = list(dict.fromkeys(e.path for e in entries if e.status == "not_cached"))
+    left_out = [e for e in entries if e.status == "not_cached"]
+    outside = list(dict.fromkeys(e.path for e in left_out))
     if not outside:
         return []
     more = f" and {len(outside) - 3} more" if len(outside) > 3 else ""
-    return [f"checkpoints not in the DVC cache: {', '.join(outside[:3])}{more} ({entries[-1].reason})"]
+    return [f"checkpoints not in the DVC cache: {', '.join(outside[:3])}{more} ({left_out[-1].reason})"]
 
 
 def _directory_size(path: Path) -> tuple[int, int]:

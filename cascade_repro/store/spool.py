@@ -70,9 +70,11 @@ def make_run_dir(base: Path) -> tuple[Path, int]:
     name = f"{stamp}-{os.getpid()}"
     hidden = base / f".{name}.new"
     fd: int | None = None
+    made = False
     try:
         base.mkdir(parents=True, exist_ok=True)
         hidden.mkdir(mode=0o700)  # what the script logs and reads is its owner's only
+        made = True
         fd = _lock(hidden / LOCK_FILE)
         assert fd is not None  # nobody else knows the directory yet
         write_owner(hidden)
@@ -82,7 +84,8 @@ def make_run_dir(base: Path) -> tuple[Path, int]:
     except OSError as exc:  # a full disk, a read-only one: said before anything runs, nothing left
         if fd is not None:
             release(fd)
-        shutil.rmtree(hidden, ignore_errors=True)
+        if made:  # (never another process's: one of the same pid in another container)
+            shutil.rmtree(hidden, ignore_errors=True)
         raise _cannot_make(base, exc) from exc
     return run_dir, fd
 

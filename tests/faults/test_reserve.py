@@ -101,3 +101,26 @@ def test_a_rank_of_a_torchrun_job_keeps_room_for_its_last_words(
         _fill(mount)  # the script fills the disk, then ends
         protocol.write_json_atomic(own / protocol.FACTS_FILE, {"exit_code": 3}, last_words=True)
         assert json.loads((own / protocol.FACTS_FILE).read_text()) == {"exit_code": 3}
+
+
+def test_a_checkpoint_note_cut_short_by_a_full_disk_is_followed_by_whole_lines(tmp_path: Path) -> None:
+    """A note the full disk cut mid-line is left (cutting it back could take a line another process
+    appended); the notes written once there is room start on a line of their own, each once."""
+    from cascade_repro.child.checkpoints import CheckpointLog
+
+    with small_tmpfs(tmp_path / "small", "1m") as mount:
+        log = CheckpointLog(mount / "checkpoints.jsonl")
+        log.announce("pruned", mount / "first.pt", step=1)  # the file's first page, mostly free
+        _fill(mount)
+        log.announce("pruned", mount / "second.pt", step=2, note="x" * 6000)  # more than that page holds
+        assert log.cut and len(log.unwritten) == 1  # part of it written, all of it kept
+        for filler in mount.glob("filler*"):
+            filler.unlink()
+        log.announce("pruned", mount / "third.pt", step=3)
+        assert not log.unwritten
+        lines = (mount / "checkpoints.jsonl").read_text().splitlines()
+        parsed = []
+        for line in lines:
+            with contextlib.suppress(ValueError):  # (as the parent's reader skips a line cut short)
+                parsed.append(json.loads(line)["step"])
+        assert parsed == [1, 2, 3] and len(lines) == 4

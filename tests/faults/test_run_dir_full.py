@@ -122,7 +122,8 @@ def test_a_checkpoint_saved_on_a_full_run_directory_never_fails_the_scripts_save
     assert record["outcome"]["exit_code"] == 0
     if size == "200k":  # no room for a reserve: the script's last words are lost, and that is said
         missing = record["outcome"]["missing"]
-        assert any(m.startswith("the script's exit facts: the run directory's disk is full") for m in missing)
+        said = "the script's exit facts, never written: the run directory's disk is full"
+        assert any(m.startswith(said) for m in missing), missing
         return
     assert record["outcome"]["output_log"].startswith("incomplete: No space left"), record["outcome"]
     assert record["trace"]["steps"] == 20, record["trace"]  # written at the end, from the reserve

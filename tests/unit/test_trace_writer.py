@@ -48,5 +48,11 @@ def test_a_trace_that_stops_says_so_once(tmp_path: Path, capsys: pytest.CaptureF
     tracer.stop(full)
     assert capsys.readouterr().err.count("the step trace stopped") == 1
     # the record says where the trace ends and why (the run said FINISHED with a trace cut short)
-    assert tracer.header()["stopped"] == {"step": 0, "error": "OSError: [Errno 28] No space left on device"}
+    stopped = {"step": 0, "error": "OSError: [Errno 28] No space left on device", "full_disk": True}
+    assert tracer.header()["stopped"] == stopped
     tracer.close()
+    # another failure (a batch of nested tensors) stops the trace too, and is no full disk
+    other = StepTracer(torch, tmp_path / "other.jsonl")
+    other.stop(RuntimeError("NestedTensor has no strides"))
+    assert other.header()["stopped"] == {"step": 0, "error": "RuntimeError: NestedTensor has no strides"}
+    other.close()
