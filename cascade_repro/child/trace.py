@@ -148,7 +148,7 @@ class StepTracer:
         def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
             if self.in_step and optimizer is not self._last_optimizer:
                 return
-            if self.coasting or self._stopped:  # (stopped: steps still counted, for checkpoints' steps)
+            if self.coasting:
                 self.in_step = True
                 self._last_optimizer = optimizer
                 return
@@ -156,10 +156,6 @@ class StepTracer:
 
         def post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
             if optimizer is not self._last_optimizer and self.in_step:
-                return
-            if self._stopped:
-                self.in_step = False
-                self.step += 1
                 return
             if self.coasting:
                 if self.step + 1 < self._coast_until:
@@ -605,7 +601,8 @@ class StepTracer:
             if isinstance(exc, OSError) and exc.errno in protocol.FULL_DISK:  # (the record is incomplete)
                 self._stopped_at["full_disk"] = True
         self.closed = self._stopped = True
-        self.coasting = False
+        # it coasts to the end: the hooks go on counting the steps (a checkpoint's step), nothing more
+        self.coasting, self._coast_until = True, sys.maxsize
         self._pending = None
 
     def _wait_for_devices(self) -> None:

@@ -152,7 +152,8 @@ def _wrap_grad_scaler(tracer: StepTracer, before: Any, after: Any) -> None:
     def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         counted, tracer.scaled = tracer.step, None  # (the scaled loss is let go: backpropagated by now)
         result = original_step(self, optimizer, *args, **kwargs)
-        if tracer.step == counted and not tracer.closed and self.is_enabled():
+        # (a stopped trace coasts to the end: its skipped steps are counted too)
+        if tracer.step == counted and (tracer.coasting or not tracer.closed) and self.is_enabled():
             tracer.skipping = True  # (a step hooked is counted by its post-hook)
             try:
                 before(optimizer, (), {})
