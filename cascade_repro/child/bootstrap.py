@@ -162,8 +162,10 @@ def main(argv: list[str]) -> None:
     )
     hooks.install()
 
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    exit_once = _exit_once_per_second()
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(stop) == signal.SIG_DFL:
+            signal.signal(stop, exit_once)
     interrupted = [False]  # a Ctrl-C reached the script (its handler raised KeyboardInterrupt)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupt_once_per_second(interrupted))
@@ -286,9 +288,21 @@ def _wait_for_run_id(run_dir: Path) -> None:
     sys.stderr.write("cascade: no MLflow run id from the parent; mlflow calls get their own run\n")
 
 
-def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
-    # Unwind normally so atexit handlers flush the metrics logged so far.
-    raise SystemExit(128 + signum)
+def _exit_once_per_second() -> Callable[[int, FrameType | None], None]:
+    """SIGTERM and SIGHUP unwind the script (SystemExit 128 + signal), so that its own clean-up and
+    the atexit flushes run. A stop sent to the whole group (`systemctl stop`, Slurm's scancel, a closed
+    terminal) reaches the script twice, directly and forwarded by the parent: the repeat within a
+    second must not raise again in the middle of that clean-up."""
+    last = [-10.0]
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if now - last[0] < 1.0:
+            return
+        last[0] = now
+        raise SystemExit(128 + signum)
+
+    return handler
 
 
 def _interrupt_once_per_second(interrupted: list[bool]) -> Callable[[int, FrameType | None], None]:

@@ -146,3 +146,49 @@ def test_a_ctrl_c_that_the_script_turns_into_another_error_still_ends_it_as_inte
     assert "ImportError: cannot load module more than once per process" in result.stderr  # its traceback
     manifest = project.manifest(project.only_run().info.run_id)
     assert manifest["outcome"]["status"] == "KILLED" and manifest["outcome"]["exit_code"] == 130
+
+
+CLEANS_UP = """\
+import pathlib, time
+import cascade_repro
+out = pathlib.Path("out")
+out.mkdir(exist_ok=True)
+try:
+    cascade_repro.log_metrics({"loss": 1.0}, step=0)
+    (out / "ready").write_text("1")
+    while True:
+        time.sleep(0.01)
+finally:  # the script's own clean-up after the stop: a second exception here cuts it short
+    (out / "cleanup").write_text("started")
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    (out / "cleanup").write_text("done")
+"""
+
+
+@pytest.mark.parametrize(("sig", "exit_code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)],
+                         ids=["sigterm-group", "sighup-group"])  # fmt: skip
+def test_a_stop_sent_to_the_whole_group_ends_the_script_once(project: Project, sig: int, exit_code: int) -> None:
+    """`systemctl stop`, Slurm's scancel and a closed terminal signal every process of the job: the
+    script gets the signal itself and again from its `cascade run` parent, which forwards what it gets.
+    The second SIGTERM raised another SystemExit in the middle of the script's clean-up (a SIGHUP,
+    left to its default, killed the script at once: nothing flushed)."""
+    project.write("cleans_up.py", CLEANS_UP)
+    project.commit("cleans up")
+    process = subprocess.Popen(
+        [*CASCADE, "run", "cleans_up.py"], cwd=project.root, env=dict(os.environ),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    wait_for_file(project.root / "out" / "ready", process)
+    time.sleep(0.5)
+    os.killpg(process.pid, sig)
+    _, stderr = process.communicate(timeout=120)
+
+    assert (project.root / "out" / "cleanup").read_text() == "done", stderr
+    assert process.returncode == exit_code, stderr
+    run = project.only_run()
+    manifest = project.manifest(run.info.run_id)
+    assert run.info.status == "KILLED" and manifest["outcome"]["signal"] == sig
+    assert manifest["outcome"]["exit_code"] == exit_code
+    assert _loss_steps(project, run.info.run_id) == [0]
