@@ -169,7 +169,9 @@ finally:  # the script's own clean-up after the stop: a second exception here cu
 
 @pytest.mark.parametrize(("sig", "exit_code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)],
                          ids=["sigterm-group", "sighup-group"])  # fmt: skip
-def test_a_stop_sent_to_the_whole_group_ends_the_script_once(project: Project, sig: int, exit_code: int) -> None:
+def test_a_stop_sent_to_the_whole_group_ends_the_script_once(
+    project: Project, sig: int, exit_code: int
+) -> None:
     """`systemctl stop`, Slurm's scancel and a closed terminal signal every process of the job: the
     script gets the signal itself and again from its `cascade run` parent, which forwards what it gets.
     The second SIGTERM raised another SystemExit in the middle of the script's clean-up (a SIGHUP,
