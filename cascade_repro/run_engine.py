@@ -56,10 +56,13 @@ def record_run(plan: RunPlan, notify: Notify) -> RunResult:
 
 
 def _record(plan: RunPlan, notify: Notify, run_dir: Path, start_ms: int) -> RunResult:
-    protocol.write_json_atomic(run_dir / protocol.PARAMS_FILE, plan.params.values)
+    try:  # (room for the directory alone: said as a directory that could not be made, nothing left)
+        protocol.write_json_atomic(run_dir / protocol.PARAMS_FILE, plan.params.values)
+        output = RunOutput(run_dir / protocol.OUTPUT_LOG, run_dir)
+    except OSError as exc:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise spool.cannot_make(run_dir.parent, exc, what="prepare") from exc
     env = child_environment(plan, run_dir)
-
-    output = RunOutput(run_dir / protocol.OUTPUT_LOG, run_dir)
     notify = output.wrap(notify)
     try:
         child = _start_child(plan, env, run_dir, output, notify)

@@ -86,19 +86,20 @@ def make_run_dir(base: Path) -> tuple[Path, int]:
             release(fd)
         if made:  # (never another process's: one of the same pid in another container)
             shutil.rmtree(hidden, ignore_errors=True)
-        raise _cannot_make(base, exc) from exc
+        raise cannot_make(base, exc) from exc
     return run_dir, fd
 
 
-def _cannot_make(base: Path, exc: OSError) -> CascadeError:
-    """Why no run directory could be made in `base`, and the fix."""
+def cannot_make(base: Path, exc: OSError, what: str = "make") -> CascadeError:
+    """Why no run directory could be made (or, once made, prepared for the script) in `base`, and the
+    fix."""
     where = f"{base.parent.name}/{base.name}"
     reason = exc.strerror or str(exc)
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         hint = f"free space on the disk that holds {base} (a run needs room for its log, trace and record)"
     else:
         hint = f"make {base} writable by you"
-    return CascadeError(f"cannot make the run's directory in {where}: {reason}; the script did not run",
+    return CascadeError(f"cannot {what} the run's directory in {where}: {reason}; the script did not run",
                         hint=hint)  # fmt: skip
 
 
