@@ -215,6 +215,7 @@ def _recovered_record(run_dir: Path, ledger: spool.Ledger, plan: dict[str, Any],
         missing += _complete_from_run_dir(record, run_dir, plan, facts, settings, delivery, notify)
     if not facts.get("ended_at"):
         missing.append("the script's exit facts (torch stack, GPU memory): it was stopped, not ended")
+    missing += spool.trace_cut_short(facts)
     outcome, status, end_ms = _recovered_outcome(record, ledger, plan, facts, run_dir, command, missing)
     record["outcome"] = outcome
     return record, status, end_ms

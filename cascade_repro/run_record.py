@@ -112,11 +112,7 @@ def lost_at_the_end(ended: ChildExit, facts: Mapping[str, Any], run_dir: Path,
     trace cut short (its header says where and why: a full disk), or the exit facts never written by
     a script that ended by itself while the run directory's disk is full (the parent's own writes
     refused, or no room there now). The checkpoints it noted at its end went with them."""
-    lost = []
-    stopped = (facts.get("trace") or {}).get("stopped")
-    if isinstance(stopped, Mapping) and stopped.get("full_disk") is True:  # (another failure: said, not lost)
-        lost.append(f"the step trace stopped at step {stopped.get('step')} ({stopped.get('error')}): the "
-                    "run directory's disk is full, and the steps after it are not in it")  # fmt: skip
+    lost = spool.trace_cut_short(facts)
     if facts.get("ended_at") or ended.killed_by_signal is not None:
         return lost
     if unsaved or ended.log_error or spool.disk_full(run_dir):

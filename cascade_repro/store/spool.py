@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from cascade_repro.child import protocol
 from cascade_repro.errors import CascadeError
@@ -439,6 +439,17 @@ def append_event(path: Path, values: dict[str, float], step: int = 0) -> None:
     line = json.dumps([int(time.time() * 1000), step, values]) + "\n"
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(line)
+
+
+def trace_cut_short(facts: Mapping[str, Any]) -> list[str]:
+    """The step trace, where a full disk stopped it (its header says where and why; a trace stopped by
+    another failure is said when it stops, and its record is whole up to there)."""
+    trace = facts.get("trace")
+    stopped = trace.get("stopped") if isinstance(trace, Mapping) else None
+    if not isinstance(stopped, Mapping) or stopped.get("full_disk") is not True:
+        return []
+    return [f"the step trace stopped at step {stopped.get('step')} ({stopped.get('error')}): the run "
+            "directory's disk is full, and the steps after it are not in it"]  # fmt: skip
 
 
 def trace_section(run_dir: Path, header: dict[str, Any] | None) -> dict[str, Any] | None:

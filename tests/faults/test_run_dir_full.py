@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from tests.faults.helpers import small_tmpfs
+from tests.faults.helpers import Background, process_gone, small_tmpfs
 from tests.plugin import Project
 
 pytestmark = [pytest.mark.slow, pytest.mark.requires_root]
@@ -153,3 +154,51 @@ def test_a_checkpoint_saved_on_a_full_run_directory_never_fails_the_scripts_save
     saved = {Path(c["path"]).name: c for c in record["checkpoints"]}
     assert sorted(saved) == ["ck14.pt", "ck9.pt"], record["checkpoints"]
     assert saved["ck9.pt"]["step"] == 9 and saved["ck14.pt"]["step"] == 14
+
+
+TRACE_STOPS_THEN_HANGS = """
+import os, time, torch
+fill = {fill}
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+step = 0
+deadline = None
+while True:
+    opt.zero_grad()
+    model(torch.randn(4, 8)).pow(2).mean().backward()
+    opt.step()
+    step += 1
+    if step == 5:  # something else fills the disk; the trace's next write fails and stops it
+        fill(os.path.dirname(os.environ["CASCADE_RUN_DIR"]))
+        deadline = time.monotonic() + 2.0  # past the trace's next write (every half second)
+    if deadline is not None and time.monotonic() > deadline:
+        os.makedirs("out", exist_ok=True)
+        open("out/ready", "w").write(str(os.getpid()))
+        deadline = float("inf")  # then trains on until its parent's death stops it
+    time.sleep(0.005)
+"""
+
+
+def test_a_recovered_run_whose_trace_a_full_disk_stopped_says_so(project: Project) -> None:
+    """The last stop's gap: `cascade run` said what a full disk took from the trace, the recovery of a
+    run whose parent died did not (FINISHED or KILLED, nothing missing named)."""
+    fill = SAVES_ON_A_FULL_RUN_DIR.split("def fill(directory):", 1)[1].split("torch.manual_seed", 1)[0]
+    script = TRACE_STOPS_THEN_HANGS.replace("fill = {fill}\n", "def fill(directory):" + fill)
+    project.write("stops.py", script)
+    project.commit("stops")
+    with small_tmpfs(project.root / ".cascade" / "runs", "8m"):
+        run = Background(project, "stops.py")
+        run.wait_for(lambda: (project.root / "out" / "ready").exists(), "the trace to stop")
+        child = int((project.root / "out" / "ready").read_text())
+        os.kill(run.process.pid, signal.SIGKILL)  # the parent only: the child gets SIGTERM, and flushes
+        run.process.wait(timeout=30)
+        assert process_gone(child, 30)
+        assert any("the step trace stopped" in line for line in run.stderr), run.output()
+        listed = project.cascade("ls", timeout=120)
+        assert listed.returncode == 0, listed.stderr
+        assert "recovered" in listed.stderr, listed.stderr
+    (recovered,) = project.runs()
+    missing = project.manifest(recovered.info.run_id)["outcome"]["missing"]
+    said = [m for m in missing if m.startswith("the step trace stopped at step ")]
+    assert said and "the run directory's disk is full" in said[0], missing
