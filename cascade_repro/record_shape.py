@@ -108,7 +108,7 @@ def _check_command(data: Mapping[str, Any], refuse: Refuse) -> None:
 
 def _check_readers_fields(data: Mapping[str, Any], refuse: Refuse) -> None:
     """The fields show, diff and verify read as given: metrics' summary, git remotes, params' values,
-    the trace's artifact."""
+    the trace's artifact, what the record says it lacks."""
     keys = (data.get("metrics") or {}).get("keys", {})
     if not isinstance(keys, dict):
         refuse("metrics.keys", keys, "an object")
@@ -126,6 +126,9 @@ def _check_readers_fields(data: Mapping[str, Any], refuse: Refuse) -> None:
     artifact = (data.get("trace") or {}).get("artifact")
     if artifact is not None and not isinstance(artifact, str):
         refuse("trace.artifact", artifact, "a string")
+    missing = (data.get("outcome") or {}).get("missing", [])
+    if not isinstance(missing, list) or not all(isinstance(line, str) for line in missing):
+        refuse("outcome.missing", missing, "a list of strings")
 
 
 def _check_rerun_fields(data: Mapping[str, Any], refuse: Refuse) -> None:

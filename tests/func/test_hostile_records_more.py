@@ -291,3 +291,22 @@ def test_a_trace_line_longer_than_any_model_writes_is_refused_with_bounded_memor
         assert code == 1, (args, said)
         assert f"of run {recorded.run_id[:12]} is damaged at record 2: a line over 16 MiB" in said, said
         assert "Traceback" not in said and "run with -v" not in said, said
+
+
+# -- H: what the record says it lacks ----------------------------------------------------------------
+
+
+def test_what_the_record_says_it_lacks_must_be_a_list_of_lines(recorded: Recorded) -> None:
+    """`outcome.missing` (what a full disk or a dead parent took) is printed by show and decides the
+    exit code of the commands that judge a run: a number there was a traceback, a string was printed
+    a character a line."""
+    for bad in (5, "the output log", [1, 2], {"the output log": True}, [["nested"]]):
+        record = recorded.edited()
+        record["outcome"]["missing"] = bad
+        recorded.store(record)
+        _assert_refused(recorded, "outcome.missing", (("show", "v1"), ("show", "v1", "--json")))
+    record = recorded.edited()
+    record["outcome"]["missing"] = ["the output log"]
+    recorded.store(record)
+    shown = recorded.project.cascade("show", "v1")
+    assert shown.returncode == 0 and "the output log" in shown.stdout, shown.stderr
