@@ -75,18 +75,24 @@ def timed_tracer(path: Path, grads: bool | None, budget: float) -> tuple[StepTra
     return tracer, spent
 
 
-def fingerprint_alone(model: Any, opt: Any, x: Any, y: Any, params: list[Any]) -> float:
-    """What the trace's one call over the parameters takes by itself, where the trace makes it."""
-    hashes, took = InPlaceHashes(torch), []
+def where_the_trace_reads(model: Any, opt: Any, x: Any, y: Any, read: Any) -> float:
+    """What `read()` takes between a step's forward and its backward, where the trace reads the
+    weights (the step before has just written them: they come from memory as much as from cache)."""
+    took = []
     for _ in range(41):
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y)
         started = now()
-        hashes(params)
+        read()
         took.append(now() - started)
         loss.backward()
         opt.step()
     return statistics.median(took[1:])
+
+
+def read_every_byte(params: list[Any]) -> None:
+    for p in params:
+        p.detach().sum()  # every byte read once (torch's threads, all of them)
 
 
 def measure(batch: int) -> None:
@@ -161,20 +167,16 @@ def measure(batch: int) -> None:
                      "one")  # fmt: skip
         print(f"{name + ' records written':32}: {len(steps)} of {traced} steps ({len(weights)} with weights, "
               f"{len(with_grads)} with gradients)")  # fmt: skip
-    reads = []
-    for _ in range(21):
-        started = now()
-        for p in params:
-            p.detach().sum()  # every byte read once
-        reads.append(now() - started)
-    read_once = statistics.median(reads[1:])  # the first warms torch's threads up
+    read_once = where_the_trace_reads(model, opt, x, y, lambda: read_every_byte(params))
 
     step = statistics.median(times["off"])
     print(f"parameters                      : {sum(p.numel() for p in params):,}")
     print(f"step time, no trace             : {step * 1e3:.2f} ms")
     share_once = read_once / step * 100
-    print(f"reading the weights once        : {read_once * 1e3:.3f} ms ({share_once:.1f}% of a step)")
-    hashed = fingerprint_alone(model, opt, x, y, params)
+    print(f"reading the weights once        : {read_once * 1e3:.3f} ms ({share_once:.1f}% of a step; a sum "
+          "over them on every core, between a forward and a backward)")  # fmt: skip
+    hashes = InPlaceHashes(torch)
+    hashed = where_the_trace_reads(model, opt, x, y, lambda: hashes(params))
     print(f"their fingerprints alone        : {hashed * 1e3:.3f} ms ({hashed / step * 100:.1f}% of a step; "
           "one call, between a forward and a backward as the trace takes them)")
     labels = {
