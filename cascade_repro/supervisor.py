@@ -143,8 +143,9 @@ class ForwardedSignals:
     once the child ended (`child_ended`) they only warn through `notify`: nothing may cut the record
     short. `restore` puts back the handlers they replaced.
 
-    A terminal's Ctrl-C reaches both processes; the child's bootstrap ignores a repeat within a
-    second, so forwarding is always safe. The third signal kills the child outright (the handler's
+    A signal ignored when cascade starts (SIGHUP under `nohup`) is left ignored. A terminal's Ctrl-C
+    reaches both processes; the child's bootstrap ignores a repeat within a second, so forwarding is
+    always safe. The third signal kills the child outright (the handler's
     choice). Signal handlers belong to the main thread: elsewhere (a test's thread) nothing changes.
     """
 
@@ -153,8 +154,11 @@ class ForwardedSignals:
         self._notify = notify
         self._previous: dict[int, object] = {}
         if threading.current_thread() is threading.main_thread():
+            # one ignored when cascade started stays ignored, by both processes (the child inherits
+            # it): `nohup cascade run` must outlive the terminal's SIGHUP
             self._previous = {sig: signal.getsignal(sig) for sig in FORWARDED}
-            for sig in FORWARDED:
+            self._previous = {sig: was for sig, was in self._previous.items() if was != signal.SIG_IGN}
+            for sig in self._previous:
                 signal.signal(sig, handler)
 
     def child_ended(self) -> None:

@@ -194,3 +194,28 @@ def test_a_stop_sent_to_the_whole_group_ends_the_script_once(
     assert run.info.status == "KILLED" and manifest["outcome"]["signal"] == sig
     assert manifest["outcome"]["exit_code"] == exit_code
     assert _loss_steps(project, run.info.run_id) == [0]
+
+
+def test_nohup_keeps_the_run_going_when_the_terminal_hangs_up(project: Project) -> None:
+    """`nohup cascade run train.py &`, then the ssh session ends: SIGHUP reaches the job, which nohup
+    set to be ignored. cascade's parent replaced that with its forwarding handler and stopped the
+    training with a SIGTERM."""
+    project.write(
+        "long.py",
+        "import pathlib, time\nimport cascade_repro\npathlib.Path('out').mkdir(exist_ok=True)\n"
+        "pathlib.Path('out/ready').write_text('1')\ntime.sleep(2)\n"
+        "cascade_repro.log_metrics({'done': 1.0}, step=0)\n",
+    )
+    project.commit("long")
+    process = subprocess.Popen(
+        ["nohup", *CASCADE, "run", "long.py"], cwd=project.root, env=dict(os.environ),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    wait_for_file(project.root / "out" / "ready", process)
+    os.killpg(process.pid, signal.SIGHUP)  # the terminal's hang-up, to the whole job
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr
+    run = project.only_run()
+    manifest = project.manifest(run.info.run_id)
+    assert run.info.status == "FINISHED" and manifest["outcome"]["status"] == "FINISHED", stderr
+    assert manifest["outcome"]["signal"] is None and run.data.metrics["done"] == 1.0
