@@ -80,7 +80,9 @@ def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options
     """Run SCRIPT with ARGS and record everything about it.
 
     Options go before SCRIPT; everything after SCRIPT is passed to it untouched. Exits with the
-    script's own exit code.
+    script's own exit code; 130 where Ctrl-C ended it (also where the script then failed another
+    way); 4 where the script succeeded but the record is incomplete or still pending (a full disk,
+    the store out of reach: `cascade show RUN` names what is missing, `cascade sync` delivers it).
 
     \b
     cascade run train.py --epochs 3
