@@ -291,8 +291,10 @@ def _wait_for_run_id(run_dir: Path) -> None:
 def _exit_once_per_second() -> Callable[[int, FrameType | None], None]:
     """SIGTERM and SIGHUP unwind the script (SystemExit 128 + signal), so that its own clean-up and
     the atexit flushes run. A stop sent to the whole group (`systemctl stop`, Slurm's scancel, a closed
-    terminal) reaches the script twice, directly and forwarded by the parent: the repeat within a
-    second must not raise again in the middle of that clean-up."""
+    terminal) reaches the script twice, directly and forwarded by the parent; a parent killed outright
+    sends its death signal once per thread of it that exits while it is the script's parent (Linux
+    hands the script from one dying thread to the next). A repeat within a second must not raise
+    again in the middle of that clean-up."""
     last = [-10.0]
 
     def handler(signum: int, frame: FrameType | None) -> None:

@@ -149,13 +149,13 @@ def test_a_ctrl_c_that_the_script_turns_into_another_error_still_ends_it_as_inte
 
 
 CLEANS_UP = """\
-import pathlib, time
+import os, pathlib, time
 import cascade_repro
 out = pathlib.Path("out")
 out.mkdir(exist_ok=True)
 try:
     cascade_repro.log_metrics({"loss": 1.0}, step=0)
-    (out / "ready").write_text("1")
+    (out / "ready").write_text(str(os.getpid()))
     while True:
         time.sleep(0.01)
 finally:  # the script's own clean-up after the stop: a second exception here cuts it short
@@ -219,3 +219,28 @@ def test_nohup_keeps_the_run_going_when_the_terminal_hangs_up(project: Project) 
     manifest = project.manifest(run.info.run_id)
     assert run.info.status == "FINISHED" and manifest["outcome"]["status"] == "FINISHED", stderr
     assert manifest["outcome"]["signal"] is None and run.data.metrics["done"] == 1.0
+
+
+def test_a_parent_killed_stops_the_script_once(project: Project) -> None:
+    """kill -9 of `cascade run`: the kernel sends the script its parent-death SIGTERM each time the
+    thread it counts as its parent exits, and a dying process's threads exit one by one (the script
+    is handed from one to the next): several SIGTERMs within milliseconds. The second cut the
+    script's clean-up (CI: a test script's `finally` lost its one write)."""
+    from tests.faults.helpers import process_gone
+
+    project.write("cleans_up.py", CLEANS_UP)
+    project.commit("cleans up")
+    for attempt in range(3):  # (how many threads still run when the kill comes varies)
+        (project.root / "out" / "cleanup").unlink(missing_ok=True)
+        (project.root / "out" / "ready").unlink(missing_ok=True)
+        process = subprocess.Popen(
+            [*CASCADE, "run", "cleans_up.py"], cwd=project.root, env=dict(os.environ),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+        wait_for_file(project.root / "out" / "ready", process)
+        time.sleep(0.5)
+        child = int((project.root / "out" / "ready").read_text())
+        process.kill()
+        process.communicate(timeout=60)
+        assert process_gone(child, 30), "the script outlived its parent"
+        assert (project.root / "out" / "cleanup").read_text() == "done", f"attempt {attempt}"
