@@ -200,14 +200,15 @@ def _recovered_record(run_dir: Path, ledger: spool.Ledger, plan: dict[str, Any],
                       delivery: Delivery, notify: Notify,
                       command: str) -> tuple[dict[str, Any], str, int]:  # fmt: skip
     """The newest local record, completed with what the child left and the truth about the end."""
-    record = spool.read_json(run_dir / spool.RECORD_FILE) or _bare_record(run_dir, settings)
+    local = spool.read_json(run_dir / spool.RECORD_FILE)
+    record = local or _bare_record(run_dir, settings)
     record["run_id"], record["experiment"] = (
         delivery.run_id,
         ledger.data.get("experiment") or record.get("experiment"),
     )
     facts = spool.read_json(run_dir / protocol.FACTS_FILE)
     missing = []
-    if ledger.stage == "skeleton":
+    if ledger.stage == "skeleton" or not local:  # (no local record: it died before even the skeleton)
         missing.append(
             "capture: git state, packages, system and environment (the cascade process died first)"
         )

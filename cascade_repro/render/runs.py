@@ -573,7 +573,10 @@ def _seed(record: Manifest) -> str:
     """cascade's seed, and beside it the seeds the script set itself (and whether they took over)."""
     from cascade_repro.determinism import script_seeds
 
-    shown = f"{record.seed} ({record.params.get('seed_source')})"
+    source = record.params.get("seed_source")
+    shown = f"{record.seed} ({source})" if source else str(record.seed)
+    if record.seed is None:
+        shown = "not recorded"
     calls = script_seeds.described(record.determinism)
     if not calls:
         return shown

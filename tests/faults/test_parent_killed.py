@@ -135,7 +135,8 @@ def test_sigkill_of_the_parent_is_recovered_by_the_next_command(project: Project
     assert shown.returncode == 0, shown.stderr
     rows = {line.split(None, 1)[0]: line.split(None, 1)[1].strip() for line in shown.stdout.splitlines()
             if line.strip() and len(line.split(None, 1)) == 2}  # fmt: skip
-    assert "None" not in shown.stdout  # (it said "commit None (detached)", "exit None", "python None")
+    # (it said "commit None (detached)", "exit None", "python None", "seed None (None)")
+    assert "None" not in shown.stdout, shown.stdout
     if expected_status == "KILLED":  # its parent never saw the script end: no exit code to tell
         assert rows["outcome"].startswith("no exit code seen (the cascade process died first) after ")
         # the recovered note says how it ended; the error row does not repeat the sentence
