@@ -95,6 +95,8 @@ def _replay_both(verdict: Verdict, first: int, last: int, cwd: Path | None, noti
         shutil.rmtree(directory, ignore_errors=True)
         notify(f"replay {side}: re-running {run_id[:12]} for {last + 1} steps to save {saving}")
         result = restore(run_id, cwd=cwd, steps=last + 1, dump=(first, last, directory), notify=notify)
+        if result.interrupted is not None:  # the user stopped the replay (said by restore)
+            raise KeyboardInterrupt
         assert result.run is not None and result.verdict is not None  # execute=True
         runs[side + label] = replayed[side] = result.run.run_id
         if result.verdict.verdict != BITWISE_IDENTICAL:

@@ -62,6 +62,7 @@ class RestoreResult:
     image: PreparedImage | None = None  # --docker: the recorded image, or the one rebuilt
     drift: tuple[PackageChange, ...] = ()  # --docker, rebuilt: packages that differ from the record
     store: tuple[str, str] | None = None  # (tracking URI, experiment) the restore read the run from
+    interrupted: int | None = None  # the signal (Ctrl-C, SIGTERM) that stopped the re-run: no verdict
 
     @property
     def rerun_command(self) -> str:
@@ -91,7 +92,9 @@ class RestoreResult:
     @property
     def exit_status(self) -> int:
         """`cascade restore`'s exit code: 0 reproduced (or only materialized, --no-run), 3 not
-        reproduced, 1 a re-run with no verdict."""
+        reproduced, 128 + N a re-run the user stopped (130: Ctrl-C), 1 a re-run with no verdict."""
+        if self.interrupted is not None:
+            return 128 + self.interrupted
         if self.verdict is None:
             return EXIT_OK if self.run is None else EXIT_ERROR
         return self.verdict.exit_status
@@ -165,10 +168,24 @@ def restore(
         restoring.write_marker(tree.path, plan, rerun="started")  # killed during it: reusable still
         result = run(request, notify)
         restoring.write_marker(tree.path, plan, rerun="ended")  # its outputs: the state reuse expects
+        stopped = result.manifest.outcome.signal
+        if stopped is not None:  # the user's Ctrl-C (SIGTERM): an abort, not a re-run to judge
+            notify(f"the re-run was interrupted ({_signal_name(stopped)}): no verdict; `cascade restore "
+                   f"{ref}` re-runs it (the worktree is reused)")  # fmt: skip
+            return RestoreResult(plan, tree, result, None, image, tuple(drift), interrupted=stopped)
         verdict = judge_runs(store, manifest, result.manifest, rtol, atol, steps=steps, trace_a=recorded)
         verdict = _crash_told(verdict, store, manifest, result)
         record_verdict(store, verdict, result.run_id, run_id)
         return RestoreResult(plan, tree, result, verdict, image, tuple(drift))
+
+
+def _signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 @contextlib.contextmanager

@@ -100,6 +100,7 @@ def restore_dict(result: RestoreResult) -> dict[str, Any]:
         else {"run_id": run.run_id, "status": run.status, "exit_code": run.exit_code},
         "rerun_command": result.rerun_command if run is None else None,
         "verdict": None if result.verdict is None else result.verdict.to_dict(),
+        "interrupted": result.interrupted,  # the signal that stopped the re-run (no verdict then)
         "image": None
         if result.image is None
         else {

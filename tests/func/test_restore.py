@@ -395,6 +395,28 @@ def test_a_restore_killed_during_its_rerun_can_be_restored_again(project: Projec
     assert process_gone(first.pid)
 
 
+def test_ctrl_c_during_a_restore_ends_it_as_interrupted_without_a_verdict(project: Project) -> None:
+    """Found on nanoGPT: Ctrl-C during `cascade restore v3` ended the re-run KILLED (130), then judged
+    the cut re-run against the whole recorded run, INCOMPARABLE, recorded that verdict on it and exited
+    3: a user's abort read as "not reproduced" by a script or CI."""
+    import signal
+
+    from tests.faults.helpers import add_faults_script
+
+    add_faults_script(project)
+    project.record("--tag", "v1", "faults.py", "--steps", "6", "--hold-at", "2", "--hold-s", "6")
+    restoring = _restore_held_in_its_rerun(project)
+    restoring.send_signal(signal.SIGINT)  # (the parent forwards it to the re-run, as a terminal's would)
+    _, stderr = restoring.communicate(timeout=300)
+    assert restoring.returncode == 130, stderr
+    assert "INCOMPARABLE" not in stderr and "interrupted" in stderr and "no verdict" in stderr, stderr
+    tags = [r.data.tags for r in project.runs()]
+    assert not [t for t in tags if "cascade.verdict" in t], tags  # nothing judged, nothing recorded
+    code, data, stderr = _restore(project, "v1")  # and the next restore re-runs it whole
+    assert code == 0, stderr
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL"
+
+
 def test_a_restore_killed_in_a_worktree_of_its_own_is_recovered_by_the_projects_commands(
     project: Project, tmp_path: Path
 ) -> None:
