@@ -1,7 +1,8 @@
 """Checkpoints into the DVC cache, three figures in one run (a 256 MiB torch.save on this machine):
 
-1. commit into the DVC cache (one md5 pass + reflink/hardlink + DVC state entry) / `md5sum` of the
-   same file: target <= 1.2, beside `dvc add` of the same bytes (which hashes, copies, writes a .dvc).
+1. commit into the DVC cache (one md5 pass + a reflink, else a copy, the default; or a hardlink with
+   `checkpoint_link: hardlink`; + DVC state entry) / `md5sum` of the same file: target <= 1.2,
+   beside `dvc add` of the same bytes (which hashes, copies, writes a .dvc).
    Both are started the same way, as a new process (interpreter start, imports, the repository
    opened); the in-process figure (the parent of `cascade run` has the repository open) beside it;
 2. bytes read back from storage after the checkpoint was written / its size (/proc/<pid>/io
@@ -33,7 +34,7 @@ cache = Cache(Path({repo!r})); cache.repo()
 def read_bytes():
     return int(next(l for l in open('/proc/self/io') if l.startswith('read_bytes')).split()[1])
 before = read_bytes(); started = time.perf_counter()
-stored = cache.add(Path({path!r}), hardlink=True)
+stored = cache.add(Path({path!r}), hardlink={hardlink})
 print(time.perf_counter() - started, read_bytes() - before, stored.link)
 """
 
@@ -57,9 +58,9 @@ def timed(command: list[str], cwd: Path) -> float:
     return time.perf_counter() - started
 
 
-def commit_in_subprocess(repo: Path, path: Path) -> tuple[float, float, int, str]:
+def commit_in_subprocess(repo: Path, path: Path, hardlink: bool = False) -> tuple[float, float, int, str]:
     """(the whole process's wall time, the commit's own, bytes it read, how the object was placed)."""
-    code = COMMIT.format(root=str(ROOT), repo=str(repo), path=str(path))
+    code = COMMIT.format(root=str(ROOT), repo=str(repo), path=str(path), hardlink=hardlink)
     started = time.perf_counter()
     out = subprocess.run(
         [sys.executable, "-c", code], check=True, capture_output=True, text=True
@@ -97,7 +98,7 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="cascade-bench-ckpt-"))
     try:
         ours_repo, dvc_add_repo = dvc_repo(base, "ours"), dvc_repo(base, "dvc-add")
-        ratios, inside, dvc_ratios, read_ratios, links = [], [], [], [], set()
+        ratios, inside, linked, dvc_ratios, read_ratios, links = [], [], [], [], [], set()
         dropped = True
         for index in range(3):
             ours = ours_repo / f"ckpt-{index}.pt"
@@ -115,11 +116,15 @@ def main() -> None:
             process_s, commit_s, _, _ = commit_in_subprocess(ours_repo, again)
             ratios.append(process_s / md5sum_s)
             inside.append(commit_s / md5sum_s)
+            link_me = ours_repo / f"ckpt-{index}-linked.pt"
+            shutil.copyfile(ours, link_me)
+            linked.append(commit_in_subprocess(ours_repo, link_me, hardlink=True)[1] / md5sum_s)
             dvc_ratios.append(dvc_s / md5sum_s)
         how = "page cache dropped" if dropped else "page cache NOT dropped (not root): re-reads hidden"
         print(f"checkpoint: {SIZE_MB} MiB, placed by {', '.join(sorted(links))}")
         print(f"commit as a new process / md5sum   : {median(ratios):.2f}  (target <= 1.2; median of 3)")
         print(f"  the commit alone (repo open)     : {median(inside):.2f}  (what a run's parent pays)")
+        print(f"  the same by hardlink             : {median(linked):.2f}  (checkpoint_link: hardlink)")
         print(f"dvc add as a new process / md5sum  : {median(dvc_ratios):.2f}  (the competitor)")
         print(f"bytes read back / checkpoint size  : {max(read_ratios):.4f}  (target <= 0.01; worst of 3)")
         print(f"  measured with                    : {how}")
@@ -127,7 +132,7 @@ def main() -> None:
         quiet = step_times(4.0)
         busy_file = ours_repo / "busy.pt"
         write_checkpoint(busy_file)
-        code = COMMIT.format(root=str(ROOT), repo=str(ours_repo), path=str(busy_file))
+        code = COMMIT.format(root=str(ROOT), repo=str(ours_repo), path=str(busy_file), hardlink=False)
         committing = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL)
         busy = step_times(1.5)
         committing.wait()

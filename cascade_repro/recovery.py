@@ -286,7 +286,8 @@ def _checkpoints(run_dir: Path, plan: dict[str, Any], settings: Settings, delive
     from cascade_repro.store.dvc_store import Cache
 
     root = Path(plan.get("root") or settings.root)
-    keeper = CheckpointKeeper(root, events, Cache(root) if Cache.exists_for(root) else None, log.debug)
+    keeper = CheckpointKeeper(root, events, Cache(root) if Cache.exists_for(root) else None, log.debug,
+                              hardlink=settings.checkpoint_link == "hardlink")  # fmt: skip
     try:
         log_files = bool(plan.get("log_checkpoints"))
         recorded = finish_checkpoints(keeper, delivery, plan.get("dvc_remote"), log_files, notify)

@@ -174,7 +174,8 @@ def _start_recording(plan: RunPlan, notify: Notify, child: RunningChild, env: di
     capture.start()
     root = plan.settings.root
     keeper = CheckpointKeeper(
-        root, run_dir / protocol.CHECKPOINTS_FILE, Cache(root) if Cache.exists_for(root) else None, log.debug
+        root, run_dir / protocol.CHECKPOINTS_FILE, Cache(root) if Cache.exists_for(root) else None, log.debug,
+        hardlink=plan.settings.checkpoint_link == "hardlink",
     ).start()
     recording = Recording(plan, run_dir, start_ms, child, capture, notify, keeper)
     store = Worker("cascade-store", recording.open)

@@ -77,6 +77,10 @@ class Settings:
     trace_grads: bool | None = None
     checkpoint_policy: Mapping[str, Any] = field(default_factory=dict)  # monitor, mode, save_top_k, save_last
     log_checkpoints: bool = False  # also log checkpoint files as MLflow artifacts (heavy)
+    # How a checkpoint enters the DVC cache where no reflink can be made: "copy" (the default, DVC's
+    # own) leaves the workspace file the script's; "hardlink" saves the copy, but the file turns
+    # read-only, and a later write in place (by root) would change the cache object with it.
+    checkpoint_link: str = "copy"
 
     @property
     def paths(self) -> ProjectPaths:
@@ -208,7 +212,7 @@ def load_settings(root: Path, environ: Mapping[str, str] | None = None) -> Setti
         "experiment", "tracking_uri", "params_file", "checkpoints_dir", "determinism",
         "untracked_max_bytes", "env_allow_prefixes", "key_metrics", "dvc", "docker",
         "metrics_flush_s", "trace_interval", "trace_grads", "checkpoints", "log_checkpoints", "trace_budget",
-        "trace",
+        "trace", "checkpoint_link",
     }  # fmt: skip
     unknown = sorted(str(key) for key in set(raw) - known)
     if unknown:
@@ -250,7 +254,15 @@ def load_settings(root: Path, environ: Mapping[str, str] | None = None) -> Setti
         trace_budget=_trace_budget(check),
         checkpoint_policy=_checkpoint_policy(check),
         log_checkpoints=check.flag("log_checkpoints", False),
+        checkpoint_link=_checkpoint_link(check),
     )
+
+
+def _checkpoint_link(check: _Checker) -> str:
+    value = check.text("checkpoint_link") or "copy"
+    if value not in ("copy", "hardlink"):
+        raise check.bad("checkpoint_link", value, "copy or hardlink (a reflink is made first where it can)")
+    return value
 
 
 def is_tracking_server(uri: str) -> bool:

@@ -60,6 +60,8 @@ class CheckpointKeeper:
     events: Path
     cache: dvc_store.Cache | None
     notify: Callable[[str], None] = lambda message: None
+    # where no reflink can be made: a hardlink of the workspace file (which turns read-only), not a copy
+    hardlink: bool = False
     entries: list[CheckpointEntry] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     _offset: int = 0
@@ -164,7 +166,8 @@ class CheckpointKeeper:
             stored = self.cache.add_directory(path)
         else:
             # (a file the script wrote through its own handle is rewritten in place: copied, never linked)
-            stored = self.cache.add(path, expect=announced, hardlink=not event.get("in_place"))
+            linked = self.hardlink and not event.get("in_place")
+            stored = self.cache.add(path, expect=announced, hardlink=linked)
         if stored is None:  # pruned or replaced before it could be hashed: the next events say which
             entry.status, entry.reason = "missing", "deleted or replaced before it could be hashed"
             self._missing[(rel, event.get("inode"))] = entry

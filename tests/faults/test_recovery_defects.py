@@ -243,6 +243,8 @@ def test_a_script_failed_on_a_full_disk_is_synced_as_failed_not_killed(tmp_path:
         project.write("fill.py", FILL)
         project.write(".gitignore", "mlflow.db\nmlruns/\n.cascade/\nout/\n")
         project.cascade("init", check=True)
+        with open(root / "cascade.yaml", "a") as settings:  # (a copy each would fill the disk at once)
+            settings.write("checkpoint_link: hardlink\n")
         project.commit("fill")
         project.cascade("run", "fill.py", check=True)  # 12 MB of checkpoints, in DVC by hardlink
         failed = project.cascade("run", "fill.py")  # saved over: the old versions stay in the cache

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -356,3 +357,41 @@ def test_a_checkpoint_the_run_read_back_is_its_output_not_an_input(dvc_project: 
     (dvc_project.root / "best.pt").unlink()
     planned = dvc_project.cascade("restore", run_id, "--no-run")
     assert planned.returncode == 0, planned.stderr
+
+
+SAVES_ONE_PATH = """
+import sys, torch
+model = torch.nn.Linear(64, 64)
+model.bias.data.fill_(float(sys.argv[1]))
+torch.save(model.state_dict(), "ckpt.pt")  # nanoGPT's way: one path, saved over at each eval
+"""
+
+
+def test_the_workspace_checkpoint_stays_the_scripts_own_file(dvc_project: Project) -> None:
+    """Found on nanoGPT: after a `cascade run`, out/ckpt.pt was a read-only hardlink of its DVC cache
+    object. nanoGPT's own resume without cascade then failed (a user's PermissionError at its next
+    save) or, as root, rewrote the cache object in place: `checkout` found it corrupt. The cache
+    takes its own copy (a reflink where the file system can), and the workspace file stays as the
+    script wrote it; `checkpoint_link: hardlink` in cascade.yaml opts into linking."""
+    project = dvc_project
+    project.write("one.py", SAVES_ONE_PATH)
+    project.commit("saves one path")
+    run_id, manifest = _run(project, "--tag", "v1", "one.py", "1")
+    (entry,) = manifest["checkpoints"]
+    written = project.root / "ckpt.pt"
+    cached = _object(project.root / ".dvc" / "cache", entry["md5"])
+    assert entry["link"] in ("copy", "reflink"), entry
+    assert written.stat().st_ino != cached.stat().st_ino and written.stat().st_nlink == 1
+    assert os.access(written, os.W_OK) and written.stat().st_mode & 0o200  # writable, as it was saved
+    with open(written, "r+b") as handle:  # a later run outside cascade saves over it in place
+        handle.write(b"\0" * 16)
+    out = project.root / "restored"
+    checked = project.cascade("checkout", "v1", "--checkpoint", "last", "--to", str(out))
+    assert checked.returncode == 0, checked.stderr
+    assert _md5(out / "ckpt.pt") == entry["md5"]
+
+    project.write("cascade.yaml", (project.root / "cascade.yaml").read_text() + "checkpoint_link: hardlink\n")
+    project.commit("link checkpoints")
+    _, linked = _run(project, "one.py", "2")
+    (entry,) = linked["checkpoints"]
+    assert entry["link"] == "hardlink" and written.stat().st_nlink == 2, entry
