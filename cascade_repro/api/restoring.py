@@ -515,7 +515,9 @@ def _restore_objects(plan: RestorePlan, manifest: Manifest, execute: bool) -> li
     wanted += [(i.path, str(i.md5)) for i in plan.inputs if i.md5]  # --track-inputs
     if not execute:  # each path as the run left it: its last version (a best-only file saved again)
         last = {c.path: str(c.md5) for c in manifest.kept_checkpoints if not os.path.isabs(c.path)}
-        wanted += list(last.items())
+        # one the run read first (a resume checkpoint saved over) stays as read: the re-run starts there
+        read = {os.path.normpath(i.path) for i in plan.inputs}
+        wanted += [(path, md5) for path, md5 in last.items() if os.path.normpath(path) not in read]
     return wanted
 
 

@@ -40,11 +40,17 @@ def write_marker(workdir: Path, plan: RestorePlan, rerun: str | None = None) -> 
     if rerun == "started":
         body["rerun"] = "started"
         body["ignored"] = _ignored(workdir, plan)
+        body["inputs"] = {rel: _stamp(workdir / rel) for rel in _input_paths(plan)}  # as placed
     elif rerun == "ended":
-        before = spool.read_json(marker).get("ignored")
+        started = spool.read_json(marker)
+        before, placed = started.get("ignored"), started.get("inputs")
         if isinstance(before, list):
             kept = set(map(str, before))
-            added = [(rel, _stamp(workdir / rel)) for rel in _ignored(workdir, plan) if rel not in kept]
+            placed = placed if isinstance(placed, dict) else {}
+            # the ignored files it added, and the inputs placed for it that it wrote over (a resume
+            # checkpoint saved again: placed as read again on reuse)
+            now = [(rel, _stamp(workdir / rel)) for rel in _ignored(workdir, plan)]
+            added = [(rel, stamp) for rel, stamp in now if rel not in kept or placed.get(rel, stamp) != stamp]
             body["rerun_ignored"] = [[rel, *stamp] for rel, stamp in added if stamp is not None]
     marker.write_text(json.dumps(body, indent=2), encoding="utf-8")
 
@@ -54,6 +60,11 @@ def _ignored(workdir: Path, plan: RestorePlan) -> list[str]:
     places (a dataset's million files: never a re-run's to remove), nor a nested repository."""
     excluded = [f":(exclude,literal){path}" for path in (*OWN_ENTRIES, *(d.path for d in plan.data))]
     return sorted(p for p in git_repo.ignored_files(workdir, ".", *excluded) if not p.endswith("/"))
+
+
+def _input_paths(plan: RestorePlan) -> list[str]:
+    """The run's inputs that the restore places in the worktree (from the DVC cache or the checkout)."""
+    return sorted({os.path.normpath(i.path) for i in plan.inputs if not os.path.isabs(i.path)})
 
 
 def _stamp(path: Path) -> list[int] | None:

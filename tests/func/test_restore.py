@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import time
@@ -515,3 +516,35 @@ def test_a_reused_worktree_has_no_ignored_outputs_of_the_last_re_run(project: Pr
     code, _, stderr = _restore(project, "v-resume", "--no-run")
     assert code == 0, stderr
     assert (outside / "last.pt").is_file()  # not the re-run's to remove
+
+
+RESUMES_FOR_MORE = RESUMES.replace("range(start, 6)", "range(start, start + 3)").replace(
+    '"step": 6}', '"step": start + 3}'
+)
+
+
+def test_a_run_resumed_from_a_checkpoint_it_saved_over_restores_again_and_without_running(
+    project: Project, tmp_path: Path
+) -> None:
+    """Found on nanoGPT (`--init_from=resume`): its ckpt.pt is the run's input, read, then saved over
+    as its checkpoint. A second restore found the last re-run's ckpt.pt in the reused worktree ("already
+    has ckpt/last.pt with other bytes than the run's"), and `restore --no-run` into a new directory
+    failed the same way: it placed the input as read and the last checkpoint at the same path."""
+    project.cascade("init", check=True)
+    project.write("resume.py", RESUMES_FOR_MORE)
+    project.write(".gitignore", (project.root / ".gitignore").read_text() + "ckpt\n")
+    project.commit("a script that resumes")
+    project.record("resume.py")  # steps 0-2, then saves ckpt/last.pt
+    project.record("--tag", "v-resumed", "resume.py")  # reads it, steps 3-5, saves over it
+    records = [project.manifest(r.info.run_id) for r in project.runs()]
+    (read,) = [i for record in records for i in record["inputs"] if i["path"] == "ckpt/last.pt"]
+    for attempt in ("first", "reused"):
+        code, data, stderr = _restore(project, "v-resumed")
+        assert code == 0, (attempt, stderr)
+        assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL", (attempt, data["verdict"])
+        assert data["worktree"]["reused"] is (attempt == "reused")
+    fresh = tmp_path / "fresh"
+    code, data, stderr = _restore(project, "v-resumed", "--no-run", "--workdir", str(fresh))
+    assert code == 0, stderr
+    placed = fresh / "ckpt" / "last.pt"  # as the run read it: the printed command re-runs from there
+    assert hashlib.sha256(placed.read_bytes()).hexdigest() == read["sha256"], read
