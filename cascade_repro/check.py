@@ -6,7 +6,7 @@ runnable (missing GPU, CPU-only torch for a CUDA run, another Python, missing pa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from cascade_repro.capture.packages import installable
 from cascade_repro.determinism.record_compare import compare_records
@@ -52,9 +52,10 @@ class CheckReport:
                 "findings": [f.to_dict() for f in self.findings]}  # fmt: skip
 
 
-def check_against(record: Manifest, here: Manifest) -> CheckReport:
-    """A recorded run against this machine: what stops it, what restore fixes, what allows tolerance only."""
-    findings = _not_runnable(record, here)
+def check_against(record: Manifest, here: Manifest, more: Sequence[Finding] = ()) -> CheckReport:
+    """A recorded run against this machine: what stops it, what restore fixes, what allows tolerance only
+    (`more`: what the caller found beyond the two records, such as inputs the checkout lacks)."""
+    findings = [*_not_runnable(record, here), *more]
     stack = compare_records(record, here, only=("stack",)).section("stack")
     for change in stack.changes:
         if change.klass == "A":

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from cascade_repro.api.judging import judge_runs
 from cascade_repro.api.loading import load_project
-from cascade_repro.check import CheckReport, check_against, check_machine
+from cascade_repro.check import CheckReport, Finding, check_against, check_machine
 from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from cascade_repro.diff import SECTIONS, Diff, diff_records
 from cascade_repro.errors import CascadeError, UsageError
@@ -98,8 +98,14 @@ def check(ref: str | None = None, cwd: Path | None = None) -> CheckReport:
     settings = load_project(cwd)
     if ref is None:
         return check_machine(_machine_probes(settings))
+    from cascade_repro.restore.inputs import input_sources, missing_inputs_said, unavailable_inputs
+
     store = RunStore.open(settings)
-    return check_against(store.record(store.resolve(ref).run_id), current_record(settings))
+    record = store.record(store.resolve(ref).run_id)
+    not_here = unavailable_inputs(record.inputs, input_sources(record.inputs, settings.root))
+    # (inputs restore would refuse to re-run without: not runnable here either)
+    more = [Finding("not_runnable", *missing_inputs_said(not_here))] if not_here else []
+    return check_against(record, current_record(settings), more)
 
 
 def _inputs_here(root: Path, recorded: Sequence[FileEntry]) -> tuple[FileEntry, ...]:

@@ -259,12 +259,8 @@ def _refuse_what_cannot_run(plan: RestorePlan, execute: bool) -> None:
         )
     not_here = restoring.inputs_not_here(plan)
     if not_here:  # a re-run without them would only crash
-        raise RestoreRefused(
-            f"the run read {len(not_here)} file(s) that neither git nor DVC tracks, and your checkout "
-            f"does not have them as the run read them: {'; '.join(not_here[:5])}",
-            hint="put back the files the run read (the same bytes), then restore again; next time track "
-            "them with `dvc add PATH` or `cascade run --track-inputs`",
-        )
+        message, fix = restoring.missing_inputs_said(not_here)
+        raise RestoreRefused(message, hint=fix)
     if execute and plan.secrets_missing:
         raise RestoreRefused(
             f"the recorded command has {len(plan.secret_args)} redacted value(s); set "

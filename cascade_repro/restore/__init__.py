@@ -7,7 +7,7 @@ neither git nor DVC tracked come from the checkout when they still match (`input
 data, image and verification are composed by `api.restoring`.
 """
 
-from cascade_repro.restore.inputs import deliver_inputs, inputs_not_here, locate_inputs
+from cascade_repro.restore.inputs import deliver_inputs, inputs_not_here, locate_inputs, missing_inputs_said
 from cascade_repro.restore.plan import (
     NOT_RESTORED_PREFIXES,
     RestorePlan,
@@ -21,6 +21,7 @@ from cascade_repro.restore.worktree import discard, materialize
 
 __all__ = [
     "MARKER", "NOT_RESTORED_PREFIXES", "RestorePlan", "Worktree", "deliver_inputs", "discard",
-    "inputs_not_here", "locate_inputs", "machine_differences", "materialize", "plan_restore",
+    "inputs_not_here", "locate_inputs", "missing_inputs_said", "machine_differences", "materialize",
+    "plan_restore",
     "recorded_environment", "write_marker",
 ]  # fmt: skip

@@ -6,19 +6,26 @@ import os
 import posixpath
 from dataclasses import replace
 from pathlib import Path
+from typing import Mapping, Sequence
 
 from cascade_repro import confined
 from cascade_repro.capture.git import sha256_of
 from cascade_repro.errors import RestoreRefused
+from cascade_repro.record_sections import FileEntry
 from cascade_repro.restore.plan import RestorePlan
 
 
 def locate_inputs(plan: RestorePlan, root: Path) -> RestorePlan:
     """Where each recorded input comes from: the DVC cache (--track-inputs), else the user's checkout
     when the file there still has the recorded size and sha256; else it is missing or changed."""
+    return replace(plan, input_sources=input_sources(plan.inputs, root))
+
+
+def input_sources(inputs: Sequence[FileEntry], root: Path) -> dict[str, str]:
+    """Each recorded input by its path: "dvc", "checkout", "missing" or "changed" (locate_inputs)."""
     sources: dict[str, str] = {}
     real_root = os.path.realpath(root)
-    for item in plan.inputs:
+    for item in inputs:
         rel = posixpath.normpath(item.path)
         if item.md5:
             sources[rel] = "dvc"
@@ -30,14 +37,19 @@ def locate_inputs(plan: RestorePlan, root: Path) -> RestorePlan:
             sources[rel] = "changed"
         else:
             sources[rel] = "checkout"
-    return replace(plan, input_sources=sources)
+    return sources
 
 
 def inputs_not_here(plan: RestorePlan) -> list[str]:
     """`path (missing in your checkout)` / `path (changed: ...)` for each input restore cannot take."""
-    recorded = {posixpath.normpath(i.path): i for i in plan.inputs}
+    return unavailable_inputs(plan.inputs, plan.input_sources)
+
+
+def unavailable_inputs(inputs: Sequence[FileEntry], sources: Mapping[str, str]) -> list[str]:
+    """`inputs_not_here` for inputs located by `input_sources`."""
+    recorded = {posixpath.normpath(i.path): i for i in inputs}
     out = []
-    for rel, source in plan.input_sources.items():
+    for rel, source in sources.items():
         if source == "missing":
             out.append(f"{rel} (missing in your checkout)")
         elif source == "changed":
@@ -45,6 +57,14 @@ def inputs_not_here(plan: RestorePlan) -> list[str]:
             out.append(f"{rel} (changed since the run: it read {item.size} bytes with sha256 "
                        f"{str(item.sha256)[:12]}…)")  # fmt: skip
     return out
+
+
+def missing_inputs_said(not_here: Sequence[str]) -> tuple[str, str]:
+    """What restore (which refuses) and check (NOT_RUNNABLE) say of inputs not here, and the fix."""
+    return (f"the run read {len(not_here)} file(s) that neither git nor DVC tracks, and your checkout "
+            f"does not have them as the run read them: {'; '.join(not_here[:5])}",
+            "put back the files the run read (the same bytes), then restore again; next time track them "
+            "with `dvc add PATH` or `cascade run --track-inputs`")  # fmt: skip
 
 
 def deliver_inputs(plan: RestorePlan, root: Path, workdir: Path) -> list[str]:

@@ -91,6 +91,32 @@ def test_check_names_class_a_fields_and_what_stops_a_run(project: Project) -> No
     assert project.cascade("check", "no-such-run").returncode == 1
 
 
+def test_check_says_not_runnable_where_restore_would_refuse_an_input_the_checkout_changed(
+    project: Project,
+) -> None:
+    """Found on nanoGPT: its data files are ignored by git; with train.bin changed, `cascade check v1`
+    said BITWISE_REPRODUCIBLE (exit 0) while `cascade restore v1` refused to re-run without the bytes
+    the run read."""
+    project.write("reads.py", "print(len(open('data/train.bin', 'rb').read()))\n")
+    project.write(".gitignore", (project.root / ".gitignore").read_text() + "data/\n")
+    (project.root / "data").mkdir()
+    (project.root / "data" / "train.bin").write_bytes(b"tokens " * 100)
+    project.commit("reads ignored data")
+    run_id = project.record("reads.py")
+    ok = project.cascade("check", run_id, "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["data"]["verdict"] == "BITWISE_REPRODUCIBLE"
+    (project.root / "data" / "train.bin").write_bytes(b"other tokens " * 100)
+    changed = project.cascade("check", run_id, "--json")
+    assert changed.returncode == 1, changed.stderr
+    report = json.loads(changed.stdout)["data"]
+    assert report["verdict"] == "NOT_RUNNABLE"
+    (finding,) = [f for f in report["findings"] if "data/train.bin" in f["summary"]]
+    assert "changed since the run" in finding["summary"] and "--track-inputs" in finding["fix"]
+    refused = project.cascade("restore", run_id)  # the same finding, the same word as restore
+    assert refused.returncode != 0 and finding["summary"] in " ".join(refused.stderr.split()), refused.stderr
+
+
 def test_check_without_a_run_checks_this_machine(project: Project) -> None:
     project.cascade("init", check=True)
     project.commit("cascade init")
