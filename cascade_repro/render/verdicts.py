@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any, Mapping
 
 from cascade_repro.determinism.catalogue import shown
@@ -90,12 +91,35 @@ def diff(result: Diff) -> None:
         for column in ("", "key", "A", "B", "note"):
             table.add_column(column, overflow="fold")
         for change in section.changes:
-            a, b = (shown(section.name, change.key, v) for v in (change.a, change.b))
+            a, b = _where_they_differ(*(shown(section.name, change.key, v) for v in (change.a, change.b)))
             table.add_row(change.klass, one_line(change.key), _cell(a), _cell(b), one_line(change.note or ""))
         console.print(table)
     same = [s.name for s in result.sections if not s.changes and s.equal]
     if same:
         console.print(f"\nequal: {', '.join(same)}")
+
+
+def _where_they_differ(a: Any, b: Any) -> tuple[Any, Any]:
+    """Two lists (a command's arguments) without the items they share at both ends, counted instead, so
+    that a cell cut to its width still shows the difference (found on nanoGPT: an added
+    --learning_rate=0.002 past the 60th character, both cells alike)."""
+    if not (isinstance(a, list) and isinstance(b, list)) or a == b:
+        return a, b
+    head = 0
+    while head < min(len(a), len(b)) and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(a), len(b)) - head and a[len(a) - 1 - tail] == b[len(b) - 1 - tail]:
+        tail += 1
+    if not head and not tail:
+        return a, b
+
+    def cut(items: list[Any]) -> str:
+        middle = [json.dumps(item, default=str) for item in items[head:len(items) - tail]]
+        ends = ([f"…{head} same"] if head else []) + middle + ([f"{tail} same…"] if tail else [])
+        return "[" + ", ".join(ends) + "]"
+
+    return cut(a), cut(b)
 
 
 def check_report(report: CheckReport) -> None:

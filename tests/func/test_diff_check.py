@@ -117,6 +117,21 @@ def test_check_says_not_runnable_where_restore_would_refuse_an_input_the_checkou
     assert refused.returncode != 0 and finding["summary"] in " ".join(refused.stderr.split()), refused.stderr
 
 
+def test_diff_shows_the_argument_that_differs_in_a_long_command(project: Project) -> None:
+    """Found on nanoGPT: runs differing by one added `--learning_rate=0.002` showed two argv cells cut
+    to the same first 57 characters; the one hyperparameter change was invisible."""
+    project.write("args.py", "import sys\nprint(sys.argv[1:])\n")
+    project.commit("takes any arguments")
+    common = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=2",
+              "--log_interval=1", "--block_size=32", "--batch_size=4"]  # fmt: skip
+    first = project.record("args.py", *common)
+    second = project.record("args.py", *common, "--learning_rate=0.002")
+    shown = project.cascade("diff", first, second)
+    assert shown.returncode == 0, shown.stderr
+    (row,) = [line for line in shown.stdout.splitlines() if line.split()[1:2] == ["argv"]]
+    assert '"--learning_rate=0.002"' in row and "7 same" in row, row
+
+
 def test_check_without_a_run_checks_this_machine(project: Project) -> None:
     project.cascade("init", check=True)
     project.commit("cascade init")
