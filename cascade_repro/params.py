@@ -397,5 +397,5 @@ def unused_overrides(section: Mapping[str, Any], script: str) -> list[str]:
     file = section.get("file") or {}
     if file.get("read") is not False:
         return []
-    return [f"--set {key} has no effect: {script} never called cascade_repro.params()"
+    return [f"{key} (--set or --add) has no effect: {script} never called cascade_repro.params()"
             for key in section.get("overrides") or {} if key != "seed"]  # fmt: skip

@@ -90,8 +90,9 @@ def test_an_unread_file_is_kept_for_restore_but_is_not_what_the_script_used() ->
     assert section["source"] == "argparse"
     assert section["file"] == {"path": "hyperparameters.yaml", "read": False, "values": RESOLVED["values"]}
     assert mlflow_params(section) == {**section["values"], "seed": 3}
-    assert unused_overrides(section, "t.py") == ["--set optimizer.lr has no effect: t.py never called "
-                                                 "cascade_repro.params()"]  # fmt: skip
+    assert unused_overrides(section, "t.py") == [
+        "optimizer.lr (--set or --add) has no effect: t.py never called cascade_repro.params()"
+    ]
 
 
 def test_a_name_in_both_goes_under_args_and_a_different_seed_keeps_cascades_beside_it() -> None:
