@@ -47,8 +47,12 @@ def choose_checkpoint(checkpoints: Sequence[CheckpointEntry], which: str | None)
         why = f"best by {entry.monitor}"
     elif which == "last":
         why = "last"
+    elif which.isdigit() and entry.step == int(which):
+        why = f"step {which}"
+    elif Path(entry.path).name == which or entry.path == which.strip("./"):
+        why = f"path {which}"
     else:
-        why = f"step {which}" if which.isdigit() else f"path {which}"
+        why = f"md5 {str(entry.raw.get('md5'))[:12]}"
     return Chosen(entry, why)
 
 
@@ -77,14 +81,17 @@ def select_checkpoint(checkpoints: Sequence[CheckpointEntry], which: str) -> Che
             )
         sign = 1.0 if monitored[0].mode == "min" else -1.0
         return min(monitored, key=lambda c: sign * float(c.metrics[str(c.monitor)]))
-    if which.isdigit():
-        matches = [c for c in kept if c.step == int(which)]
-    else:
+    matches = [c for c in kept if c.step == int(which)] if which.isdigit() else []
+    if not matches:
         wanted = which.strip("./")
         matches = [c for c in kept if c.path == wanted or Path(c.path).name == which]
+    if not matches and len(which) >= 6 and all(ch in "0123456789abcdef" for ch in which.lower()):
+        # an md5 (or its first digits, as show prints them): the one version of a path saved many times
+        matches = [c for c in kept if str(c.raw.get("md5") or "").startswith(which.lower())]
     if not matches:
-        listed = ", ".join(f"{c.path} (step {c.step})" for c in kept[:6])
-        raise UsageError(f"no kept checkpoint matches {which!r}", hint=f"kept: {listed}")
+        listed = ", ".join(f"{c.path} ({c.when}, md5 {str(c.raw.get('md5'))[:12]})" for c in kept[:6])
+        raise UsageError(f"no kept checkpoint matches {which!r}",
+                         hint=f"kept: {listed}; name one by step, path or md5")  # fmt: skip
     return matches[-1]
 
 

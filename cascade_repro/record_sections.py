@@ -281,6 +281,12 @@ class CheckpointEntry(FileEntry):
         return _int(self.raw.get("step"))
 
     @property
+    def when(self) -> str:
+        """"step N", or for a save before the run's first optimizer step (a resumed run's first save)
+        "before step 0"."""
+        return f"step {self.step}" if self.step is not None else "before step 0"
+
+    @property
     def metrics(self) -> dict[str, Any]:
         metrics = self.raw.get("metrics")
         return dict(metrics) if isinstance(metrics, dict) else {}

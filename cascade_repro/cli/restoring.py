@@ -63,8 +63,9 @@ def restore(ctx: click.Context, ref: str, no_run: bool, steps: int | None, workd
 
 @main.command(name="checkout")
 @click.argument("ref", metavar="RUN|VERSION")
-@click.option("--checkpoint", metavar="best|last|STEP|PATH",
-              help="Which checkpoint (default: best by the monitored metric, else the last).")  # fmt: skip
+@click.option("--checkpoint", metavar="best|last|STEP|PATH|MD5",
+              help="Which checkpoint (default: best by the monitored metric, else the last; a path "
+                   "saved many times: its last version, or one by the md5 `show --checkpoints` prints).")
 @click.option("--data", is_flag=True, help="The DVC-tracked data the run read, as it read it.")
 @click.option("--to", type=click.Path(file_okay=False, path_type=Path), help="Write into DIR, not in place.")
 @click.option("--force", is_flag=True, help="Overwrite a file with other content.")

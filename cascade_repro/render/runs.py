@@ -352,7 +352,7 @@ def checkpoints(entries: Sequence[CheckpointEntry]) -> None:
             {True: "yes", False: "NO"}.get(bool(entry.get("pushed")), "") if "pushed" in entry.raw else ""
         )
         table.add_row(
-            "" if entry.step is None else str(entry.step), one_line(entry.path),
+            "before 0" if entry.step is None else str(entry.step), one_line(entry.path),
             one_line(str(entry.status) + (f" ({entry.get('reason')})" if entry.get("reason") else "")),
             one_line(metrics), str(entry.md5 or "")[:12], _size(entry.size), pushed,
         )  # fmt: skip

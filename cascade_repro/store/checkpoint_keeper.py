@@ -179,7 +179,8 @@ class CheckpointKeeper:
         if spool:
             self._spool(entry)
         self.notify(
-            f"checkpoint {entry.path} (step {entry.step}) → DVC cache {stored.md5[:12]} ({stored.link})"
+            f"checkpoint {entry.path} ({'before step 0' if entry.step is None else f'step {entry.step}'}) "
+            f"→ DVC cache {stored.md5[:12]} ({stored.link})"
         )
 
     def _superseded(self, rel: str, event: dict[str, Any]) -> None:

@@ -55,6 +55,22 @@ def test_select_best_last_step_and_path() -> None:
         select_checkpoint(entries, "3")
 
 
+def test_a_path_saved_many_times_is_chosen_by_md5_and_a_save_before_step_0_is_named() -> None:
+    """Found on nanoGPT: a resumed run saves ckpt.pt at its first eval, before any optimizer step
+    (step null), then again; by path the later one came back, by md5 none ("no kept checkpoint
+    matches"), and the hint printed "(step None)"."""
+    saved = {"path": "out/ckpt.pt", "status": "kept"}
+    early = CheckpointEntry({**saved, "step": None, "md5": "50c8aff4899f" + "0" * 20})
+    later = CheckpointEntry({**saved, "step": 9, "md5": "ebd446e1aa00" + "1" * 20})
+    assert select_checkpoint([early, later], "out/ckpt.pt") is later  # a path: its last version
+    assert select_checkpoint([early, later], "50c8aff4899f") is early  # as `show --checkpoints` prints it
+    assert choose_checkpoint([early, later], "50c8aff4").why == "md5 50c8aff4899f"
+    with pytest.raises(UsageError) as refused:
+        select_checkpoint([early, later], "deadbeef")
+    assert "out/ckpt.pt (before step 0, md5 50c8aff4899f)" in str(refused.value.hint)
+    assert "None" not in str(refused.value.hint)
+
+
 def test_best_needs_a_monitored_metric_and_no_kept_checkpoint_is_an_error() -> None:
     with pytest.raises(UsageError, match="none is 'best'"):
         select_checkpoint([_ckpt(1, None)], "best")
