@@ -198,7 +198,10 @@ def _code_stat(root: Path, a: Manifest, b: Manifest) -> str | None:
     out = git_repo.run(root, "diff", "--stat", "--end-of-options", commits[0], commits[1])
     if out.returncode != 0:
         return "(a commit is not in this repository: git fetch it)"
-    return out.stdout.decode(errors="replace")
+    # one line, as a note is shown: "README.md | 1 +; 1 file changed, 1 insertion(+)" (its lines joined:
+    # a table cell printed the newline as a literal \n)
+    lines = out.stdout.decode(errors="replace").splitlines()
+    return "; ".join(" ".join(line.split()) for line in lines if line.strip())
 
 
 def _machine_probes(settings: Settings) -> dict[str, tuple[bool, str, str]]:

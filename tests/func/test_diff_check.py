@@ -132,6 +132,18 @@ def test_diff_shows_the_argument_that_differs_in_a_long_command(project: Project
     assert '"--learning_rate=0.002"' in row and "7 same" in row, row
 
 
+def test_the_commits_diffstat_is_one_line_in_the_table(project: Project) -> None:
+    """Found on nanoGPT: the commit row's note printed git's stat with a literal \\n between its lines."""
+    first = project.record("train.py")
+    project.write("NOTES.md", "one line\n")
+    project.commit("notes")
+    second = project.record("train.py")
+    shown = project.cascade("diff", first, second)
+    assert shown.returncode == 0, shown.stderr
+    (row,) = [line for line in shown.stdout.splitlines() if line.split()[1:2] == ["commit"]]
+    assert "NOTES.md | 1 +; 1 file changed, 1 insertion(+)" in row and "\\n" not in row, row
+
+
 def test_check_without_a_run_checks_this_machine(project: Project) -> None:
     project.cascade("init", check=True)
     project.commit("cascade init")
