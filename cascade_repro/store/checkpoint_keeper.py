@@ -256,6 +256,15 @@ class CheckpointsRecorded:
     tags: dict[str, str]
 
 
+def _pointer_name(entry: CheckpointEntry, last: bool) -> str:
+    """The `.dvc` pointer's artifact name: the path's own for its last version, and for each earlier
+    version of a path saved again its step and md5 as well (each version has a pointer of its own)."""
+    if last:
+        return f"{entry.path}.dvc"
+    step = "before-0" if entry.step is None else str(entry.step)
+    return f"{entry.path}.step-{step}.{str(entry.md5)[:8]}.dvc"
+
+
 def finish_checkpoints(keeper: CheckpointKeeper, delivery: Delivery, remote: str | None,
                        log_files: bool, notify: Callable[[str], None],
                        data_md5s: list[str] | None = None) -> CheckpointsRecorded:  # fmt: skip
@@ -268,10 +277,12 @@ def finish_checkpoints(keeper: CheckpointKeeper, delivery: Delivery, remote: str
     entries = keeper.stop()
     warnings = list(keeper.errors[:5])
     kept = [e for e in entries if e.status == "kept" and e.md5 and e.size is not None]
+    last = {e.path: e for e in kept}  # a path saved many times (nanoGPT's ckpt.pt): its last version
     for entry in kept:
         assert entry.md5 is not None and entry.size is not None
         pointer = dvc_store.pointer_text(entry.md5, entry.size, Path(entry.path).name, entry.files)
-        delivery.do(text_op(pointer, f"cascade/checkpoints/{entry.path}.dvc"))
+        name = _pointer_name(entry, last=last[entry.path] is entry)
+        delivery.do(text_op(pointer, f"cascade/checkpoints/{name}"))
         if log_files and entry.files is None:  # files only: a directory stays in DVC
             parent = Path(entry.path).parent.as_posix()
             directory = "cascade/checkpoint_files" + ("" if parent == "." else f"/{parent}")

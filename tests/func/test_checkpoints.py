@@ -395,3 +395,35 @@ def test_the_workspace_checkpoint_stays_the_scripts_own_file(dvc_project: Projec
     _, linked = _run(project, "one.py", "2")
     (entry,) = linked["checkpoints"]
     assert entry["link"] == "hardlink" and written.stat().st_nlink == 2, entry
+
+
+SAVES_ONE_PATH_AT_EACH_EVAL = """
+import torch
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(6):
+    opt.zero_grad(); model(torch.randn(4, 8)).pow(2).mean().backward(); opt.step()
+    if step % 2 == 1:
+        torch.save(model.state_dict(), "ckpt.pt")  # nanoGPT's eval: the same path each time
+"""
+
+
+def test_each_version_of_a_path_saved_again_has_its_own_pointer(dvc_project: Project) -> None:
+    """Found on nanoGPT: a run that saved ckpt.pt 25 times had all 25 in its record and the DVC cache,
+    but one `.dvc` pointer in MLflow, the last version's (each overwrote the one before)."""
+    import yaml
+
+    project = dvc_project
+    project.write("evals.py", SAVES_ONE_PATH_AT_EACH_EVAL)
+    project.commit("saves one path at each eval")
+    run_id, manifest = _run(project, "evals.py")
+    saved = [(c["step"], c["md5"]) for c in manifest["checkpoints"] if c["status"] == "kept"]
+    assert [step for step, _ in saved] == [1, 3, 5], manifest["checkpoints"]
+    listed = project.client().list_artifacts(run_id, "cascade/checkpoints")
+    pointers = {}
+    for artifact in listed:
+        local = project.client().download_artifacts(run_id, artifact.path, str(project.root / ".dl"))
+        pointers[Path(artifact.path).name] = yaml.safe_load(Path(local).read_text())["outs"][0]["md5"]
+    assert pointers["ckpt.pt.dvc"] == saved[-1][1]  # the path's own name: its last version
+    assert sorted(pointers.values()) == sorted(md5 for _, md5 in saved), pointers
+    assert f"ckpt.pt.step-1.{saved[0][1][:8]}.dvc" in pointers, sorted(pointers)
