@@ -293,23 +293,28 @@ def _exit_once_per_second() -> Callable[[int, FrameType | None], None]:
     the atexit flushes run. A stop sent to the whole group (`systemctl stop`, Slurm's scancel, a closed
     terminal) reaches the script twice, directly and forwarded by the parent; a parent killed outright
     sends its death signal once per thread of it that exits while it is the script's parent (Linux
-    hands the script from one dying thread to the next). A repeat within a second must not raise
-    again in the middle of that clean-up."""
-    last = [-10.0]
+    hands the script from one dying thread to the next)."""
 
-    def handler(signum: int, frame: FrameType | None) -> None:
-        now = time.monotonic()
-        if now - last[0] < 1.0:
-            return
-        last[0] = now
+    def stop(signum: int) -> None:
         raise SystemExit(128 + signum)
 
-    return handler
+    return _once_per_second(stop)
 
 
 def _interrupt_once_per_second(interrupted: list[bool]) -> Callable[[int, FrameType | None], None]:
-    # A terminal's Ctrl-C reaches the child twice (directly and forwarded by the parent); the
-    # repeat must not interrupt the clean-up that the first one started.
+    """Ctrl-C raises KeyboardInterrupt in the script; a terminal's reaches it twice (directly and
+    forwarded by the parent)."""
+
+    def interrupt(signum: int) -> None:
+        interrupted[0] = True
+        raise KeyboardInterrupt
+
+    return _once_per_second(interrupt)
+
+
+def _once_per_second(act: Callable[[int], None]) -> Callable[[int, FrameType | None], None]:
+    """A signal handler doing `act` (which raises) at most once a second: the repeat of a signal must
+    not raise again in the middle of the clean-up that the first one started."""
     last = [-10.0]
 
     def handler(signum: int, frame: FrameType | None) -> None:
@@ -317,8 +322,7 @@ def _interrupt_once_per_second(interrupted: list[bool]) -> Callable[[int, FrameT
         if now - last[0] < 1.0:
             return
         last[0] = now
-        interrupted[0] = True
-        raise KeyboardInterrupt
+        act(signum)
 
     return handler
 

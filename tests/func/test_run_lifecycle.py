@@ -167,6 +167,17 @@ finally:  # the script's own clean-up after the stop: a second exception here cu
 """
 
 
+def _cleaning_up(project: Project) -> subprocess.Popen[str]:
+    """`cascade run cleans_up.py` in a session of its own, once its script is in its loop."""
+    process = subprocess.Popen(
+        [*CASCADE, "run", "cleans_up.py"], cwd=project.root, env=dict(os.environ),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    wait_for_file(project.root / "out" / "ready", process)
+    time.sleep(0.5)
+    return process
+
+
 @pytest.mark.parametrize(("sig", "exit_code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)],
                          ids=["sigterm-group", "sighup-group"])  # fmt: skip
 def test_a_stop_sent_to_the_whole_group_ends_the_script_once(
@@ -178,12 +189,7 @@ def test_a_stop_sent_to_the_whole_group_ends_the_script_once(
     left to its default, killed the script at once: nothing flushed)."""
     project.write("cleans_up.py", CLEANS_UP)
     project.commit("cleans up")
-    process = subprocess.Popen(
-        [*CASCADE, "run", "cleans_up.py"], cwd=project.root, env=dict(os.environ),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-    wait_for_file(project.root / "out" / "ready", process)
-    time.sleep(0.5)
+    process = _cleaning_up(project)
     os.killpg(process.pid, sig)
     _, stderr = process.communicate(timeout=120)
 
@@ -233,12 +239,7 @@ def test_a_parent_killed_stops_the_script_once(project: Project) -> None:
     for attempt in range(3):  # (how many threads still run when the kill comes varies)
         (project.root / "out" / "cleanup").unlink(missing_ok=True)
         (project.root / "out" / "ready").unlink(missing_ok=True)
-        process = subprocess.Popen(
-            [*CASCADE, "run", "cleans_up.py"], cwd=project.root, env=dict(os.environ),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        )  # fmt: skip
-        wait_for_file(project.root / "out" / "ready", process)
-        time.sleep(0.5)
+        process = _cleaning_up(project)
         child = int((project.root / "out" / "ready").read_text())
         process.kill()
         process.communicate(timeout=60)
