@@ -88,6 +88,9 @@ def select_checkpoint(checkpoints: Sequence[CheckpointEntry], which: str) -> Che
     if not matches and len(which) >= 6 and all(ch in "0123456789abcdef" for ch in which.lower()):
         # an md5 (or its first digits, as show prints them): the one version of a path saved many times
         matches = [c for c in kept if str(c.raw.get("md5") or "").startswith(which.lower())]
+        if len({str(c.raw.get("md5")) for c in matches}) > 1:
+            raise UsageError(f"{which!r} is the start of the md5 of {len(matches)} checkpoints",
+                             hint="give more of its digits (`cascade show RUN --checkpoints`)")  # fmt: skip
     if not matches:
         listed = ", ".join(f"{c.path} ({c.when}, md5 {str(c.raw.get('md5'))[:12]})" for c in kept[:6])
         raise UsageError(f"no kept checkpoint matches {which!r}",

@@ -84,6 +84,9 @@ class RunResult:
     # the last values of metrics the script logged into the run through MLflow itself (a framework's
     # own logger: HF's MLflowCallback, Lightning's MLFlowLogger), as the store holds them at the end
     logged: Mapping[str, float] = field(default_factory=dict)
+    # a signal this `cascade run` got from outside while the script ran (Ctrl-C, SIGTERM), whatever
+    # the script did with it; not one the script died of by itself (a segfault, the OOM killer)
+    signal_received: int | None = None
 
     @property
     def exit_status(self) -> int:

@@ -277,6 +277,7 @@ class Recording:
             run_id, status, ended.exit_code, self.plan.settings.tracking_uri, self.opened.experiment,
             record, tuple(self.warnings), incomplete=tuple(missing),
             spool=str(self.run_dir) if kept else None, logged={} if kept else self._logged(run_id, record),
+            signal_received=ended.signal_received,
         )  # fmt: skip
 
     def _logged(self, run_id: str, record: Manifest) -> dict[str, float]:

@@ -168,8 +168,8 @@ def restore(
         restoring.write_marker(tree.path, plan, rerun="started")  # killed during it: reusable still
         result = run(request, notify)
         restoring.write_marker(tree.path, plan, rerun="ended")  # its outputs: the state reuse expects
-        stopped = result.manifest.outcome.signal
-        if stopped is not None:  # the user's Ctrl-C (SIGTERM): an abort, not a re-run to judge
+        stopped = result.signal_received  # (a re-run killed by the OOM killer, a segfault: judged)
+        if stopped is not None:  # the user's Ctrl-C (SIGTERM) to this restore: an abort, nothing to judge
             notify(f"the re-run was interrupted ({_signal_name(stopped)}): no verdict; `cascade restore "
                    f"{ref}` re-runs it (the worktree is reused)")  # fmt: skip
             return RestoreResult(plan, tree, result, None, image, tuple(drift), interrupted=stopped)

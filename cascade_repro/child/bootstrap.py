@@ -162,10 +162,10 @@ def main(argv: list[str]) -> None:
     )
     hooks.install()
 
-    exit_once = _exit_once_per_second()
-    for stop in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(stop) == signal.SIG_DFL:
-            signal.signal(stop, exit_once)
+    # (SIGHUP keeps its default: a script stuck in C code dies of a closed terminal, with nobody left to
+    # send it another signal)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_once_per_second())
     interrupted = [False]  # a Ctrl-C reached the script (its handler raised KeyboardInterrupt)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupt_once_per_second(interrupted))
@@ -289,9 +289,9 @@ def _wait_for_run_id(run_dir: Path) -> None:
 
 
 def _exit_once_per_second() -> Callable[[int, FrameType | None], None]:
-    """SIGTERM and SIGHUP unwind the script (SystemExit 128 + signal), so that its own clean-up and
-    the atexit flushes run. A stop sent to the whole group (`systemctl stop`, Slurm's scancel, a closed
-    terminal) reaches the script twice, directly and forwarded by the parent; a parent killed outright
+    """SIGTERM unwinds the script (SystemExit 143), so that its own clean-up and the atexit flushes
+    run. A stop sent to the whole group (`systemctl stop`, Slurm's scancel, `timeout`) reaches the
+    script twice, directly and forwarded by the parent; a parent killed outright
     sends its death signal once per thread of it that exits while it is the script's parent (Linux
     hands the script from one dying thread to the next)."""
 

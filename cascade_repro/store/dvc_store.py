@@ -3,9 +3,9 @@
 DVC's own md5 (`hash: md5` in a .dvc file) is the plain md5 of the bytes, so cascade hashes a file
 in one pass and tells DVC's state database, keyed by (inode, mtime, size), what it found: a later
 `dvc status` finds the entry and does not read the file again. Objects enter `.dvc/cache/files/md5`
-by reflink where the filesystem can, else, for checkpoints, by hardlink (the workspace file then
-turns read-only, as with DVC's own `cache.type: hardlink`), else by copy; cache objects are
-read-only (0444) like DVC's.
+by reflink where the filesystem can, else by copy (DVC's own default); checkpoints of a project
+that asks for it (`checkpoint_link: hardlink`) by hardlink, the workspace file then read-only, as
+with DVC's own `cache.type: hardlink`. Cache objects are read-only (0444) like DVC's.
 
 DVC exceptions are translated here into DataError; nothing above this module imports dvc.
 """

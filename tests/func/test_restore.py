@@ -418,6 +418,33 @@ def test_ctrl_c_during_a_restore_ends_it_as_interrupted_without_a_verdict(projec
     assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL"
 
 
+DIES_OF_A_SIGNAL_IN_THE_RERUN = """
+import os, signal, sys, torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(6):
+    opt.zero_grad(); model(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()
+    if step == 2 and os.path.exists(sys.argv[1]):  # (there for the re-run only: the OOM killer, as it were)
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_rerun_killed_by_a_signal_nobody_sent_to_restore_is_still_judged(
+    project: Project, tmp_path: Path
+) -> None:
+    """From a review of the Ctrl-C fix: a re-run that died of a signal of its own (the OOM killer, a
+    segfault) was taken for the user's interrupt: no verdict, exit 137. It did not reproduce."""
+    flag = tmp_path / "die"
+    project.write("dies.py", DIES_OF_A_SIGNAL_IN_THE_RERUN)
+    project.commit("dies in the re-run")
+    project.record("--tag", "v-dies", "dies.py", str(flag))
+    flag.write_text("")
+    code, data, stderr = _restore(project, "v-dies")
+    assert code == 3, stderr
+    assert "interrupted" not in stderr and data["interrupted"] is None, stderr
+    assert data["verdict"]["verdict"] != "BITWISE_IDENTICAL", data["verdict"]
+
+
 def test_a_restore_killed_in_a_worktree_of_its_own_is_recovered_by_the_projects_commands(
     project: Project, tmp_path: Path
 ) -> None:

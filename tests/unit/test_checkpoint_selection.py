@@ -69,6 +69,9 @@ def test_a_path_saved_many_times_is_chosen_by_md5_and_a_save_before_step_0_is_na
         select_checkpoint([early, later], "deadbeef")
     assert "out/ckpt.pt (before step 0, md5 50c8aff4899f)" in str(refused.value.hint)
     assert "None" not in str(refused.value.hint)
+    twin = CheckpointEntry({**saved, "step": 10, "md5": "50c8af00" + "2" * 24})
+    with pytest.raises(UsageError, match="the start of the md5 of 2 checkpoints"):
+        select_checkpoint([early, later, twin], "50c8af")  # never one of them by chance
 
 
 def test_best_needs_a_monitored_metric_and_no_kept_checkpoint_is_an_error() -> None:
