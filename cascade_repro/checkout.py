@@ -52,7 +52,7 @@ def choose_checkpoint(checkpoints: Sequence[CheckpointEntry], which: str | None)
     elif Path(entry.path).name == which or entry.path == which.strip("./"):
         why = f"path {which}"
     else:
-        why = f"md5 {str(entry.raw.get('md5'))[:12]}"
+        why = f"md5 {str(entry.md5)[:12]}"
     return Chosen(entry, why)
 
 
@@ -87,12 +87,12 @@ def select_checkpoint(checkpoints: Sequence[CheckpointEntry], which: str) -> Che
         matches = [c for c in kept if c.path == wanted or Path(c.path).name == which]
     if not matches and len(which) >= 6 and all(ch in "0123456789abcdef" for ch in which.lower()):
         # an md5 (or its first digits, as show prints them): the one version of a path saved many times
-        matches = [c for c in kept if str(c.raw.get("md5") or "").startswith(which.lower())]
-        if len({str(c.raw.get("md5")) for c in matches}) > 1:
+        matches = [c for c in kept if (c.md5 or "").startswith(which.lower())]
+        if len({c.md5 for c in matches}) > 1:
             raise UsageError(f"{which!r} is the start of the md5 of {len(matches)} checkpoints",
                              hint="give more of its digits (`cascade show RUN --checkpoints`)")  # fmt: skip
     if not matches:
-        listed = ", ".join(f"{c.path} ({c.when}, md5 {str(c.raw.get('md5'))[:12]})" for c in kept[:6])
+        listed = ", ".join(f"{c.path} ({c.when}, md5 {str(c.md5)[:12]})" for c in kept[:6])
         raise UsageError(f"no kept checkpoint matches {which!r}",
                          hint=f"kept: {listed}; name one by step, path or md5")  # fmt: skip
     return matches[-1]

@@ -235,16 +235,10 @@ def _steps_a_killed_run_ran(store: RunStore, manifest: Manifest) -> tuple[int | 
 
 
 def _how_it_stopped(manifest: Manifest) -> str:
-    import signal
-
     number = manifest.outcome.signal
     if manifest.outcome.status == "KILLED" or number is None:
         return "was KILLED"
-    try:
-        name = signal.Signals(number).name
-    except ValueError:
-        name = str(number)
-    return f"stopped on {name} (the script ended itself, {manifest.outcome.status})"
+    return f"stopped on {_signal_name(number)} (the script ended itself, {manifest.outcome.status})"
 
 
 def _refuse_what_cannot_run(plan: RestorePlan, execute: bool) -> None:
