@@ -336,7 +336,9 @@ def resolved_dict(resolved: ResolvedParams) -> dict[str, Any]:
 def used_params(resolved: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[str, Any]:
     """The record's `params` section: what the script used, from the resolved params file and what
     the child noted (`params_read`: it called `cascade_repro.params()`; `argparse`: its namespace;
-    `hydra`: the config Hydra composed for it, with dotted keys).
+    `hydra`: the config Hydra composed for it, with dotted keys; `globals`: its module's simple
+    globals as training began, child/script_globals.py, the params of a script with none of the
+    others).
 
     `values` holds the file's values only when the script read them, and the argparse namespace and
     Hydra's config (a name the file also has goes under `args.` or `hydra.`, so neither value hides
@@ -356,6 +358,10 @@ def used_params(resolved: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[s
             for name, value in section[source].items():
                 values[f"{prefix}{name}" if name in taken else name] = value
             sources.append(source)
+    noted = facts.get("globals")
+    if not sources and isinstance(noted, Mapping) and noted:  # configured by its globals alone (nanoGPT)
+        section["globals"] = values = _redacted(noted)
+        sources.append("globals")
     path = resolved.get("source")
     return {
         "values": values,

@@ -34,6 +34,7 @@ from cascade_repro.child import (
 from cascade_repro.child.checkpoints import install_torch_save_hook
 from cascade_repro.child.hooks import ImportHooks
 from cascade_repro.child.runtime import checkpoint_log
+from cascade_repro.child.script_globals import simple_globals
 from cascade_repro.child.script_seeds import ScriptSeeds
 
 RUN_ID_WAIT_S = 300.0
@@ -92,6 +93,7 @@ def _observe_torch(torch: ModuleType, run_dir: Path, facts: Facts, determinism: 
     dump = os.environ.get(protocol.ENV_TRACE_DUMP)
     if dump:
         tracer.dump = TensorDump.parse(torch, dump)
+    tracer.on_start = lambda: _note_globals(facts, vars(sys.modules["__main__"]))
     tracer.install()
     script_seeds.step = tracer.reseeded
     atexit.register(tracer.close)
@@ -177,14 +179,25 @@ def main(argv: list[str]) -> None:
 
     sys.argv = [script, *args]
     sys.path[0] = str(Path(script).resolve().parent)
-    _run_script(script, interrupted)
+    _run_script(script, interrupted, facts)
 
 
-def _run_script(script: str, interrupted: list[bool]) -> None:
+def _note_globals(facts: Facts, namespace: dict[str, Any]) -> None:
+    """The script's module globals that may be its configuration (child/script_globals.py), once: as
+    step 0 begins, or as a script that never began one ended. Not from a forked copy (a worker)."""
+    if "globals" not in facts.data and os.getpid() == facts.data["pid"]:
+        facts.update(globals=simple_globals(namespace))
+
+
+def _run_script(script: str, interrupted: list[bool], facts: Facts) -> None:
     """The script as `__main__`; a Ctrl-C ends it as Ctrl-C (130), also where the script turned it
     into another error (an import it cut half-way fails the next time it runs)."""
     try:
-        runpy.run_path(script, run_name="__main__")
+        namespace = runpy.run_path(script, run_name="__main__")
+        try:
+            _note_globals(facts, namespace)
+        except Exception:  # observing must never change how the script ends
+            pass
     except KeyboardInterrupt:
         _die_of_sigint()
     except Exception:

@@ -166,7 +166,7 @@ def _flatten(node: Any, prefix: str, flat: dict[str, Any]) -> None:
         if isinstance(value, dict) and value:
             _flatten(value, f"{name}.", flat)
         else:
-            flat[name] = {} if isinstance(value, dict) else _safe(value)
+            flat[name] = {} if isinstance(value, dict) else safe_value(value)
 
 
 def _guarded(action: Callable[[], Any]) -> None:
@@ -179,10 +179,10 @@ def _guarded(action: Callable[[], Any]) -> None:
 def values(namespace: Any) -> dict[str, Any]:
     """The namespace's attributes as JSON-safe values, in the order argparse set them."""
     items = list(vars(namespace).items())[:MAX_VALUES]
-    return {str(name): _safe(value) for name, value in items}
+    return {str(name): safe_value(value) for name, value in items}
 
 
-def _safe(value: Any) -> Any:
+def safe_value(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int)):
         return value
     if isinstance(value, str):
@@ -190,7 +190,7 @@ def _safe(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else repr(value)
     if isinstance(value, (list, tuple)) and len(value) <= MAX_ITEMS:
-        return [_safe(item) for item in value]
+        return [safe_value(item) for item in value]
     return _repr(value)
 
 

@@ -131,6 +131,8 @@ class StepTracer:
         self.in_step = False  # between an optimizer step's pre- and post-hook
         self._backward_in_step = False  # the step ran a closure: its loss and gradients come after
         self.dump: TensorDump | None = None  # `cascade verify --replay`: steps whose tensors are saved
+        # told once, when step 0 begins (before the first step's cost is measured: set-up, for the budget)
+        self.on_start: Callable[[], None] | None = None
 
     # -- entry points (child/trace_install.py calls them from torch) -----------------------------
     def install(self) -> None:
@@ -220,6 +222,11 @@ class StepTracer:
         if not self._started:
             self._started = True
             self._rng = self._rng_next = self._rng_fingerprint()
+            if self.on_start is not None:
+                try:
+                    self.on_start()
+                except Exception:  # (what is told of step 0's start never stops the trace)
+                    pass
 
     def reseeded(self) -> int | None:
         """The script seeded a generator: the step whose RNG fingerprint is the first to follow it.

@@ -22,6 +22,7 @@ JSON_SCHEMA = "cascade.cli/1"
 # rich's markup is off, so brackets in a name or a param are printed, not interpreted.
 _CONTROL = re.compile(r"\x1b\[[0-9;]*m|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _SGR = re.compile(r"\x1b\[[0-9;]*m")
+_PADDED_LINE_END = re.compile(r" +\n")
 
 
 def printable(text: str) -> str:
@@ -37,12 +38,21 @@ def one_line(text: str) -> str:
 
 
 class _Printable:
-    """A stream for rich: its own colour sequences pass, any other control character is dropped."""
+    """A stream for rich: its own colour sequences pass, any other control character is dropped; with
+    `trim` (piped output: grep, diff, a file), no line ends in the spaces rich pads a table row with."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Any, trim: bool = False) -> None:
         self._stream = stream
+        self._trim = trim
+        self._spaces = ""  # trailing spaces held back until the next text says whether a line ends there
 
     def write(self, text: str) -> int:
+        written = len(text)
+        if self._trim:
+            text = self._spaces + text
+            body = text.rstrip(" ")
+            self._spaces = text[len(body) :]
+            text = _PADDED_LINE_END.sub("\n", body)
         kept = []
         position = 0
         for match in _SGR.finditer(text):
@@ -50,7 +60,7 @@ class _Printable:
             position = match.end()
         kept.append(printable(text[position:]))
         self._stream.write("".join(kept))
-        return len(text)
+        return written
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
@@ -96,7 +106,7 @@ def _console() -> Any:
 
     # Piped output is for grep and less: do not squeeze tables into 80 columns.
     width = None if sys.stdout.isatty() else 220
-    stream = cast(IO[str], _Printable(sys.stdout))
+    stream = cast(IO[str], _Printable(sys.stdout, trim=width is not None))
     # rich's own NO_COLOR support drops colours but keeps bold and underline: no styles at all here
     return Console(
         highlight=False,

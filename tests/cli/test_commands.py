@@ -77,6 +77,8 @@ def test_ls_and_show_json_match_the_store(project: Project) -> None:
     assert runs["alpha"]["run_id"][:12] in table and "alpha" in table and head[:10] in table
     human = project.invoke("show", "alpha", check=True).stdout
     assert head in human and "optimizer.lr" in human and "seed" in human
+    # piped (for grep, diff, a file): no line padded with spaces to the table's width
+    assert [line for line in (human + table).splitlines() if line != line.rstrip()] == []
     # the command as typed, cascade's own options too (it showed `cascade run train.py` alone)
     assert "cascade run --set optimizer.lr=0.01 --name beta train.py" in project.invoke("show", "beta").stdout
 

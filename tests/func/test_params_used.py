@@ -69,6 +69,43 @@ mlflow.log_params({"seed": args.seed, "learning_rate": 0.5, "from_script": "yes"
 print("logged", flush=True)
 """
 
+GLOBALS_ONLY = """\
+# nanoGPT's way: the configuration is the module's globals, a configurator overrides them from
+# --key=value (no argparse, no Hydra, no params file read).
+import sys
+import time
+
+import torch
+
+batch_size = 8
+learning_rate = 6e-4
+n_layer = 2
+dropout = 0.0
+init_from = "scratch"
+compile = False
+betas = (0.9, 0.95)
+wandb_api_key = "s3cret-key"
+_private = 1
+config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, str))]
+for arg in sys.argv[1:]:  # (its loop variables stay among the globals: not configuration)
+    key, value = arg[2:].split("=")
+    globals()[key] = type(globals()[key])(value)
+config = {k: globals()[k] for k in config_keys}  # what it logs: its configuration, collected
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=learning_rate)
+t0 = time.time()  # clock readings are not configuration
+started = time.perf_counter()
+iter_num = 0
+while iter_num < 3:
+    loss = model(torch.randn(batch_size, 4)).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    iter_num += 1
+print("trained", iter_num, flush=True)
+"""
+
 NOTHING = """\
 print("no params, no argparse", flush=True)
 """
@@ -160,3 +197,34 @@ def test_cascade_init_writes_no_params_that_a_run_would_record(project: Project)
     assert record["seed"] == 0 and record["seed_source"] == "default"
     shown = json.loads(fresh.cascade("show", run.info.run_id, "--json", check=True).stdout)["data"]
     assert shown["manifest"]["params"]["values"] == {}
+
+
+def test_a_script_configured_by_its_globals_records_the_configuration_it_collected(
+    project: Project,
+) -> None:
+    params, record, _ = _run(project, "globals.py", GLOBALS_ONLY, "--learning_rate=0.002", "--batch_size=4")
+
+    assert record["source"] == "globals"
+    # the names it collected in `config`, with the values the configurator gave them
+    assert record["values"] == record["globals"] == {
+        "batch_size": 4, "learning_rate": 0.002, "n_layer": 2, "dropout": 0.0, "init_from": "scratch",
+        "compile": False, "wandb_api_key": "<redacted>",
+    }  # fmt: skip
+    # what the configurator made of the command line, searchable in MLflow beside the seed
+    assert params["learning_rate"] == "0.002" and params["batch_size"] == "4" and params["seed"] == "3"
+    assert "s3cret-key" not in json.dumps(record)
+
+    # Two runs that differ in one global: diff names it.
+    a = project.record("globals.py", "--learning_rate=0.002")
+    b = project.record("globals.py", "--learning_rate=0.003")
+    data = json.loads(project.cascade("diff", a, b, "--json", check=True).stdout)["data"]
+    (section,) = [s for s in data["sections"] if s["name"] == "params"]
+    assert {c["key"]: (c["a"], c["b"]) for c in section["changes"]} == {"learning_rate": (0.002, 0.003)}
+
+
+def test_a_script_that_never_trains_records_its_simple_globals_as_it_ended(project: Project) -> None:
+    script = "import os\n\nepochs = 3\nname = 'baseline'\nsizes = [8, 16]\nhome = os.environ\nprint('done')\n"
+    params, record, _ = _run(project, "plain.py", script)
+    assert record["source"] == "globals"
+    assert record["values"] == {"epochs": 3, "name": "baseline", "sizes": [8, 16]}
+    assert params["epochs"] == "3" and params["name"] == "baseline"
