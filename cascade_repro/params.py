@@ -379,9 +379,13 @@ def _redacted(parsed: Mapping[str, Any]) -> dict[str, Any]:
     redacted."""
     from cascade_repro.redaction import MARKER, redact_text, secret_option
 
+    def redacted(value: Any) -> Any:
+        if isinstance(value, list):  # (`--mirrors URL...`, a list of servers among the globals)
+            return [redacted(item) for item in value]
+        return redact_text(value) if isinstance(value, str) else value
+
     return {
-        str(name): MARKER if secret_option(str(name)) and value is not None
-        else redact_text(value) if isinstance(value, str) else value
+        str(name): MARKER if secret_option(str(name)) and value is not None else redacted(value)
         for name, value in list(parsed.items())[:MAX_PARAMS]
     }  # fmt: skip
 

@@ -150,6 +150,11 @@ class ProjectPaths:
         return self.own / "restore"
 
     @property
+    def file_hashes(self) -> Path:
+        """The sha256 of files the project's runs read, known by their stat (file_hashes.py)."""
+        return self.own / "file_hashes.json"
+
+    @property
     def set_aside(self) -> Path:
         """Files found in a restore worktree after a restore killed during its re-run, moved here
         rather than deleted: the cut re-run's outputs, or files someone added since."""

@@ -34,6 +34,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from cascade_repro.capture.git import excluded
 from cascade_repro.child.file_access import KEPT_DIR
 from cascade_repro.child.protocol import CHECKPOINTS_FILE
+from cascade_repro.file_hashes import FileHashes
 from cascade_repro.store import git_repo
 
 MAX_OUTSIDE_NAMED = 100  # files read outside the repository the record names (the child notes as many)
@@ -161,6 +162,7 @@ def sort_files(root: Path, opened: Mapping[str, Any], redirected: Sequence[str],
         and (p in as_read or regular_inside(root, p))
     ]  # fmt: skip
     tracked = _git_tracked(root, candidates)
+    hashes = FileHashes(root)  # (a dataset of many GB is read once, not at the end of every run)
     inputs: list[dict[str, Any]] = []
     kept: dict[str, Path] = {}
     left_out = 0
@@ -172,13 +174,14 @@ def sort_files(root: Path, opened: Mapping[str, Any], redirected: Sequence[str],
             continue
         before = as_read.get(rel)
         if before is None:
-            digest, size = sha256_and_size(root / rel)
+            digest, size = hashes.sha256_and_size(root / rel)
             inputs.append({"path": rel, "size": size, "sha256": digest})
             continue
         inputs.append({"path": rel, "size": before["size"], "sha256": before["sha256"], "rewritten": True})
         copy = _kept_copy(run_dir, rel, before) if before["kept"] else None
         if copy is not None:
             kept[rel] = copy
+    hashes.save()
     return RunFiles(sorted(inputs, key=lambda i: i["path"]), outputs, left_out, kept)
 
 

@@ -93,7 +93,7 @@ def _observe_torch(torch: ModuleType, run_dir: Path, facts: Facts, determinism: 
     dump = os.environ.get(protocol.ENV_TRACE_DUMP)
     if dump:
         tracer.dump = TensorDump.parse(torch, dump)
-    tracer.on_start = lambda: _note_globals(facts, vars(sys.modules["__main__"]))
+    tracer.on_training_begins = lambda: _note_globals(facts, vars(sys.modules["__main__"]))
     tracer.install()
     script_seeds.step = tracer.reseeded
     atexit.register(tracer.close)
@@ -179,25 +179,23 @@ def main(argv: list[str]) -> None:
 
     sys.argv = [script, *args]
     sys.path[0] = str(Path(script).resolve().parent)
-    _run_script(script, interrupted, facts)
+    _run_script(script, interrupted)
 
 
 def _note_globals(facts: Facts, namespace: dict[str, Any]) -> None:
-    """The script's module globals that may be its configuration (child/script_globals.py), once: as
-    step 0 begins, or as a script that never began one ended. Not from a forked copy (a worker)."""
+    """The script's module globals that may be its configuration (child/script_globals.py), as its
+    training begins. Not from a forked copy (a worker); nothing JSON cannot write (child.json)."""
     if "globals" not in facts.data and os.getpid() == facts.data["pid"]:
-        facts.update(globals=simple_globals(namespace))
+        noted = simple_globals(namespace)
+        json.dumps(noted)  # (raises here, told to the tracer, rather than in every later save)
+        facts.update(globals=noted)
 
 
-def _run_script(script: str, interrupted: list[bool], facts: Facts) -> None:
+def _run_script(script: str, interrupted: list[bool]) -> None:
     """The script as `__main__`; a Ctrl-C ends it as Ctrl-C (130), also where the script turned it
     into another error (an import it cut half-way fails the next time it runs)."""
     try:
-        namespace = runpy.run_path(script, run_name="__main__")
-        try:
-            _note_globals(facts, namespace)
-        except Exception:  # observing must never change how the script ends
-            pass
+        runpy.run_path(script, run_name="__main__")
     except KeyboardInterrupt:
         _die_of_sigint()
     except Exception:

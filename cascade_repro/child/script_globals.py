@@ -2,17 +2,21 @@
 at the top, a configurator overriding them from a config file and `--key=value`), for a script that
 has no other source (argparse, Hydra, the params file: params.used_params decides).
 
-Where the script collects its configuration in a dict of its own globals (nanoGPT's `config`, made
-for its logger), the names in that dict are the configuration (their values as the globals hold
-them); otherwise every simple global is. They are read from `__main__` when step 0 begins
-(child/trace.py), after the configuration and before the training changes any of them (`iter_num`
-is 0 there); for a script that never begins a step, as it ended.
+They are read from `__main__` as the training begins, at its first backward() or optimizer step
+(child/trace.py), after the configuration and before the training changed any of them.
 
-What is read: a name without a leading underscore bound to None, a bool, an int, a float, a str, or
-a short list or tuple of those. Not a clock reading taken during the run
-(`t0 = time.time()` before the loop: a float, or an int of nanoseconds, between the run's start and
-now on the wall clock, `monotonic` or `perf_counter`), which differs every run and configures
-nothing. Values as JSON holds them (child/parsed_args.py's rules).
+- Where the script collects its configuration in a dict of its own globals (nanoGPT's `config`, made
+  for its logger), that dict is the configuration, with the values it holds (those the user set:
+  nanoGPT divides `gradient_accumulation_steps` by the ranks afterwards). A dict counts as such when
+  its keys all name globals and cover at least half of the simple ones (not `model_args`).
+- Otherwise every simple global is: a name without a leading underscore bound to None, a bool, an
+  int, a float, a one-line str of up to MAX_TEXT characters (not a dataset read into memory), or a
+  list or tuple of up to MAX_LIST of those (not a vocabulary; a collected dict's: up to MAX_ITEMS).
+
+Never a clock reading taken during the run (`t0 = time.time()` before the loop, `perf_counter_ns()`),
+which differs every run and configures nothing: a float with a fraction, or an int of nanoseconds,
+between the child's start and now on the wall clock, `monotonic` or `perf_counter`. Never an int
+wider than 64 bits. Values as JSON holds them (child/parsed_args.py's rules).
 """
 
 from __future__ import annotations
@@ -22,53 +26,55 @@ from typing import Any, Callable, Mapping
 
 from cascade_repro.child.parsed_args import MAX_ITEMS, MAX_VALUES, safe_value
 
+MAX_TEXT = 200
+MAX_LIST = 16
 _SCALARS = (type(None), bool, int, float, str)
-_CLOCKS: tuple[tuple[Callable[[], float], float], ...] = tuple(
-    (clock, clock()) for clock in (time.time, time.monotonic, time.perf_counter)
-)  # each clock as the child began (this module is imported before the script runs)
+_CLOCKS: tuple[tuple[Callable[[], int], int], ...] = tuple(
+    (clock, clock()) for clock in (time.time_ns, time.monotonic_ns, time.perf_counter_ns)
+)  # each clock as the child began (bootstrap imports this module before the script runs)
 
 
 def simple_globals(namespace: Mapping[str, Any]) -> dict[str, Any]:
-    """The configuration among a module's globals (see the module's docstring), in their order; where
-    the script collected it in a dict of its own globals, the names in that dict alone."""
-    now = [(clock(), began) for clock, began in _CLOCKS]
-    items = list(namespace.items())
-    collected = _collected(items)
+    """The configuration among a module's globals (see the module's docstring), in their order."""
+    windows = [(began, clock()) for clock, began in _CLOCKS]
+    simple = {name: value for name, value in list(namespace.items())
+              if isinstance(name, str) and not name.startswith("_") and _simple(value, windows)}  # fmt: skip
+    collected = _collected(namespace, simple)
     if collected is not None:
-        items = [(name, value) for name, value in items if name in collected]
-    found: dict[str, Any] = {}
-    for name, value in items:
-        if len(found) >= MAX_VALUES:
-            break
-        if not isinstance(name, str) or name.startswith("_") or not _configuration(value, now):
+        return {name: safe_value(value) for name, value in collected.items() if _simple(value, windows, True)}
+    return {name: safe_value(value) for name, value in list(simple.items())[:MAX_VALUES]}
+
+
+def _collected(namespace: Mapping[str, Any], simple: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The largest dict among the globals whose keys all name globals and cover half of the simple
+    ones or more (nanoGPT's `config = {k: globals()[k] for k in config_keys}`, made before its
+    configurator's loop left `arg`, `key` and `val` among them), if there is one."""
+    best: dict[str, Any] | None = None
+    for name, value in list(namespace.items()):
+        if type(value) is not dict or not isinstance(name, str) or name.startswith("_"):
             continue
-        found[name] = safe_value(value)
-    return found
+        if len(value) > MAX_VALUES or 2 * len(value) < len(simple) or len(value) < 2:
+            continue
+        if (best is None or len(value) > len(best)) and all(type(k) is str and k in namespace for k in value):
+            best = value
+    return best
 
 
-def _configuration(value: Any, clocks: list[tuple[float, float]]) -> bool:
+def _simple(value: Any, windows: list[tuple[int, int]], collected: bool = False) -> bool:
+    """A value that may be configuration (a collected dict's strings and lists as they are)."""
     kind = type(value)
     if kind in (list, tuple):
-        return len(value) <= MAX_ITEMS and all(type(item) in _SCALARS for item in value)
+        return len(value) <= (MAX_ITEMS if collected else MAX_LIST) and all(
+            type(item) in _SCALARS and _simple(item, windows, collected) for item in value
+        )
+    if kind is str:
+        return collected or (len(value) <= MAX_TEXT and "\n" not in value)
     if kind is float:
-        return not any(began <= value <= now for now, began in clocks)
-    if kind is int and value > 10**15:  # time.time_ns(), perf_counter_ns()
-        return not any(began * 1e9 <= value <= now * 1e9 for now, began in clocks)
+        return value != value or value.is_integer() or not _read_from_a_clock(value * 1e9, windows)
+    if kind is int:
+        return value.bit_length() <= 64 and not _read_from_a_clock(value, windows)
     return kind in _SCALARS
 
 
-def _collected(items: list[tuple[Any, Any]]) -> set[str] | None:
-    """The keys of the largest dict among the globals whose keys all name globals (nanoGPT's
-    `config = {k: globals()[k] for k in config_keys}`, from the names it had before its
-    configurator's loop left `arg`, `key` and `val` among them), if there is one of 2 or more. Their
-    values are the globals' (nanoGPT divides `gradient_accumulation_steps` by the ranks after)."""
-    namespace = dict(items)
-    best: set[str] | None = None
-    for name, value in items:
-        if type(value) is not dict or len(value) < 2 or len(value) > MAX_VALUES or str(name).startswith("_"):
-            continue
-        if best is not None and len(value) <= len(best):
-            continue
-        if all(type(key) is str and key in namespace for key in value):
-            best = set(value)
-    return best
+def _read_from_a_clock(ns: float, windows: list[tuple[int, int]]) -> bool:
+    return any(began <= ns <= now for began, now in windows)

@@ -131,8 +131,9 @@ class StepTracer:
         self.in_step = False  # between an optimizer step's pre- and post-hook
         self._backward_in_step = False  # the step ran a closure: its loss and gradients come after
         self.dump: TensorDump | None = None  # `cascade verify --replay`: steps whose tensors are saved
-        # told once, when step 0 begins (before the first step's cost is measured: set-up, for the budget)
-        self.on_start: Callable[[], None] | None = None
+        # told once, at the first backward() or optimizer step: the training began (not at a first
+        # forward or batch, which a script may take to look at them before its configuration is done)
+        self.on_training_begins: Callable[[], None] | None = None
 
     # -- entry points (child/trace_install.py calls them from torch) -----------------------------
     def install(self) -> None:
@@ -171,6 +172,8 @@ class StepTracer:
 
     def backward_begins(self, tensors: Any) -> None:
         started = time.perf_counter()
+        if self.on_training_begins is not None:
+            self._training_begins()
         if not self._started:
             self.start()
         if self._mode == "optimizer":
@@ -207,6 +210,16 @@ class StepTracer:
             if self._mode == "undecided":  # before the first optimizer step: once (the names looked up)
                 self.sampling.setup_s += time.perf_counter() - started
 
+    def _training_begins(self) -> None:
+        """The first backward() or optimizer step: `on_training_begins` is told, once (before the first
+        step's cost is measured: set-up, for the budget); what it raises never stops the trace."""
+        told, self.on_training_begins = self.on_training_begins, None
+        try:
+            if told is not None:
+                told()
+        except Exception:
+            pass
+
     def start(self) -> None:
         """Step 0 starts, if it has not (its RNG state is read now)."""
         if self._started or self.closed:
@@ -222,11 +235,6 @@ class StepTracer:
         if not self._started:
             self._started = True
             self._rng = self._rng_next = self._rng_fingerprint()
-            if self.on_start is not None:
-                try:
-                    self.on_start()
-                except Exception:  # (what is told of step 0's start never stops the trace)
-                    pass
 
     def reseeded(self) -> int | None:
         """The script seeded a generator: the step whose RNG fingerprint is the first to follow it.
@@ -473,6 +481,8 @@ class StepTracer:
             if self._mode == "undecided":
                 self._pending = None  # a manual-mode guess from the first backward(s)
             self._mode = "optimizer"
+        if self.on_training_begins is not None:
+            self._training_begins()
         if not self._started:
             self._start()
         if not self.tensors.named:  # once: a script with no nn.Module must not rescan every step

@@ -11,6 +11,7 @@ from typing import Mapping, Sequence
 from cascade_repro import confined
 from cascade_repro.capture.git import sha256_of
 from cascade_repro.errors import RestoreRefused
+from cascade_repro.file_hashes import FileHashes
 from cascade_repro.record_sections import FileEntry
 from cascade_repro.restore.plan import RestorePlan
 
@@ -25,6 +26,7 @@ def input_sources(inputs: Sequence[FileEntry], root: Path) -> dict[str, str]:
     """Each recorded input by its path: "dvc", "checkout", "missing" or "changed" (locate_inputs)."""
     sources: dict[str, str] = {}
     real_root = os.path.realpath(root)
+    hashes = FileHashes(root)  # (a file of many GB unchanged since the run, or the last check: not read)
     for item in inputs:
         rel = posixpath.normpath(item.path)
         if item.md5:
@@ -33,10 +35,11 @@ def input_sources(inputs: Sequence[FileEntry], root: Path) -> dict[str, str]:
         real = os.path.realpath(root / rel)
         if not real.startswith(real_root + os.sep) or not os.path.isfile(real):
             sources[rel] = "missing"
-        elif os.path.getsize(real) != item.size or sha256_of(Path(real)) != item.sha256:
+        elif os.path.getsize(real) != item.size or hashes.sha256(Path(real)) != item.sha256:
             sources[rel] = "changed"
         else:
             sources[rel] = "checkout"
+    hashes.save()
     return sources
 
 
@@ -71,12 +74,13 @@ def deliver_inputs(plan: RestorePlan, root: Path, workdir: Path) -> list[str]:
     """Copy the inputs taken from the checkout into the worktree (confined), each checked again there."""
     recorded = {posixpath.normpath(i.path): i for i in plan.inputs}
     copied = []
+    hashes = FileHashes(root)
     for rel, source in plan.input_sources.items():
         if source != "checkout":
             continue
         expected = str(recorded[rel].sha256)
         existing = workdir / rel
-        if existing.is_file() and not existing.is_symlink() and sha256_of(existing) == expected:
+        if existing.is_file() and not existing.is_symlink() and hashes.sha256(existing) == expected:
             continue  # a reused worktree has it already
         original = Path(os.path.realpath(root / rel))
         written = confined.write_file(workdir, rel, original, f"the input file {rel}")
@@ -85,4 +89,5 @@ def deliver_inputs(plan: RestorePlan, root: Path, workdir: Path) -> list[str]:
             raise RestoreRefused(f"the input file {rel} changed in your checkout while it was copied",
                                  hint="let whatever writes it finish, then restore again")  # fmt: skip
         copied.append(rel)
+    hashes.save()
     return copied

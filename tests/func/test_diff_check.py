@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import pytest
 
-from tests.plugin import Project, git
+from cascade_repro.file_hashes import RACY_S
+from tests.plugin import Project, bytes_read_so_far, git
 
 pytestmark = pytest.mark.slow
 
@@ -164,3 +167,35 @@ def test_records_of_another_schema_and_runs_of_another_experiment(project: Proje
     newer = project.cascade("diff", a, b)
     assert newer.returncode == 1 and "schema cascade.run/9 is not one this cascade reads" in newer.stderr
     assert "upgrade cascade" in newer.stderr
+
+
+def test_check_reads_an_unchanged_ignored_input_once_not_at_every_call(project: Project) -> None:
+    """Left from the last stop: `cascade check RUN` (and restore) hashed a run's ignored inputs at
+    every call, and every `cascade run` at its end: tens of seconds each for nanoGPT's 17 GB
+    train.bin. Hashed once, the file is known by its stat while it stays as it was."""
+    size = 96 << 20  # (what check's own subprocesses read counts too: ~24 MB here, its torch probe)
+    project.write("reads.py", "print(len(open('data/train.bin', 'rb').read()))\n")
+    project.write(".gitignore", (project.root / ".gitignore").read_text() + "data/\n")
+    (project.root / "data").mkdir()
+    data = project.root / "data" / "train.bin"
+    data.write_bytes(os.urandom(size))
+    project.commit("reads ignored data")
+    time.sleep(RACY_S + 0.1)  # (a file changed within the file system's last tick is hashed every time)
+    run_id = project.record("reads.py")  # its end hashes train.bin: kept
+
+    for _ in range(2):  # (the first also imports what check needs in this process: read too)
+        before = bytes_read_so_far()
+        ok = project.invoke("check", run_id, "--json")
+        assert ok.returncode == 0, ok.stderr
+        assert json.loads(ok.stdout)["data"]["verdict"] == "BITWISE_REPRODUCIBLE"
+    assert bytes_read_so_far() - before < size // 2  # train.bin was not read again
+
+    stat = data.stat()  # one byte changed, its size and mtime as they were
+    with open(data, "r+b") as handle:
+        handle.seek(size // 2)
+        handle.write(b"\0" if handle.read(1) != b"\0" else b"\1")
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    changed = project.invoke("check", run_id, "--json")
+    assert changed.returncode == 1, changed.stderr
+    assert json.loads(changed.stdout)["data"]["verdict"] == "NOT_RUNNABLE"
+

@@ -222,9 +222,40 @@ def test_a_script_configured_by_its_globals_records_the_configuration_it_collect
     assert {c["key"]: (c["a"], c["b"]) for c in section["changes"]} == {"learning_rate": (0.002, 0.003)}
 
 
-def test_a_script_that_never_trains_records_its_simple_globals_as_it_ended(project: Project) -> None:
-    script = "import os\n\nepochs = 3\nname = 'baseline'\nsizes = [8, 16]\nhome = os.environ\nprint('done')\n"
-    params, record, _ = _run(project, "plain.py", script)
+
+TUTORIAL = """\
+import time
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8)
+model = torch.nn.Linear(4, 1)
+images, labels = next(iter(loader))  # a look at the data and the model before the settings
+print(model(images).shape, flush=True)
+learning_rate = 0.05
+num_epochs = 2
+run_name = "baseline"
+source = open(__file__).read()  # text in memory: not configuration
+t0 = time.perf_counter_ns()
+opt = torch.optim.SGD(model.parameters(), lr=learning_rate)
+for epoch in range(num_epochs):
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+final_loss = loss.item()
+"""
+
+
+def test_a_tutorial_scripts_globals_are_read_as_its_training_began_not_at_its_first_look(
+    project: Project,
+) -> None:
+    params, record, _ = _run(project, "tutorial.py", TUTORIAL)
     assert record["source"] == "globals"
-    assert record["values"] == {"epochs": 3, "name": "baseline", "sizes": [8, 16]}
-    assert params["epochs"] == "3" and params["name"] == "baseline"
+    # set after the first batch and forward (a look), before the first backward: all there; the loop's
+    # epoch as it began; the loss after it, the script's text and its clock reading never
+    assert record["values"] == {"learning_rate": 0.05, "num_epochs": 2, "run_name": "baseline", "epoch": 0}
+    assert params["learning_rate"] == "0.05" and params["num_epochs"] == "2"

@@ -2,36 +2,49 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
 
 from cascade_repro.child.script_globals import simple_globals
+from cascade_repro.params import used_params
 
 
-def test_simple_values_are_configuration_and_clock_readings_modules_and_private_names_are_not() -> None:
+def test_simple_values_are_configuration_and_clock_readings_data_and_private_names_are_not() -> None:
     namespace = {
         "__name__": "__main__", "_private": 1, "os": os, "main": simple_globals,
         "lr": 6e-4, "steps": 5000, "amp": True, "device": "cpu", "resume": None, "betas": (0.9, 0.95),
-        "t0": time.time(), "started": time.perf_counter(), "begun": time.monotonic(), "ns": time.time_ns(),
-        "long": list(range(500)), "nested": [[1]], "inf": math.inf, "max_time": 3600.0,
+        "inf": math.inf, "max_time": 3600.0, "warmup_s": 10000.0,  # whole seconds: no clock reads those
+        "t0": time.time(), "started": time.perf_counter(), "begun": time.monotonic(),
+        "ns": time.time_ns(), "t0_ns": time.perf_counter_ns(), "m0_ns": time.monotonic_ns(),
+        "text": "First Citizen:\nBefore we proceed any further, hear me speak.\n",  # a dataset in memory
+        "chars": sorted(set("abcdefghijklmnopqrstuvwxyz")), "nested": [[1]], "huge": 10**5000,
     }  # fmt: skip
-    assert simple_globals(namespace) == {
+    noted = simple_globals(namespace)
+    assert noted == {
         "lr": 6e-4, "steps": 5000, "amp": True, "device": "cpu", "resume": None, "betas": [0.9, 0.95],
-        "inf": "inf", "max_time": 3600.0,
+        "inf": "inf", "max_time": 3600.0, "warmup_s": 10000.0,
     }  # fmt: skip
+    json.dumps(noted)
 
 
-def test_a_dict_that_collects_the_scripts_own_globals_names_the_configuration() -> None:
-    lr, batch = 0.002, 4
+def test_a_dict_that_collects_most_of_the_scripts_own_globals_is_the_configuration() -> None:
     namespace = {
-        "lr": lr, "batch": batch, "arg": "--lr=0.002", "key": "lr",  # a configurator's loop variables
-        "config": {"lr": lr, "batch": batch},
-        "meta": {"vocab": 65, "lr": lr},  # holds a name that is no global: not a collection of them
-        "made_before": {"lr": 0.1, "batch": batch},  # the names; their values are the globals'
+        "lr": 0.002, "batch": 4, "accumulation": 5, "start": "\n",
+        "arg": "--lr=0.002", "key": "lr",  # a configurator's loop variables
+        # nanoGPT's: the values the user set (it divides the accumulation by the ranks afterwards)
+        "config": {"lr": 0.002, "batch": 4, "accumulation": 40, "start": "\n"},
+        "meta": {"vocab": 65, "lr": 0.002},  # holds a name that is no global: not a collection of them
     }  # fmt: skip
-    assert simple_globals(namespace) == {"lr": 0.002, "batch": 4}
-    del namespace["made_before"]
-    assert simple_globals(namespace) == {"lr": 0.002, "batch": 4}
-    del namespace["config"]
-    assert simple_globals(namespace) == {"lr": 0.002, "batch": 4, "arg": "--lr=0.002", "key": "lr"}
+    assert simple_globals(namespace) == {"lr": 0.002, "batch": 4, "accumulation": 40, "start": "\n"}
+
+    # a dict of a few globals (a model's arguments, a history of metrics) is not the configuration
+    namespace["config"] = {"lr": 0.002, "batch": 4}
+    assert simple_globals(namespace) == {"lr": 0.002, "batch": 4, "accumulation": 5, "arg": "--lr=0.002",
+                                         "key": "lr"}  # fmt: skip
+
+
+def test_credentials_in_a_list_of_globals_are_redacted() -> None:
+    section = used_params({}, {"globals": {"servers": ["https://bob:hunter2@db.example/x", "local"]}})
+    assert "hunter2" not in json.dumps(section) and section["values"]["servers"][1] == "local"
