@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,13 @@ def main() -> None:
         script = Path(scratch) / "reads.py"
         script.write_text(READS)
         root = scratch_repo({"reads.py": script})
+    try:
+        measure(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def measure(root: Path) -> None:
     (root / ".gitignore").write_text((root / ".gitignore").read_text() + "data/\n")
     data = root / "data" / "train.bin"
     data.parent.mkdir()
