@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from cascade_repro.capture.git import excluded
-from cascade_repro.child.file_access import KEPT_DIR
+from cascade_repro.child.file_access import CODE, KEPT_DIR, SYSTEM_DIRS
 from cascade_repro.child.protocol import CHECKPOINTS_FILE
 from cascade_repro.file_hashes import FileHashes
 from cascade_repro.store import git_repo
@@ -50,6 +50,8 @@ class RunFiles:
     outputs: list[dict[str, Any]] = field(default_factory=list)  # path, size
     left_out: int = 0  # inputs beyond MAX_INPUTS, not recorded
     kept: dict[str, Path] = field(default_factory=dict)  # a rewritten input → its bytes as read (a copy)
+    # read through a symlink that leads out of the repository: their real paths (read outside it)
+    elsewhere: list[str] = field(default_factory=list)
 
 
 def redirected_outputs(root: Path) -> tuple[str, ...]:
@@ -156,11 +158,9 @@ def sort_files(root: Path, opened: Mapping[str, Any], redirected: Sequence[str],
     out_paths = set(written) - set(as_read)  # read, then rewritten: its bytes as read are an input
     known = set(untracked) - set(as_read)  # (the dirty state drops a file the run wrote)
     outs = tuple(dvc_outs)
-    candidates = [
-        p for p in dict.fromkeys(read)
-        if p not in out_paths and p not in known and not excluded(p, outs)
-        and (p in as_read or regular_inside(root, p))
-    ]  # fmt: skip
+    readable = [p for p in dict.fromkeys(read)
+                if p not in out_paths and p not in known and not excluded(p, outs)]  # fmt: skip
+    candidates = [p for p in readable if p in as_read or regular_inside(root, p)]
     tracked = _git_tracked(root, candidates)
     hashes = FileHashes(root)  # (a dataset of many GB is read once, not at the end of every run)
     inputs: list[dict[str, Any]] = []
@@ -182,7 +182,19 @@ def sort_files(root: Path, opened: Mapping[str, Any], redirected: Sequence[str],
         if copy is not None:
             kept[rel] = copy
     hashes.save()
-    return RunFiles(sorted(inputs, key=lambda i: i["path"]), outputs, left_out, kept)
+    elsewhere = _through_links(root, [p for p in readable if p not in candidates])
+    return RunFiles(sorted(inputs, key=lambda i: i["path"]), outputs, left_out, kept, elsewhere)
+
+
+def _through_links(root: Path, paths: Sequence[str]) -> list[str]:
+    """The real paths of files read through a symlink in the repository that leads out of it (a
+    dataset directory linked in): read outside it, not its inputs. Not a library's code."""
+    found = []
+    for rel in paths:
+        real = os.path.realpath(root / rel)
+        if os.path.isfile(real) and not real.endswith(CODE) and not real.startswith(SYSTEM_DIRS):
+            found.append(real)
+    return found
 
 
 def _as_read(value: Any, exclude: tuple[str, ...]) -> dict[str, dict[str, Any]]:

@@ -280,3 +280,22 @@ def test_a_file_the_run_wrote_outside_and_read_back_is_its_own(project: Project,
     said = " ".join(result.stderr.split())
     assert "file(s) outside the repository" not in said  # (not "the script read 1 file(s) outside ...")
     assert "model.pt (outside the repository: save checkpoints inside it)" in said  # its checkpoint, said
+
+
+def test_a_dataset_linked_into_the_repository_from_outside_is_named_as_read_outside(project: Project) -> None:
+    """Left from the last stop: a dataset directory linked into the repository from elsewhere (shared
+    storage, a sibling directory) was read and then recorded nowhere and said nowhere: `check` called
+    the run reproducible, and a restore's re-run failed inside the script."""
+    outside = project.root.parent / "datasets"
+    outside.mkdir()
+    (outside / "train.bin").write_bytes(b"tokens " * 100)
+    (project.root / "data").symlink_to("../datasets")
+    project.write("reads.py", "print(len(open('data/train.bin', 'rb').read()))\n")
+    project.commit("reads a linked dataset")
+    result = project.cascade("run", "reads.py", check=True)
+    real = str((outside / "train.bin").resolve())
+    said = " ".join(result.stderr.split())
+    assert f"read 1 file(s) outside the repository ({real})" in said, result.stderr
+    record = project.manifest(project.only_run().info.run_id)
+    assert record["outcome"]["read_outside"] == {"count": 1, "paths": [real]}
+    assert record["inputs"] == []
