@@ -126,7 +126,9 @@ def _check_readers_fields(data: Mapping[str, Any], refuse: Refuse) -> None:
     artifact = (data.get("trace") or {}).get("artifact")
     if artifact is not None and not isinstance(artifact, str):
         refuse("trace.artifact", artifact, "a string")
-    missing = (data.get("outcome") or {}).get("missing", [])
+    missing = (data.get("outcome") or {}).get("missing")
+    if missing is None:  # (null: nothing missing)
+        return
     if not isinstance(missing, list) or not all(isinstance(line, str) for line in missing):
         refuse("outcome.missing", missing, "a list of strings")
 

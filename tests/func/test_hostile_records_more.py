@@ -310,3 +310,9 @@ def test_what_the_record_says_it_lacks_must_be_a_list_of_lines(recorded: Recorde
     recorded.store(record)
     shown = recorded.project.cascade("show", "v1")
     assert shown.returncode == 0 and "the output log" in shown.stdout, shown.stderr
+    # null, as JSON writers spell an empty field: nothing missing, not a malformed record
+    record = recorded.edited()
+    record["outcome"]["missing"] = None
+    recorded.store(record)
+    shown = recorded.project.cascade("show", "v1", "--json")
+    assert shown.returncode == 0, shown.stderr
