@@ -270,7 +270,8 @@ def _recovered_outcome(record: dict[str, Any], ledger: spool.Ledger, plan: dict[
         outcome["error"] = facts.get("exception") or (
             None if status == "FINISHED" else {"type": PARENT_DIED, "message": note}
         )
-    outcome["missing"] = list(dict.fromkeys([*((record.get("outcome") or {}).get("missing") or []), *missing]))
+    said = (record.get("outcome") or {}).get("missing") or []
+    outcome["missing"] = list(dict.fromkeys([*said, *missing]))
     if facts.get("errors"):  # parts of the child's exit facts it could not take, as `finish` keeps them
         outcome["child_errors"] = facts["errors"]
     return outcome, status, end_ms
