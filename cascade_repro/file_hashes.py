@@ -2,16 +2,23 @@
 GB), hashed once and then known by its stat while it stays as it was: git's index and DVC's state
 database do the same.
 
-`cascade run` hashes each input git and DVC do not track when the run ends, and `check` and
-`restore` hash them again to see that the checkout still has them: tens of seconds for a 17 GB file,
+`cascade run` hashes each input git and DVC do not track when the run ends, and `check`, `diff RUN
+current` and `restore` hash them again to see that the checkout still has them: ~0.6 s per GiB here,
 every time. Kept in the repository's `.cascade/file_hashes.json`, by real path: size, mtime, ctime,
-inode and device, and the sha256. Any write to the file, a `touch` or a `utime` that puts the old
-mtime back included, changes its ctime, which no user call can set, so a kept hash is used only for
-the bytes it was taken from. A file changed less than RACY_S before it was hashed is not kept (it may
-change again within the same tick of the file system's clock, leaving its stat as it was), nor one
-whose stat changed while it was read. Nothing here is trusted beyond this checkout: a missing,
-unreadable or malformed file of hashes is an empty one, and one that cannot be written is left as it
-was.
+inode and device, and the sha256. Any write through the file system, a `touch` or a `utime` that
+puts the old mtime back included, changes its ctime, which no user call can set, so a kept hash is
+used only for the bytes it was taken from. The stat is taken from the opened file (on NFS, opening
+revalidates what the client cached). A file changed less than RACY_S before it was hashed is not
+kept (it may change again within the same tick of the file system's clock, leaving its stat as it
+was), nor one whose stat changed while it was read.
+
+What a stat cannot see, as for git: a process that keeps writing through a shared mapping of the
+file (`numpy.memmap` in `r+` mode) after its first write to a page, and file systems whose ctime is
+not the kernel's change time (some FUSE file systems report ctime = mtime). A restore copies an
+input and checks the copy's bytes whatever is kept.
+
+Nothing here is trusted beyond a shortcut: a missing, oversized, unreadable or malformed file of
+hashes is an empty one, and one that cannot be written is left as it was.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +36,7 @@ from cascade_repro.settings import ProjectPaths
 
 RACY_S = 1.0
 MAX_ENTRIES = 10_000  # the oldest go first beyond this
+MAX_FILE_BYTES = 16 << 20
 
 
 class FileHashes:
@@ -40,15 +50,16 @@ class FileHashes:
     def sha256_and_size(self, path: Path) -> tuple[str, int]:
         """The file's sha256 and size: as kept, if its stat is what it was; else read (OSError as open)."""
         real = os.path.realpath(path)
-        before = os.stat(real)
         entries = self._loaded()
-        kept = entries.get(real)
-        stamp = _stamp(before)
-        if kept is not None and kept[:-1] == stamp:
-            return kept[-1], before.st_size
-        began_ns = time.time_ns()
-        digest, size = _read(real)
-        after = os.stat(real)
+        with open(real, "rb") as handle:
+            before = os.fstat(handle.fileno())
+            stamp = _stamp(before)
+            kept = entries.get(real)
+            if kept is not None and kept[:-1] == stamp:
+                return kept[-1], before.st_size
+            began_ns = time.time_ns()
+            digest, size = _read(handle)
+            after = os.fstat(handle.fileno())
         newest_ns = max(after.st_mtime_ns, after.st_ctime_ns)
         if _stamp(after) == stamp and size == before.st_size and newest_ns < began_ns - RACY_S * 1e9:
             entries.pop(real, None)  # (re-added last: the newest)
@@ -63,15 +74,21 @@ class FileHashes:
         """Write the hashes taken since loading (atomically; a run beside this one may write its own)."""
         if not self._changed or self._entries is None:
             return
-        entries = list(self._entries.items())[-MAX_ENTRIES:]
-        temporary = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        self._changed = False
+        entries = dict(list(self._entries.items())[-MAX_ENTRIES:])
+        temporary = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            temporary.write_text(json.dumps(dict(entries)), encoding="utf-8")
+            descriptor, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+            with os.fdopen(descriptor, "w", encoding="utf-8") as out:  # (mode 0600, a name of its own)
+                json.dump(entries, out)
             os.replace(temporary, self.path)
+            temporary = None
         except OSError:  # a read-only checkout, a full disk: the hashes are only a shortcut
-            temporary.unlink(missing_ok=True)
-        self._changed = False
+            pass
+        finally:
+            if temporary is not None:
+                Path(temporary).unlink(missing_ok=True)
 
     def _loaded(self) -> dict[str, list[Any]]:
         if self._entries is None:
@@ -79,24 +96,26 @@ class FileHashes:
         return self._entries
 
 
-def _stamp(stat: os.stat_result) -> list[int]:
-    return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev]
+def _stamp(status: os.stat_result) -> list[int]:
+    return [status.st_size, status.st_mtime_ns, status.st_ctime_ns, status.st_ino, status.st_dev]
 
 
-def _read(path: str) -> tuple[str, int]:
+def _read(handle: Any) -> tuple[str, int]:
     digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-            size += len(chunk)
+    while chunk := handle.read(1 << 20):
+        digest.update(chunk)
+        size += len(chunk)
     return digest.hexdigest(), size
 
 
 def _load(path: Path) -> dict[str, list[Any]]:
-    """The kept hashes; entries of any other shape are dropped."""
+    """The kept hashes; entries of any other shape are dropped, a file of any other kind is none."""
     try:
+        status = os.lstat(path)
+        if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_FILE_BYTES:
+            return {}
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except Exception:  # (deep nesting is a RecursionError)
         return {}
     if not isinstance(data, dict):
         return {}

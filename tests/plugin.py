@@ -162,15 +162,6 @@ class Project:
         return data
 
 
-def bytes_read_so_far() -> int:
-    """What this process (and its children it waited for) has read through read() so far, page cache
-    or not (/proc/self/io's rchar)."""
-    for line in Path("/proc/self/io").read_text().splitlines():
-        if line.startswith("rchar:"):
-            return int(line.split()[1])
-    raise AssertionError("no rchar in /proc/self/io")
-
-
 @pytest.fixture
 def project(tmp_path: Path) -> Project:
     """A committed repo with tests/func/scripts/train.py as train.py and a hyperparameters.yaml."""

@@ -112,13 +112,16 @@ def _inputs_here(root: Path, recorded: Sequence[FileEntry]) -> tuple[FileEntry, 
     """The files a run read that neither git nor DVC tracks, hashed as they are in this checkout now
     (`current` ran nothing, so it read nothing: without this each was "removed"). A path the record
     names that is not a regular file inside the checkout is missing here."""
-    from cascade_repro.capture.files import regular_inside, sha256_and_size
+    from cascade_repro.capture.files import regular_inside
+    from cascade_repro.file_hashes import FileHashes
 
     here = []
+    hashes = FileHashes(root)
     for entry in recorded[:MAX_INPUTS_HASHED]:
         if regular_inside(root, entry.path):
-            digest, size = sha256_and_size(root / entry.path)
+            digest, size = hashes.sha256_and_size(root / entry.path)
             here.append(FileEntry.of({"path": entry.path, "size": size, "sha256": digest}))
+    hashes.save()
     return tuple(here)
 
 

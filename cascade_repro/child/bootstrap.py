@@ -179,23 +179,29 @@ def main(argv: list[str]) -> None:
 
     sys.argv = [script, *args]
     sys.path[0] = str(Path(script).resolve().parent)
-    _run_script(script, interrupted)
+    _run_script(script, interrupted, facts)
 
 
 def _note_globals(facts: Facts, namespace: dict[str, Any]) -> None:
-    """The script's module globals that may be its configuration (child/script_globals.py), as its
-    training begins. Not from a forked copy (a worker); nothing JSON cannot write (child.json)."""
+    """The script's module globals that may be its configuration (child/script_globals.py), once: as
+    its training begins, else as it ended. Not from a forked copy (a worker); nothing JSON cannot
+    write (child.json)."""
     if "globals" not in facts.data and os.getpid() == facts.data["pid"]:
         noted = simple_globals(namespace)
         json.dumps(noted)  # (raises here, told to the tracer, rather than in every later save)
         facts.update(globals=noted)
 
 
-def _run_script(script: str, interrupted: list[bool]) -> None:
+def _run_script(script: str, interrupted: list[bool], facts: Facts) -> None:
     """The script as `__main__`; a Ctrl-C ends it as Ctrl-C (130), also where the script turned it
-    into another error (an import it cut half-way fails the next time it runs)."""
+    into another error (an import it cut half-way fails the next time it runs). A script that never
+    began training has its globals noted as it ended (child/script_globals.py)."""
     try:
-        runpy.run_path(script, run_name="__main__")
+        namespace = runpy.run_path(script, run_name="__main__")
+        try:
+            _note_globals(facts, namespace)
+        except Exception:  # observing must never change how the script ends
+            pass
     except KeyboardInterrupt:
         _die_of_sigint()
     except Exception:

@@ -3,7 +3,8 @@ at the top, a configurator overriding them from a config file and `--key=value`)
 has no other source (argparse, Hydra, the params file: params.used_params decides).
 
 They are read from `__main__` as the training begins, at its first backward() or optimizer step
-(child/trace.py), after the configuration and before the training changed any of them.
+(child/trace.py), after the configuration and before the training changed any of them; for a script
+that never began one (an evaluation, no torch, the trace off), as it ended (bootstrap.py).
 
 - Where the script collects its configuration in a dict of its own globals (nanoGPT's `config`, made
   for its logger), that dict is the configuration, with the values it holds (those the user set:
@@ -14,9 +15,10 @@ They are read from `__main__` as the training begins, at its first backward() or
   list or tuple of up to MAX_LIST of those (not a vocabulary; a collected dict's: up to MAX_ITEMS).
 
 Never a clock reading taken during the run (`t0 = time.time()` before the loop, `perf_counter_ns()`),
-which differs every run and configures nothing: a float with a fraction, or an int of nanoseconds,
-between the child's start and now on the wall clock, `monotonic` or `perf_counter`. Never an int
-wider than 64 bits. Values as JSON holds them (child/parsed_args.py's rules).
+which differs every run and configures nothing: a float with a fraction, or an int of nanoseconds
+that is no whole number of milliseconds, between the child's start and now on the wall clock,
+`monotonic` or `perf_counter`. Never an int wider than 64 bits. Values as JSON holds them
+(child/parsed_args.py's rules).
 """
 
 from __future__ import annotations
@@ -71,8 +73,8 @@ def _simple(value: Any, windows: list[tuple[int, int]], collected: bool = False)
         return collected or (len(value) <= MAX_TEXT and "\n" not in value)
     if kind is float:
         return value != value or value.is_integer() or not _read_from_a_clock(value * 1e9, windows)
-    if kind is int:
-        return value.bit_length() <= 64 and not _read_from_a_clock(value, windows)
+    if kind is int:  # (a round number, a budget of 3e11 tokens, is no clock's reading in nanoseconds)
+        return value.bit_length() <= 64 and (value % 1_000_000 == 0 or not _read_from_a_clock(value, windows))
     return kind in _SCALARS
 
 

@@ -171,9 +171,9 @@ class StepTracer:
         return pre_hook, post_hook
 
     def backward_begins(self, tensors: Any) -> None:
-        started = time.perf_counter()
-        if self.on_training_begins is not None:
+        if self.on_training_begins is not None:  # (before the clock: set-up, no step's cost)
             self._training_begins()
+        started = time.perf_counter()
         if not self._started:
             self.start()
         if self._mode == "optimizer":
@@ -211,8 +211,9 @@ class StepTracer:
                 self.sampling.setup_s += time.perf_counter() - started
 
     def _training_begins(self) -> None:
-        """The first backward() or optimizer step: `on_training_begins` is told, once (before the first
-        step's cost is measured: set-up, for the budget); what it raises never stops the trace."""
+        """The first backward() or optimizer step: `on_training_begins` is told, once (outside the
+        clock of the hooks, or in step 0's pre-hook, set-up as a whole); what it raises never stops
+        the trace."""
         told, self.on_training_begins = self.on_training_begins, None
         try:
             if told is not None:

@@ -259,3 +259,11 @@ def test_a_tutorial_scripts_globals_are_read_as_its_training_began_not_at_its_fi
     # epoch as it began; the loss after it, the script's text and its clock reading never
     assert record["values"] == {"learning_rate": 0.05, "num_epochs": 2, "run_name": "baseline", "epoch": 0}
     assert params["learning_rate"] == "0.05" and params["num_epochs"] == "2"
+
+
+def test_a_script_that_never_trains_records_its_simple_globals_as_it_ended(project: Project) -> None:
+    script = "import os\n\nsplit = 'val'\nlimit = 3\nsizes = [8, 16]\nhome = os.environ\nprint('done')\n"
+    params, record, _ = _run(project, "evaluate.py", script)
+    assert record["source"] == "globals"
+    assert record["values"] == {"split": "val", "limit": 3, "sizes": [8, 16]}
+    assert params["split"] == "val" and params["limit"] == "3"

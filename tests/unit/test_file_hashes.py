@@ -7,33 +7,42 @@ import hashlib
 import os
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from cascade_repro import file_hashes
 from cascade_repro.file_hashes import RACY_S, FileHashes
 from cascade_repro.settings import ProjectPaths
-from tests.plugin import bytes_read_so_far
 
 SIZE = 8 << 20
 
 
-def _hashed(hashes: FileHashes, path: Path) -> tuple[str, int]:
-    """(the sha256 it gave, the bytes read to give it)"""
-    before = bytes_read_so_far()
-    digest = hashes.sha256(path)
-    return digest, bytes_read_so_far() - before
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the files file_hashes has read through (its real reader, counted)."""
+    counted: list[int] = []
+    real = file_hashes._read
+
+    def counting(handle: Any) -> tuple[str, int]:
+        digest, size = real(handle)
+        counted.append(size)
+        return digest, size
+
+    monkeypatch.setattr(file_hashes, "_read", counting)
+    return counted
 
 
-def test_an_unchanged_file_is_read_once_and_any_write_is_seen(tmp_path: Path) -> None:
+def test_an_unchanged_file_is_read_once_and_any_write_is_seen(tmp_path: Path, reads: list[int]) -> None:
     data = tmp_path / "train.bin"
     data.write_bytes(os.urandom(SIZE))
     time.sleep(RACY_S + 0.1)  # older than the file system's clock could blur
     hashes = FileHashes(tmp_path)
-    digest, read = _hashed(hashes, data)
-    assert digest == hashlib.sha256(data.read_bytes()).hexdigest() and read >= SIZE
-    again, read = _hashed(hashes, data)
-    assert again == digest and read < SIZE // 100
+    digest = hashes.sha256(data)
+    assert digest == hashlib.sha256(data.read_bytes()).hexdigest() and reads == [SIZE]
+    assert hashes.sha256(data) == digest and reads == [SIZE]
     hashes.save()
-    later, read = _hashed(FileHashes(tmp_path), data)  # the next command: from the file of hashes
-    assert later == digest and read < SIZE // 100
+    assert FileHashes(tmp_path).sha256(data) == digest and reads == [SIZE]  # the next command: kept
     assert str(data.resolve()) in ProjectPaths(tmp_path).file_hashes.read_text()
 
     # One byte changed, the size and the old mtime put back: its ctime says it changed.
@@ -42,19 +51,33 @@ def test_an_unchanged_file_is_read_once_and_any_write_is_seen(tmp_path: Path) ->
         handle.seek(SIZE // 2)
         handle.write(bytes([data.read_bytes()[SIZE // 2] ^ 1]))
     os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    changed, read = _hashed(FileHashes(tmp_path), data)
-    assert changed == hashlib.sha256(data.read_bytes()).hexdigest() != digest and read >= SIZE
+    changed = FileHashes(tmp_path).sha256(data)
+    assert changed == hashlib.sha256(data.read_bytes()).hexdigest() != digest and reads == [SIZE, SIZE]
 
 
-def test_a_file_just_written_is_not_kept_and_a_malformed_file_of_hashes_is_empty(tmp_path: Path) -> None:
-    kept = ProjectPaths(tmp_path).file_hashes
-    kept.parent.mkdir()
-    kept.write_text('{"/x": [1, 2], "/y": "z"}')
+def test_a_file_changed_within_the_clocks_blur_is_not_kept(
+    tmp_path: Path, reads: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     data = tmp_path / "fresh.bin"
     data.write_bytes(b"x" * SIZE)
+    # hashed a moment after its last change, however long this machine took to get here
+    changed_ns = data.stat().st_ctime_ns
+    monkeypatch.setattr(file_hashes.time, "time_ns", lambda: changed_ns + int(RACY_S * 1e9) // 2)
     hashes = FileHashes(tmp_path)
-    first, _ = _hashed(hashes, data)
-    second, read = _hashed(hashes, data)  # it may still change within the same tick of the clock
-    assert first == second == hashlib.sha256(b"x" * SIZE).hexdigest() and read >= SIZE
+    first, second = hashes.sha256(data), hashes.sha256(data)
+    assert first == second == hashlib.sha256(b"x" * SIZE).hexdigest() and reads == [SIZE, SIZE]
     hashes.save()
-    assert kept.read_text() == '{"/x": [1, 2], "/y": "z"}'  # nothing added: left as it was
+    assert not ProjectPaths(tmp_path).file_hashes.exists()
+
+
+@pytest.mark.parametrize("kept", ['{"/x": [1, 2], "/y": "z"}', "[" * 200_000, "not json", None])
+def test_a_malformed_or_strange_file_of_hashes_is_an_empty_one(tmp_path: Path, kept: str | None) -> None:
+    path = ProjectPaths(tmp_path).file_hashes
+    path.parent.mkdir()
+    if kept is None:
+        path.symlink_to("/dev/zero")  # never read whole
+    else:
+        path.write_text(kept)
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"tokens")
+    assert FileHashes(tmp_path).sha256(data) == hashlib.sha256(b"tokens").hexdigest()

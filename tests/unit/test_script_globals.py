@@ -17,14 +17,15 @@ def test_simple_values_are_configuration_and_clock_readings_data_and_private_nam
         "lr": 6e-4, "steps": 5000, "amp": True, "device": "cpu", "resume": None, "betas": (0.9, 0.95),
         "inf": math.inf, "max_time": 3600.0, "warmup_s": 10000.0,  # whole seconds: no clock reads those
         "t0": time.time(), "started": time.perf_counter(), "begun": time.monotonic(),
-        "ns": time.time_ns(), "t0_ns": time.perf_counter_ns(), "m0_ns": time.monotonic_ns(),
+        "ns": time.time_ns() | 1, "t0_ns": time.perf_counter_ns() | 1, "m0_ns": time.monotonic_ns() | 1,
+        "tokens": time.monotonic_ns() // 10**9 * 10**9,  # a round budget that uptime passed: kept
         "text": "First Citizen:\nBefore we proceed any further, hear me speak.\n",  # a dataset in memory
         "chars": sorted(set("abcdefghijklmnopqrstuvwxyz")), "nested": [[1]], "huge": 10**5000,
     }  # fmt: skip
     noted = simple_globals(namespace)
     assert noted == {
         "lr": 6e-4, "steps": 5000, "amp": True, "device": "cpu", "resume": None, "betas": [0.9, 0.95],
-        "inf": "inf", "max_time": 3600.0, "warmup_s": 10000.0,
+        "inf": "inf", "max_time": 3600.0, "warmup_s": 10000.0, "tokens": namespace["tokens"],
     }  # fmt: skip
     json.dumps(noted)
 
