@@ -17,26 +17,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import CASCADE, ROOT, clean_env, median, scratch_repo
+from common import CASCADE, ROOT, median, scratch_repo, timed
 
 SIZE_MB = 512
 REPEATS = 3
 READS = "import sys\nwith open('data/train.bin', 'rb') as f:\n    while f.read(1 << 24):\n        pass\n"
-
-
-def timed(argv: list[str], cwd: Path, expect: int = 0) -> tuple[float, str]:
-    started = time.perf_counter()
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=clean_env())
-    took = time.perf_counter() - started
-    if done.returncode != expect:
-        sys.exit(f"{' '.join(argv)} exited {done.returncode}, expected {expect}:\n{done.stderr[-2000:]}")
-    return took, done.stdout
 
 
 def main() -> None:

@@ -18,20 +18,11 @@ import subprocess
 import sys
 import time
 
-from common import CASCADE, HERE, clean_env, median, scratch_repo, verdict
+from common import CASCADE, HERE, clean_env, median, scratch_repo, timed, verdict
 
 REPEATS = 5
 STEPS = 1000
 TARGET_S = 0.5
-
-
-def timed(argv: list[str], cwd: object, expect_code: int = 0) -> tuple[float, str]:
-    started = time.perf_counter()
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=clean_env())
-    elapsed = time.perf_counter() - started
-    if done.returncode != expect_code:
-        sys.exit(f"{' '.join(argv[2:])} exited {done.returncode}, expected {expect_code}:\n{done.stderr}")
-    return elapsed, done.stdout
 
 
 def main() -> None:

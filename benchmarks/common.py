@@ -37,6 +37,17 @@ def scratch_repo(files: dict[str, Path]) -> Path:
     return root
 
 
+def timed(argv: list[str], cwd: object, expect: int = 0) -> tuple[float, str]:
+    """Wall time and stdout of a command started as a user starts it; it must exit `expect`."""
+    started = time.perf_counter()
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=clean_env())
+    elapsed = time.perf_counter() - started
+    if done.returncode != expect:
+        shown = " ".join(argv[2:] if argv[:3] == CASCADE else argv)
+        sys.exit(f"{shown} exited {done.returncode}, expected {expect}:\n{done.stderr[-4000:]}")
+    return elapsed, done.stdout
+
+
 def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "CASCADE_"))}
 
