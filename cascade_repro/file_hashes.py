@@ -100,6 +100,12 @@ def _stamp(status: os.stat_result) -> list[int]:
     return [status.st_size, status.st_mtime_ns, status.st_ctime_ns, status.st_ino, status.st_dev]
 
 
+def sha256_and_size(path: Path) -> tuple[str, int]:
+    """A file's sha256 and size, read now (nothing kept: a copy just made, checked)."""
+    with open(path, "rb") as handle:
+        return _read(handle)
+
+
 def _read(handle: Any) -> tuple[str, int]:
     digest, size = hashlib.sha256(), 0
     while chunk := handle.read(1 << 20):

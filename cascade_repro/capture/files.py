@@ -23,7 +23,6 @@ too when they are untracked and their mtime or ctime is not older than the run's
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import stat
@@ -32,9 +31,9 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from cascade_repro.capture.git import excluded
-from cascade_repro.child.file_access import CODE, KEPT_DIR, SYSTEM_DIRS
+from cascade_repro.child.file_access import KEPT_DIR, library_or_system
 from cascade_repro.child.protocol import CHECKPOINTS_FILE
-from cascade_repro.file_hashes import FileHashes
+from cascade_repro.file_hashes import FileHashes, sha256_and_size
 from cascade_repro.store import git_repo
 
 MAX_OUTSIDE_NAMED = 100  # files read outside the repository the record names (the child notes as many)
@@ -192,7 +191,7 @@ def _through_links(root: Path, paths: Sequence[str]) -> list[str]:
     found = []
     for rel in paths:
         real = os.path.realpath(root / rel)
-        if os.path.isfile(real) and not real.endswith(CODE) and not real.startswith(SYSTEM_DIRS):
+        if os.path.isfile(real) and not library_or_system(real):
             found.append(real)
     return found
 
@@ -226,15 +225,6 @@ def changed_untracked(root: Path, since_ns: int) -> list[str]:
         if stat.S_ISREG(now.st_mode) and max(now.st_mtime_ns, now.st_ctime_ns) >= since_ns:
             changed.append(rel)
     return changed
-
-
-def sha256_and_size(path: Path) -> tuple[str, int]:
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
 
 
 def inputs_warning(inputs: Sequence[Mapping[str, Any]]) -> str | None:

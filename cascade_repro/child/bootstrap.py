@@ -58,11 +58,14 @@ class Facts:
         self._save(values, last_words=True)
 
     def _save(self, values: dict[str, Any], last_words: bool) -> None:
+        before = dict(self.data)
         self.data.update(values)
         try:
             protocol.write_json_atomic(self.path, self.data, last_words)
         except OSError:
             pass  # the run directory vanished or is full: nothing useful left to do
+        except ValueError:  # a value JSON cannot write (an int of thousands of digits): left out, so
+            self.data = before  # that every later save (the trace header, the exit facts) still writes
 
 
 def _observe_torch(torch: ModuleType, run_dir: Path, facts: Facts, determinism: dict[str, Any],
@@ -184,12 +187,9 @@ def main(argv: list[str]) -> None:
 
 def _note_globals(facts: Facts, namespace: dict[str, Any]) -> None:
     """The script's module globals that may be its configuration (child/script_globals.py), once: as
-    its training begins, else as it ended. Not from a forked copy (a worker); nothing JSON cannot
-    write (child.json)."""
+    its training begins, else as it ended. Not from a forked copy (a worker)."""
     if "globals" not in facts.data and os.getpid() == facts.data["pid"]:
-        noted = simple_globals(namespace)
-        json.dumps(noted)  # (raises here, told to the tracer, rather than in every later save)
-        facts.update(globals=noted)
+        facts.update(globals=simple_globals(namespace))
 
 
 def _run_script(script: str, interrupted: list[bool], facts: Facts) -> None:

@@ -101,8 +101,7 @@ class FileAccess:
         """Whether a read outside the repository is one to name: not the run's own file (written
         before), a system or library file, code, or a directory (shutil.rmtree opens those it empties)."""
         return (path not in self.written_outside and len(self.outside) < MAX_OUTSIDE
-                and not path.startswith(self.system) and not path.endswith(CODE)
-                and not os.path.isdir(path))  # fmt: skip
+                and not library_or_system(path, self.system) and not os.path.isdir(path))  # fmt: skip
 
     def note_written_outside(self, path: str) -> None:
         """The run wrote `path` (absolute) outside the repository: read back later, it is its own."""
@@ -370,6 +369,12 @@ def _through_pathlib_accessor() -> None:
     for name, module in (("open", io), ("unlink", os), ("rename", os), ("replace", os)):
         if name in vars(accessor):
             setattr(accessor, name, staticmethod(getattr(module, name)))
+
+
+def library_or_system(path: str, system: tuple[str, ...] = SYSTEM_DIRS) -> bool:
+    """Whether a file read outside the repository is no data: a library's code, or under `system`
+    (the system's directories; in the child, its Python's prefixes and caches too)."""
+    return path.startswith(system) or path.endswith(CODE)
 
 
 def _system_prefixes() -> tuple[str, ...]:

@@ -6,7 +6,9 @@ import json
 import math
 import os
 import time
+from pathlib import Path
 
+from cascade_repro.child.bootstrap import Facts
 from cascade_repro.child.script_globals import simple_globals
 from cascade_repro.params import used_params
 
@@ -49,3 +51,15 @@ def test_a_dict_that_collects_most_of_the_scripts_own_globals_is_the_configurati
 def test_credentials_in_a_list_of_globals_are_redacted() -> None:
     section = used_params({}, {"globals": {"servers": ["https://bob:hunter2@db.example/x", "local"]}})
     assert "hunter2" not in json.dumps(section) and section["values"]["servers"][1] == "local"
+
+
+def test_a_value_json_cannot_write_is_left_out_of_the_childs_facts_and_later_saves_still_write(
+    tmp_path: Path,
+) -> None:
+    """An int of thousands of digits (a script's global, an argparse default) made every later save
+    of child.json fail: the trace header and the exit facts were lost."""
+    facts = Facts(tmp_path / "child.json")
+    facts.update(argparse={"steps": 10**5000})
+    facts.update(globals={"lr": 0.1})
+    assert json.loads((tmp_path / "child.json").read_text())["globals"] == {"lr": 0.1}
+    assert "argparse" not in facts.data
