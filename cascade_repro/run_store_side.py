@@ -391,7 +391,7 @@ class Recording:
         except Exception as exc:  # the run is still recorded, without them
             self.warnings.append(f"inputs and outputs not recorded: {type(exc).__name__}: {exc}")
             return RunFiles()
-        self.read_outside += [p for p in files.elsewhere if p not in self.read_outside]
+        self.read_outside = list(dict.fromkeys([*self.read_outside, *files.elsewhere]))
         written = {o["path"] for o in files.outputs}
         if any(u.path in written for u in git.untracked):
             kept = tuple(u for u in git.untracked if u.path not in written)

@@ -181,15 +181,19 @@ def sort_files(root: Path, opened: Mapping[str, Any], redirected: Sequence[str],
         if copy is not None:
             kept[rel] = copy
     hashes.save()
-    elsewhere = _through_links(root, [p for p in readable if p not in candidates])
+    chosen = set(candidates)
+    elsewhere = _through_links(root, [p for p in readable if p not in chosen])
     return RunFiles(sorted(inputs, key=lambda i: i["path"]), outputs, left_out, kept, elsewhere)
 
 
 def _through_links(root: Path, paths: Sequence[str]) -> list[str]:
     """The real paths of files read through a symlink in the repository that leads out of it (a
-    dataset directory linked in): read outside it, not its inputs. Not a library's code."""
-    found = []
+    dataset directory linked in): read outside it, not its inputs. Not a library's code. The first
+    MAX_OUTSIDE_NAMED, as the child names those it reads outside (a linked ImageNet is a million)."""
+    found: list[str] = []
     for rel in paths:
+        if len(found) >= MAX_OUTSIDE_NAMED:
+            break
         real = os.path.realpath(root / rel)
         if os.path.isfile(real) and not library_or_system(real):
             found.append(real)
