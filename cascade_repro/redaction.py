@@ -24,7 +24,7 @@ SECRET_VARIABLE_PREFIX = "CASCADE_SECRET_"
 # Environment names: broad on purpose, a redacted variable just keeps this machine's value on restore.
 _SECRET_ENV = re.compile(
     r"TOKEN|SECRET|PASS|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|_KEY$|^KEY|AUTH|SESSION|COOKIE|WEBHOOK"
-    r"|(^|_)DSN($|_)|SIGNATURE",
+    r"|(^|_)DSN($|_)|SIGNATURE|(^|_)PAT($|_)|_PWD$|KEY_PEM",
     re.IGNORECASE,
 )
 _SECRET_ENV_PREFIXES = ("AWS_", "AZURE_", "GOOGLE_", "GCP_", "DATABRICKS_")
@@ -34,8 +34,10 @@ _SECRET_ENV_PREFIXES = ("AWS_", "AZURE_", "GOOGLE_", "GCP_", "DATABRICKS_")
 # is a path, `--pad-token` a tokenizer's token, `--monkey` and `--keep` nothing secret).
 _LAST_WORDS = frozenset(
     {"key", "apikey", "token", "secret", "pass", "password", "passwd", "passphrase", "credential",
-     "credentials", "creds", "auth", "dsn", "webhook", "privatekey", "sig", "signature"}
+     "credentials", "creds", "auth", "dsn", "webhook", "privatekey", "sig", "signature", "bearer"}
 )  # fmt: skip
+# last words secret only after another (GITHUB_PAT, db_pwd; alone, --pat is a pattern, --pwd a directory)
+_QUALIFIED_LAST_WORDS = frozenset({"pat", "pwd"})
 _COMPOUND_ENDINGS = ("apikey", "token", "secret", "password", "passwd", "passphrase", "privatekey", "webhook")
 _ANY_WORDS = frozenset({"webhook"})  # --slack-webhook-url: the URL is the secret
 _NOT_SECRET_TOKENS = frozenset({"pad", "bos", "eos", "unk", "sep", "cls", "mask", "special", "start", "end"})
@@ -58,6 +60,8 @@ def secret_option(name: str) -> bool:
     last = words[-1]
     if last == "token" and len(words) > 1 and words[-2] in _NOT_SECRET_TOKENS:
         return False
+    if len(words) > 1 and (last in _QUALIFIED_LAST_WORDS or (last == "pem" and words[-2] == "key")):
+        return True  # (a key's PEM text: private_key_pem; --cert-pem is a certificate, --pem-file a path)
     return last in _LAST_WORDS or last.endswith(_COMPOUND_ENDINGS) or any(w in _ANY_WORDS for w in words)
 
 

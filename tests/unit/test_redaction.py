@@ -63,6 +63,19 @@ def test_option_names() -> None:
     assert [n for n in plain if secret_option(n)] == []
 
 
+def test_access_tokens_and_private_keys_under_their_own_names() -> None:
+    """A GitHub personal access token, a PEM private key, a database's pwd: secrets by these names
+    too (a nanoGPT-style global `GITHUB_PAT = "ghp_..."` was recorded in the clear)."""
+    secret = ["GITHUB_PAT", "--hf-pat", "gh_pat", "private_key_pem", "--private-key", "ssh_private_key",
+              "signing_key_pem", "db_pwd", "--db-pwd", "--bearer", "bearer_token", "aws_secret_access_key"]
+    assert [n for n in secret if not secret_option(n)] == []
+    plain = ["--pat", "--pattern", "--pwd", "--private-key-file", "--private-key-path", "--cert-pem",
+             "--pem-file", "--patience", "--spatial"]
+    assert [n for n in plain if secret_option(n)] == []
+    assert [n for n in ["GITHUB_PAT", "GH_PAT", "DB_PWD", "SIGNING_KEY_PEM"] if not secret_variable(n)] == []
+    assert not secret_variable("PWD") and not secret_variable("OLDPWD") and not secret_variable("PATH")
+
+
 def test_environment_names_and_values() -> None:
     secret = ["DB_PASS", "PGPASSWORD", "SENTRY_DSN", "SLACK_WEBHOOK_URL", "HF_TOKEN", "AWS_REGION", "API_KEY"]
     assert [n for n in secret if not secret_variable(n) or redact_variable(n, "v") != MARKER] == []
