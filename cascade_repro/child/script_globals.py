@@ -14,15 +14,24 @@ that never began one (an evaluation, no torch, the trace off), as it ended (boot
   int, a float, a one-line str of up to MAX_TEXT characters (not a dataset read into memory), or a
   list or tuple of up to MAX_LIST of those (not a vocabulary; a collected dict's: up to MAX_ITEMS).
 
-Never a clock reading taken during the run (`t0 = time.time()` before the loop, `perf_counter_ns()`),
-which differs every run and configures nothing: a float with a fraction, or an int of nanoseconds
-that is no whole number of milliseconds, between the child's start and now on the wall clock,
-`monotonic` or `perf_counter`. Never an int wider than 64 bits. Values as JSON holds them
-(child/parsed_args.py's rules).
+Never a value made for this run alone, which differs every run and configures nothing (two runs of
+the same code would differ in params, and `verify` would take that for the cause of a divergence):
+- a clock reading taken during the run (`t0 = time.time()` before the loop, `perf_counter_ns()`): a
+  float with a fraction, or an int of nanoseconds that is no whole number of milliseconds, between
+  the child's start and now on the wall clock, `monotonic` or `perf_counter`;
+- a string that holds one (`f"runs/{datetime.now():%Y%m%d-%H%M%S}"`, `f"exp_{int(time.time())}"`):
+  a date of the run's days (year, month and day in any usual order and separators, or a two-digit
+  year first) or epoch seconds of its time; or that holds a uuid, this process's id (3 digits or
+  more) or the host's name, each as a token of its own.
+Never an int wider than 64 bits. Values as JSON holds them (child/parsed_args.py's rules).
 """
 
 from __future__ import annotations
 
+import datetime
+import os
+import re
+import socket
 import time
 from typing import Any, Callable, Mapping
 
@@ -36,14 +45,58 @@ _CLOCKS: tuple[tuple[Callable[[], int], int], ...] = tuple(
 )  # each clock as the child began (bootstrap imports this module before the script runs)
 
 
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
+_BETWEEN_DIGITS = re.compile(r"(?<=\d)[-_./: T](?=\d)")  # 2026-12-06T19:14 reads 202612061914
+_DIGITS = re.compile(r"\d+")
+MAX_DAYS = 62  # a run's days whose dates are looked for (a longer run: its last ones)
+
+
+class _ThisRun:
+    """What only this run has: its clocks' windows, its days, its process id, its host's name."""
+
+    def __init__(self) -> None:
+        self.windows = [(began, clock()) for clock, began in _CLOCKS]
+        began_s, now_s = (moment // 10**9 for moment in self.windows[0])
+        self.seconds = range(began_s, now_s + 1)
+        today = datetime.date.fromtimestamp(now_s)
+        days = min((today - datetime.date.fromtimestamp(began_s)).days, MAX_DAYS - 1)
+        self.dates: set[str] = set()  # as digits, separators gone
+        self.short_dates: set[str] = set()  # a two-digit year first, as a run of digits begins
+        for back in range(days + 1):
+            day = today - datetime.timedelta(days=back)
+            self.dates.update(day.strftime(form) for form in ("%Y%m%d", "%d%m%Y", "%m%d%Y"))
+            self.short_dates.add(day.strftime("%y%m%d"))
+        pid = str(os.getpid())
+        self.pid = pid if len(pid) >= 3 else None  # (pid 7 in a container: `layer7` is no pid)
+        host = socket.gethostname().split(".")[0]
+        self.host = None if not host or host.lower() == "localhost" else re.compile(
+            rf"(?<![a-z0-9]){re.escape(host)}(?![a-z0-9])", re.IGNORECASE
+        )  # fmt: skip
+
+    def made_for_it(self, text: str) -> bool:
+        """Whether `text` holds a date or epoch seconds of this run, a uuid, its pid or its host."""
+        if self.host is not None and self.host.search(text) is not None:
+            return True
+        if not any(c.isdigit() for c in text):
+            return False
+        if self.pid is not None and self.pid in _DIGITS.findall(text):
+            return True
+        for digits in _DIGITS.findall(_BETWEEN_DIGITS.sub("", text)):
+            if digits[:6] in self.short_dates or (len(digits) >= 10 and int(digits[:10]) in self.seconds):
+                return True
+            if len(digits) >= 8 and any(digits[i : i + 8] in self.dates for i in range(len(digits) - 7)):
+                return True
+        return _UUID.search(text) is not None
+
+
 def simple_globals(namespace: Mapping[str, Any]) -> dict[str, Any]:
     """The configuration among a module's globals (see the module's docstring), in their order."""
-    windows = [(began, clock()) for clock, began in _CLOCKS]
+    run = _ThisRun()
     simple = {name: value for name, value in list(namespace.items())
-              if isinstance(name, str) and not name.startswith("_") and _simple(value, windows)}  # fmt: skip
+              if isinstance(name, str) and not name.startswith("_") and _simple(value, run)}  # fmt: skip
     collected = _collected(namespace, simple)
     if collected is not None:
-        return {name: safe_value(value) for name, value in collected.items() if _simple(value, windows, True)}
+        return {name: safe_value(value) for name, value in collected.items() if _simple(value, run, True)}
     return {name: safe_value(value) for name, value in list(simple.items())[:MAX_VALUES]}
 
 
@@ -62,19 +115,24 @@ def _collected(namespace: Mapping[str, Any], simple: Mapping[str, Any]) -> dict[
     return best
 
 
-def _simple(value: Any, windows: list[tuple[int, int]], collected: bool = False) -> bool:
-    """A value that may be configuration (a collected dict's strings and lists as they are)."""
+def _simple(value: Any, run: _ThisRun, collected: bool = False) -> bool:
+    """A value that may be configuration (a collected dict's strings and lists as they are, but for
+    what is made for this run alone)."""
     kind = type(value)
     if kind in (list, tuple):
         return len(value) <= (MAX_ITEMS if collected else MAX_LIST) and all(
-            type(item) in _SCALARS and _simple(item, windows, collected) for item in value
+            type(item) in _SCALARS and _simple(item, run, collected) for item in value
         )
     if kind is str:
-        return collected or (len(value) <= MAX_TEXT and "\n" not in value)
+        if not collected and (len(value) > MAX_TEXT or "\n" in value):
+            return False
+        return len(value) > 10 * MAX_TEXT or not run.made_for_it(value)  # (a long text: not searched)
     if kind is float:
-        return value != value or value.is_integer() or not _read_from_a_clock(value * 1e9, windows)
+        return value != value or value.is_integer() or not _read_from_a_clock(value * 1e9, run.windows)
     if kind is int:  # (a round number, a budget of 3e11 tokens, is no clock's reading in nanoseconds)
-        return value.bit_length() <= 64 and (value % 1_000_000 == 0 or not _read_from_a_clock(value, windows))
+        return value.bit_length() <= 64 and (
+            value % 1_000_000 == 0 or not _read_from_a_clock(value, run.windows)
+        )  # fmt: skip
     return kind in _SCALARS
 
 

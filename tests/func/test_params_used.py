@@ -85,6 +85,7 @@ init_from = "scratch"
 compile = False
 betas = (0.9, 0.95)
 wandb_api_key = "s3cret-key"
+out_dir = "out-" + time.strftime("%Y-%m-%d_%H-%M-%S")  # differs every run: not configuration
 _private = 1
 config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, str))]
 for arg in sys.argv[1:]:  # (its loop variables stay among the globals: not configuration)
@@ -224,7 +225,10 @@ def test_a_script_configured_by_its_globals_records_the_configuration_it_collect
 
 
 TUTORIAL = """\
+import datetime
+import os
 import time
+import uuid
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -237,6 +241,10 @@ print(model(images).shape, flush=True)
 learning_rate = 0.05
 num_epochs = 2
 run_name = "baseline"
+out_dir = f"runs/{datetime.datetime.now():%Y%m%d-%H%M%S}"  # these differ every run: not configuration
+run_id = str(uuid.uuid4())
+log_name = f"train-{os.getpid()}.log"
+stamp = f"exp_{int(time.time())}"
 source = open(__file__).read()  # text in memory: not configuration
 t0 = time.perf_counter_ns()
 opt = torch.optim.SGD(model.parameters(), lr=learning_rate)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
+import socket
 import time
+import uuid
 from pathlib import Path
 
 from cascade_repro.child.bootstrap import Facts
@@ -30,6 +33,27 @@ def test_simple_values_are_configuration_and_clock_readings_data_and_private_nam
         "inf": "inf", "max_time": 3600.0, "warmup_s": 10000.0, "tokens": namespace["tokens"],
     }  # fmt: skip
     json.dumps(noted)
+
+
+def test_strings_made_from_the_clock_the_process_or_the_host_are_not_configuration() -> None:
+    """A run directory named by the date, a uuid, the pid: different in every run, so two runs of the
+    same code differed in params and verify took that for the cause of any divergence."""
+    now = datetime.datetime.now()
+    per_run = {
+        "out_dir": f"runs/{now:%Y%m%d-%H%M%S}", "day": f"{now:%Y-%m-%d}", "us": f"{now:%m/%d/%Y} run",
+        "eu": f"log_{now:%d.%m.%Y}", "short": f"{now:%y%m%d}_a", "iso": now.isoformat(),
+        "stamp": f"exp_{int(time.time())}", "ms": f"t{int(time.time() * 1000)}", "float": str(time.time()),
+        "run_id": str(uuid.uuid4()), "log": f"train-{os.getpid()}.log", "host": f"{socket.gethostname()}-0",
+        "in_list": ["a", f"{now:%Y%m%d}"],
+    }  # fmt: skip
+    kept = {
+        "cutoff": "2019-05-01", "data": "shakespeare_char", "name": "gpt2-124M", "layers": "12-12-12",
+        "seed_text": "1234", "tag": "v1.2.3", "lr_s": "6e-4", "ckpt": "ckpt_000100.pt",
+    }  # fmt: skip
+    assert simple_globals({**per_run, **kept}) == kept
+    # the same in a collected dict (nanoGPT's `config`)
+    namespace = {**per_run, **kept, "config": {**per_run, **kept}}
+    assert simple_globals(namespace) == kept
 
 
 def test_a_dict_that_collects_most_of_the_scripts_own_globals_is_the_configuration() -> None:
