@@ -13,6 +13,12 @@ that never began one (an evaluation, no torch, the trace off), as it ended (boot
 - Otherwise every simple global is: a name without a leading underscore bound to None, a bool, an
   int, a float, a one-line str of up to MAX_TEXT characters (not a dataset read into memory), or a
   list or tuple of up to MAX_LIST of those (not a vocabulary; a collected dict's: up to MAX_ITEMS).
+  So are the simple attributes of configuration objects among the globals, as `name.attribute`
+  (up to MAX_OBJECTS of them): an instance of a dataclass the script defines (modded-nanogpt's
+  `args = Hyperparameters()`, whose values are class attributes), a `SimpleNamespace`, or an
+  instance of a class the script defines with a configuration's name (`TrainConfig`, `HParams`), or
+  such a class itself where it has no instance (`class CFG:`); of classes the script defines on no
+  library's base (not a model, not a dataset).
 
 Never a value made for this run alone, which differs every run and configures nothing (two runs of
 the same code would differ in params, and `verify` would take that for the cause of a divergence):
@@ -28,17 +34,25 @@ Never an int wider than 64 bits. Values as JSON holds them (child/parsed_args.py
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import re
 import socket
 import time
+import types
 from typing import Any, Callable, Mapping
 
 from cascade_repro.child.parsed_args import MAX_ITEMS, MAX_VALUES, safe_value
 
 MAX_TEXT = 200
 MAX_LIST = 16
+MAX_OBJECTS = 4
+_CONFIGURATION_NAME = re.compile(
+    r"(cfg|conf|config|configuration|args|arguments|hparams|hyperparameters|params|parameters|settings"
+    r"|options|opts)$",
+    re.IGNORECASE,
+)
 _SCALARS = (type(None), bool, int, float, str)
 _CLOCKS: tuple[tuple[Callable[[], int], int], ...] = tuple(
     (clock, clock()) for clock in (time.time_ns, time.monotonic_ns, time.perf_counter_ns)
@@ -97,7 +111,51 @@ def simple_globals(namespace: Mapping[str, Any]) -> dict[str, Any]:
     collected = _collected(namespace, simple)
     if collected is not None:
         return {name: safe_value(value) for name, value in collected.items() if _simple(value, run, True)}
+    simple.update(_configuration_objects(namespace, run))
     return {name: safe_value(value) for name, value in list(simple.items())[:MAX_VALUES]}
+
+
+def _configuration_objects(namespace: Mapping[str, Any], run: _ThisRun) -> dict[str, Any]:
+    """{name.attribute: value} of the configuration objects among the globals (module docstring)."""
+    found: dict[str, Any] = {}
+    objects = 0
+    values = list(namespace.items())
+    instantiated = {id(type(value)) for _, value in values}  # (a class with an instance: the instance)
+    for name, value in values:
+        if not isinstance(name, str) or name.startswith("_") or id(value) in instantiated:
+            continue
+        attributes = _attributes(value)
+        if attributes is None:
+            continue
+        objects += 1
+        if objects > MAX_OBJECTS:
+            break
+        for attribute, item in attributes.items():
+            if isinstance(attribute, str) and not attribute.startswith("_") and _simple(item, run):
+                found[f"{name}.{attribute}"] = item
+    return found
+
+
+def _attributes(value: Any) -> dict[str, Any] | None:
+    """A configuration object's attributes, its classes' first (None: no configuration object)."""
+    if type(value) is types.SimpleNamespace:
+        return dict(vars(value))
+    try:
+        kind = value if isinstance(value, type) else type(value)
+        if kind.__module__ != "__main__" or any(c.__module__ != "__main__" for c in kind.__mro__[:-1]):
+            return None  # (not the script's own, or on a library's base: a model, a dataset)
+        if not (dataclasses.is_dataclass(kind) and kind is not value) and not _CONFIGURATION_NAME.search(
+            kind.__name__
+        ):  # fmt: skip
+            return None
+        attributes: dict[str, Any] = {}
+        for each in reversed(kind.__mro__[:-1]):
+            attributes.update(vars(each))
+        if kind is not value:
+            attributes.update(getattr(value, "__dict__", {}))
+        return attributes
+    except Exception:  # (an object whose class lies about itself)
+        return None
 
 
 def _collected(namespace: Mapping[str, Any], simple: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -269,6 +269,58 @@ def test_a_tutorial_scripts_globals_are_read_as_its_training_began_not_at_its_fi
     assert params["learning_rate"] == "0.05" and params["num_epochs"] == "2"
 
 
+CONFIG_OBJECTS = """\
+# modded-nanogpt's way: a dataclass of class attributes, instantiated once; a Kaggle-style class CFG
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Hyperparameters:
+    train_files = os.environ.get("TRAIN_FILES", "data/fineweb_train_*.bin")
+    num_iterations = 3
+    learning_rate = 0.02
+    train_seq_len = 48 * 1024
+
+    def describe(self):
+        return "a method: not configuration"
+
+
+class CFG:
+    hidden = 16
+    betas = (0.9, 0.95)
+
+
+class Tracker:  # an object the script keeps state in, not named as a configuration
+    best = 0.0
+
+
+args = Hyperparameters()
+tracker = Tracker()
+model = torch.nn.Linear(4, 1)  # a model's attributes are not configuration
+opt = torch.optim.SGD(model.parameters(), lr=args.learning_rate)
+for step in range(args.num_iterations):
+    loss = model(torch.randn(CFG.hidden, 4)).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_a_scripts_configuration_objects_are_read_with_their_attributes(project: Project) -> None:
+    """modded-nanogpt's `args = Hyperparameters()` (a dataclass whose values are class attributes)
+    and a `class CFG:` of settings recorded nothing but the loop's `step`."""
+    params, record, _ = _run(project, "modded.py", CONFIG_OBJECTS)
+    assert record["source"] == "globals"
+    assert record["values"] == {
+        "step": 0, "args.train_files": "data/fineweb_train_*.bin", "args.num_iterations": 3,
+        "args.learning_rate": 0.02, "args.train_seq_len": 49152, "CFG.hidden": 16, "CFG.betas": [0.9, 0.95],
+    }  # fmt: skip
+    assert params["args.learning_rate"] == "0.02" and params["CFG.hidden"] == "16"
+
+
 def test_a_script_that_never_trains_records_its_simple_globals_as_it_ended(project: Project) -> None:
     script = "import os\n\nsplit = 'val'\nlimit = 3\nsizes = [8, 16]\nhome = os.environ\nprint('done')\n"
     params, record, _ = _run(project, "evaluate.py", script)

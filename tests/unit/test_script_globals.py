@@ -8,6 +8,7 @@ import math
 import os
 import socket
 import time
+import types
 import uuid
 from pathlib import Path
 
@@ -54,6 +55,34 @@ def test_strings_made_from_the_clock_the_process_or_the_host_are_not_configurati
     # the same in a collected dict (nanoGPT's `config`)
     namespace = {**per_run, **kept, "config": {**per_run, **kept}}
     assert simple_globals(namespace) == kept
+
+
+def test_configuration_objects_are_read_and_other_objects_are_not() -> None:
+    class TrainConfig:  # the script's own, named as a configuration
+        lr = 0.1
+
+        def __init__(self) -> None:
+            self.steps = 10
+            self.started = time.time()  # a clock reading, as among the globals
+
+        @property
+        def raises(self) -> int:  # never called
+            raise AssertionError("a property was read")
+
+    class Settings(dict):  # on a base of no script's: not read
+        depth = 3
+
+    class Runner:  # not named as a configuration
+        epochs = 4
+
+    for kind in (TrainConfig, Settings, Runner):
+        kind.__module__ = "__main__"
+    namespace = {
+        "cfg": TrainConfig(), "opts": types.SimpleNamespace(beta=0.9, name="adam"), "settings": Settings(),
+        "runner": Runner(), "TrainConfig": TrainConfig, "_hidden": TrainConfig(),
+    }  # fmt: skip
+    expected = {"cfg.lr": 0.1, "cfg.steps": 10, "opts.beta": 0.9, "opts.name": "adam"}
+    assert simple_globals(namespace) == expected
 
 
 def test_a_dict_that_collects_most_of_the_scripts_own_globals_is_the_configuration() -> None:
