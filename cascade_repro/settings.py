@@ -165,7 +165,8 @@ class ProjectPaths:
         restore killed during its re-run leaves that run's there), in `.cascade/restore/` or made
         with `--workdir` elsewhere (a linked worktree of the repository with a restore's marker)."""
         try:
-            worktrees = [p for p in self.restores.iterdir() if p.is_dir() and not p.name.startswith(".")]
+            worktrees = [p for p in self.restores.iterdir()  # (a link there: restore/outside_links.py)
+                         if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")]  # fmt: skip
         except OSError:  # no restore yet
             worktrees = []
         seen = {os.path.realpath(w) for w in worktrees}  # (.cascade may be a symlink: one spool, once)

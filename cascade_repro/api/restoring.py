@@ -287,6 +287,7 @@ def _materialize(plan: RestorePlan, manifest: Manifest, settings: Settings, stor
             for item in fetched:  # verified before the worktree was made; copied in now
                 _deliver(item, tree)
             copied = restoring.deliver_inputs(plan, root, tree.path)
+            restoring.reach_outside(root, tree.path, notify)
         except BaseException:
             if not tree.reused:
                 restoring.discard(root, tree.path)

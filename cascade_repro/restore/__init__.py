@@ -3,11 +3,14 @@
 The record may come from a shared server and is not trusted: every path it names is checked before
 anything is written (`safety`), every file it carries is checked against its sha256, and the
 worktree is never the user's checkout (`worktree`, reused only unchanged: `reuse`). Inputs that
-neither git nor DVC tracked come from the checkout when they still match (`inputs`). Re-execution,
+neither git nor DVC tracked come from the checkout when they still match (`inputs`); committed links
+out of the repository reach from the worktree what they reach from the checkout (`outside_links`).
+Re-execution,
 data, image and verification are composed by `api.restoring`.
 """
 
 from cascade_repro.restore.inputs import deliver_inputs, inputs_not_here, locate_inputs, missing_inputs_said
+from cascade_repro.restore.outside_links import reach_outside
 from cascade_repro.restore.plan import (
     NOT_RESTORED_PREFIXES,
     RestorePlan,
@@ -22,6 +25,6 @@ from cascade_repro.restore.worktree import discard, materialize
 __all__ = [
     "MARKER", "NOT_RESTORED_PREFIXES", "RestorePlan", "Worktree", "deliver_inputs", "discard",
     "inputs_not_here", "locate_inputs", "missing_inputs_said", "machine_differences", "materialize",
-    "plan_restore",
+    "plan_restore", "reach_outside",
     "recorded_environment", "write_marker",
 ]  # fmt: skip

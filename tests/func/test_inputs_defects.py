@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -299,3 +300,55 @@ def test_a_dataset_linked_into_the_repository_from_outside_is_named_as_read_outs
     record = project.manifest(project.only_run().info.run_id)
     assert record["outcome"]["read_outside"] == {"count": 1, "paths": [real]}
     assert record["inputs"] == []
+
+
+TRAINS_ON_LINKED = """\
+import torch
+
+data = torch.frombuffer(bytearray(open("data/train.bin", "rb").read()), dtype=torch.uint8).float()
+weight = torch.nn.Parameter(torch.zeros(1))
+opt = torch.optim.SGD([weight], lr=0.1)
+for _ in range(3):
+    loss = ((weight - data.mean()) ** 2).sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_a_restore_follows_a_committed_link_to_a_dataset_outside_as_the_run_did(project: Project) -> None:
+    """Left from the last stop: a committed relative link `data -> ../datasets` dangled in the
+    restore's worktree (`.cascade/restore/ID/`, two levels deeper), and the re-run failed inside the
+    script. The restore now reaches what the link reached from the checkout, and says that those
+    files are not recorded."""
+    outside = project.root.parent / "datasets"
+    outside.mkdir()
+    (outside / "train.bin").write_bytes(b"tokens " * 100)
+    (project.root / "data").symlink_to("../datasets")
+    project.write("reads.py", TRAINS_ON_LINKED)
+    project.commit("trains on a linked dataset")
+    project.record("--tag", "linked", "reads.py")
+
+    restored = project.cascade("restore", "linked", "--json")
+    assert restored.returncode == 0, restored.stdout + restored.stderr
+    data = json.loads(restored.stdout)["data"]
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL", data["verdict"]["summary"]
+    said = " ".join(restored.stderr.split())
+    assert f"data -> ../datasets reaches {outside.resolve()}, outside the repository: not recorded" in said
+    # the committed link itself is as the commit has it
+    workdir = Path(data["plan"]["workdir"])
+    assert os.readlink(workdir / "data") == "../datasets"
+    assert project.cascade("restore", "linked", "--json").returncode == 0  # its worktree reused
+    assert os.readlink(workdir.parent / "datasets") == str(outside)  # cascade's own link, beside it
+
+    # a worktree of the user's choosing elsewhere gets no link beside it: said, with the way out
+    elsewhere = project.root.parent / "elsewhere" / "restored"
+    no_run = project.cascade("restore", "linked", "--no-run", "--workdir", str(elsewhere))
+    assert no_run.returncode == 0, no_run.stderr
+    assert (
+        "the committed link data -> ../datasets reaches " f"{outside.resolve()}, outside the repository; the "
+        "re-run cannot reach it from the restore's worktree (make the link absolute, or restore with "
+        "--workdir beside the checkout)"
+    ) in " ".join(no_run.stderr.split())
+    assert not os.path.lexists(elsewhere.parent / "datasets")
+
