@@ -20,7 +20,15 @@ from typing import Any, Callable, Mapping
 
 from cascade_repro import distributed
 from cascade_repro.capture import earlier_outputs
-from cascade_repro.capture.files import RunFiles, inputs_warning, read_opened, redirected_outputs, sort_files
+from cascade_repro.capture.files import (
+    RunFiles,
+    inputs_warning,
+    outside_noted,
+    read_opened,
+    read_outside,
+    redirected_outputs,
+    sort_files,
+)
 from cascade_repro.capture.git import GitState, excluded
 from cascade_repro.capture.snapshot import empty_snapshot
 from cascade_repro.child import protocol
@@ -366,15 +374,9 @@ class Recording:
     def _note_read_outside(self, outcome: dict[str, Any]) -> None:
         """Files the script read outside the repository: named in the record (verify names them where
         the runs differ), never hashed, and said."""
-        if not self.read_outside:
-            return
-        outcome["read_outside"] = {"count": len(self.read_outside), "paths": self.read_outside[:20]}
-        shown = ", ".join(self.read_outside[:3]) + (" …" if len(self.read_outside) > 3 else "")
-        self.warnings.append(
-            f"the script read {len(self.read_outside)} file(s) outside the repository ({shown}): not "
-            "recorded, so neither restore nor verify can check them; keep data inside the repository "
-            "(`dvc add` it) to have it recorded"
-        )
+        if self.read_outside:
+            outcome["read_outside"], said = outside_noted(self.read_outside)
+            self.warnings.append(said)
 
     def _run_files(self, captured: dict[str, Any]) -> RunFiles:
         """Inputs git and DVC cannot see, hashed (and with --track-inputs cached), and outputs the run
@@ -391,7 +393,7 @@ class Recording:
         except Exception as exc:  # the run is still recorded, without them
             self.warnings.append(f"inputs and outputs not recorded: {type(exc).__name__}: {exc}")
             return RunFiles()
-        self.read_outside = list(dict.fromkeys([*self.read_outside, *files.elsewhere]))
+        self.read_outside = read_outside(opened, files)
         written = {o["path"] for o in files.outputs}
         if any(u.path in written for u in git.untracked):
             kept = tuple(u for u in git.untracked if u.path not in written)

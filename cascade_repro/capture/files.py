@@ -186,6 +186,24 @@ def sort_files(root: Path, opened: Mapping[str, Any], redirected: Sequence[str],
     return RunFiles(sorted(inputs, key=lambda i: i["path"]), outputs, left_out, kept, elsewhere)
 
 
+def read_outside(opened: Mapping[str, Any], files: RunFiles) -> list[str]:
+    """Every file the script read outside the repository: named by the child, or read through a
+    symlink out of it (their real paths), first seen first."""
+    return list(dict.fromkeys([*(opened.get("outside") or []), *files.elsewhere]))
+
+
+def outside_noted(paths: Sequence[str]) -> tuple[dict[str, Any], str]:
+    """The outcome's `read_outside` (named in the record, never hashed: verify names them where the
+    runs differ) and what the run says of them."""
+    shown = ", ".join(paths[:3]) + (" …" if len(paths) > 3 else "")
+    said = (
+        f"the script read {len(paths)} file(s) outside the repository ({shown}): not recorded, so "
+        "neither restore nor verify can check them; keep data inside the repository (`dvc add` it) to "
+        "have it recorded"
+    )  # fmt: skip
+    return {"count": len(paths), "paths": list(paths[:20])}, said
+
+
 def _through_links(root: Path, paths: Sequence[str]) -> list[str]:
     """The real paths of files read through a symlink in the repository that leads out of it (a
     dataset directory linked in): read outside it, not its inputs. Not a library's code. The first

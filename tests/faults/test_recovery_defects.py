@@ -271,3 +271,29 @@ def test_a_script_failed_on_a_full_disk_is_synced_as_failed_not_killed(tmp_path:
         assert outcome["duration_s"] > 0.5  # twelve saves of 1 MB and torch's import, not 0.013 s
         statuses = sorted(r.info.status for r in project.runs())
         assert statuses == ["FAILED", "FINISHED"]
+
+
+def test_sigkill_keeps_the_names_of_files_read_outside_the_repository(project: Project) -> None:
+    """Left from the last stop: a run's own end names the files its script read outside the
+    repository (`outcome.read_outside`, which verify names where two runs differ); a run whose parent
+    was SIGKILLed was recovered without them, those read through a linked dataset included."""
+    _saver_project(project)
+    outside = project.root.parent / "datasets"
+    outside.mkdir()
+    (outside / "train.bin").write_bytes(b"tokens " * 100)
+    (outside / "vocab.txt").write_text("a b c")
+    (project.root / "data").symlink_to("../datasets")
+    project.commit("a linked dataset")
+    run = Background(project, "saver.py", "--read", "data/train.bin", "--read", str(outside / "vocab.txt"),
+                     "--steps", "200")  # fmt: skip
+    started = project.root / "out" / "started"  # (after the reads)
+    _kill_when(run, project, lambda: _captured(run) and started.exists(), "capture's end and the reads")
+
+    recovered = project.cascade("recover", "--json")
+    assert recovered.returncode == 0, recovered.stderr
+    (item,) = json.loads(recovered.stdout)["data"]
+    outcome = project.manifest(str(item["run_id"]))["outcome"]
+    assert outcome["status"] == "KILLED"
+    real = [str((outside / name).resolve()) for name in ("vocab.txt", "train.bin")]
+    assert sorted(outcome["read_outside"]["paths"]) == sorted(real) and outcome["read_outside"]["count"] == 2
+    assert "the script read 2 file(s) outside the repository" in " ".join(recovered.stderr.split())
