@@ -79,7 +79,8 @@ def _stamp(path: Path) -> list[int] | None:
 def rerun_outputs(workdir: Path, plan: RestorePlan, state: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     """What the last re-run left in the worktree: (files to remove, files to move aside). Untracked
     files the record does not name; the ignored files it added by its end (those since changed:
-    aside), or, cut short, any not ignored when it began. An ignored path is taken only while git
+    aside), or, cut short, any not ignored when it began and the inputs placed for it that it wrote
+    over (placed again). An ignored path is taken only while git
     still ignores it (never a tracked file, never one through a symlinked directory)."""
     recorded = {u.path for u in plan.untracked}
     remove = [str(rel) for rel, _digest in state.get("untracked") or [] if rel not in recorded]
@@ -95,6 +96,11 @@ def rerun_outputs(workdir: Path, plan: RestorePlan, state: Mapping[str, Any]) ->
     elif marker.get("rerun") == "started" and isinstance(before, list):
         kept = set(map(str, before))
         aside += [rel for rel in _ignored(workdir, plan) if rel not in kept]
+        placed = marker.get("inputs")  # (a resume checkpoint placed for it, saved over before the kill)
+        if isinstance(placed, dict):
+            written_over = [rel for rel in _input_paths(plan) if rel in placed and rel not in aside
+                            and _stamp(workdir / rel) != placed[rel]]  # fmt: skip
+            aside += written_over
     return remove, aside
 
 

@@ -81,6 +81,52 @@ def test_a_resume_checkpoint_saved_over_is_an_input_as_read_and_restore_gives_it
     assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL", data["verdict"]["summary"]
 
 
+def test_a_restore_killed_after_its_rerun_saved_over_the_resume_checkpoint_restores_again(
+    project: Project,
+) -> None:
+    """Left from the last stop: a restore of a run that resumed from its own checkpoint, killed
+    after its re-run had saved over the checkpoint placed for it, left the worktree unusable: the
+    next restore refused it ("already has out/ckpt.pt with other bytes than the run's"). The placed
+    input the cut re-run wrote over is now moved aside, like the files it added, and placed again."""
+    import signal
+    import subprocess
+    import time
+
+    from tests.faults.helpers import process_gone
+    from tests.plugin import CASCADE
+
+    flag = project.root.parent / "hold-after-save"  # (there for the killed restore's re-run only)
+    holds = f"""if os.path.exists({str(flag)!r}):
+    open("out/hold", "w").write(str(os.getpid()))
+    import time; time.sleep(120)
+"""
+    project.write("resume.py", RESUME + holds)
+    project.commit("a script that resumes from its own checkpoint")
+    project = _dvc(project)
+    project.record("--tag", "r1", "resume.py")
+    project.record("--tag", "r2", "resume.py", "resume")
+
+    flag.write_text("")
+    first = subprocess.Popen([*CASCADE, "restore", "r2"], cwd=project.root, text=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    held = project.root / ".cascade" / "restore" / "r2" / "out" / "hold"
+    deadline = time.monotonic() + 120
+    while not (held.exists() and held.read_text()):
+        assert first.poll() is None and time.monotonic() < deadline, "the restore's re-run never held"
+        time.sleep(0.1)
+    os.kill(first.pid, signal.SIGKILL)  # (after the re-run saved over out/ckpt.pt)
+    first.wait(timeout=30)
+    assert process_gone(int(held.read_text()), 30), "the re-run outlived its restore"
+    flag.unlink()
+
+    restored = project.cascade("restore", "r2", "--json")
+    assert restored.returncode == 0, restored.stderr
+    data = json.loads(restored.stdout)["data"]
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL", data["verdict"]["summary"]
+    said = " ".join(restored.stderr.split())
+    assert "its last restore was killed during its re-run; moved the 2 file(s) added since" in said, said
+
+
 def test_a_resume_checkpoint_larger_than_a_kept_copy_is_still_given_back(project: Project) -> None:
     """A real nanoGPT ckpt.pt is larger than the 64 MiB the child copies of a file read then rewritten:
     its bytes as read were hashed but not kept, so restore refused it. Saved over, the file is only
