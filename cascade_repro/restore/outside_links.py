@@ -9,8 +9,11 @@ checkout), a link of cascade's own (`.cascade/restore/datasets` -> the checkout'
 What such links reach is not recorded (the run named those reads as outside the repository): the
 restore says so for each, and the re-run reads them as they are now.
 
-A link climbing further, a worktree elsewhere (`--workdir`), or a name there already taken (a
-restore's worktree) gets no link of ours: the restore says why and how to make the link work.
+Only where the link lands at the same path below `.cascade/restore/` as below the checkout's parent:
+a link climbing further, a worktree elsewhere (`--workdir`), the checkout's own name, or a name
+there already taken (a restore's worktree) gets no link of ours; the restore says why and how to
+make the link work. A restore into a link of ours (a version named as the dataset) is refused
+(restore/worktree.py).
 """
 
 from __future__ import annotations
@@ -39,27 +42,31 @@ def reach_outside(root: Path, workdir: Path, notify: Callable[[str], None]) -> N
             continue  # (out and back into the repository: its own files)
         said = f"the committed link {link} -> {target} reaches {reached}, outside the repository"
         problem = None
-        if not os.path.exists(from_worktree):
-            problem = _link_beside(workdir, ours, root, from_worktree)
+        if os.path.realpath(from_worktree) != reached:  # (--workdir beside the checkout: it does already)
+            problem = _link_beside(workdir, ours, root, from_worktree, from_checkout)
         if problem is not None:
             notify(f"{said}; {problem}")
         else:
             notify(f"{said}: not recorded (the re-run reads it as it is now)")
 
 
-def _link_beside(workdir: Path, ours: Path, root: Path, landing: str) -> str | None:
+def _link_beside(workdir: Path, ours: Path, root: Path, landing: str, from_checkout: str) -> str | None:
     """A link of ours where `landing` (beside the worktree) begins, to the same place beside the
-    checkout; why there is none, where it cannot be made."""
+    checkout, where the link lands at the same path below each; why there is none otherwise."""
     cannot = "the re-run cannot reach it from the restore's worktree"
-    if workdir.parent != ours or not _inside(landing, str(ours)):
-        return f"{cannot} (make the link absolute, or restore with --workdir beside the checkout)"
-    name = Path(landing).relative_to(ours).parts[0]
+    way_out = "make the link absolute, or restore with --workdir beside the checkout"
+    below = os.path.relpath(landing, ours) if workdir.parent == ours and _inside(landing, str(ours)) else None
+    if below is None or below == "." or below != os.path.relpath(from_checkout, root.parent):
+        return f"{cannot} ({way_out})"  # (a worktree elsewhere, a link climbing further)
+    name = Path(below).parts[0]
     ours_link, beside_checkout = ours / name, str(root.parent / name)
-    if os.path.lexists(ours_link):
-        if ours_link.is_symlink() and os.readlink(ours_link) == beside_checkout:
-            return None
-        return f"{cannot}: {ours_link} is taken (restore with --workdir beside the checkout)"
-    os.symlink(beside_checkout, ours_link)
+    if name == root.name or name.startswith("."):  # (never the checkout itself, nor a hidden entry)
+        return f"{cannot} ({way_out})"
+    try:
+        os.symlink(beside_checkout, ours_link)
+    except FileExistsError:  # (ours already, from an earlier restore or one beside this one)
+        if not (ours_link.is_symlink() and os.readlink(ours_link) == beside_checkout):
+            return f"{cannot}: {ours_link} is taken ({way_out})"
     return None
 
 

@@ -47,6 +47,11 @@ def materialize(plan: RestorePlan, root: Path, store: RunStore, notify: Callable
     An existing worktree is reused when it is exactly what the last restore left; a worktree
     someone modified is refused, never overwritten.
     """
+    if plan.workdir.is_symlink():  # (no worktree made through it: restore/outside_links.py makes such links)
+        raise RestoreRefused(
+            f"the restore worktree {plan.workdir} is a symbolic link (to {os.readlink(plan.workdir)})",
+            hint="restore with --workdir NEW_DIR",
+        )
     if not has_commit(root, plan.commit):
         raise RestoreRefused(
             f"commit {plan.commit[:12]} of run {plan.run_id[:12]} is not in this repository",
