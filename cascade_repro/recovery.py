@@ -309,7 +309,7 @@ def _files(run_dir: Path, plan: dict[str, Any], record: dict[str, Any], settings
     records them; the hashes are of the files as they are now, which the recoverer says it read, but
     for a file read and then rewritten: the child's hash and copy of its bytes as read, cached as
     finish() caches them); the files read outside the repository are named in the outcome, and said."""
-    from cascade_repro.capture.files import outside_noted, read_opened, read_outside, sort_files
+    from cascade_repro.capture.files import read_opened, read_outside, sort_files
     from cascade_repro.run_engine import own_paths
 
     root = Path(plan.get("root") or settings.root)
@@ -317,21 +317,29 @@ def _files(run_dir: Path, plan: dict[str, Any], record: dict[str, Any], settings
     git = git if isinstance(git, dict) else {}
     untracked = [str(u.get("path")) for u in git.get("untracked") or [] if isinstance(u, dict)]
     data = [str(d.get("path")) for d in record.get("data") or [] if isinstance(d, dict)]
+    opened: dict[str, Any] = {}
     try:
         opened = read_opened(run_dir / protocol.FILES_FILE, root)
         files = sort_files(root, opened, [], own_paths(settings), untracked, data, run_dir)
     except Exception as exc:  # the rest of the record still goes in
         log.warning("inputs and outputs not recovered: %s", exc)
+        _note_outside(record, list(opened.get("outside") or []), notify)
         return list(record.get("inputs") or []), list(record.get("outputs") or [])
-    outside = read_outside(opened, files)
-    if outside:  # (as the run's own end names them)
-        outcome = record["outcome"] = dict(record.get("outcome") or {})
-        outcome["read_outside"], said = outside_noted(outside)
-        notify(f"warning: {said}")
+    _note_outside(record, read_outside(opened, files), notify)
     # (`stopped`: read before this recovery wrote in the run directory, which would move it later)
     track_inputs = plan.get("track_inputs") is True
     _cache_inputs(root, files.inputs, files.kept, notify, stopped if track_inputs else None)
     return files.inputs, files.outputs
+
+
+def _note_outside(record: dict[str, Any], outside: list[str], notify: Notify) -> None:
+    """The files read outside the repository, in the outcome and said (as the run's own end does)."""
+    from cascade_repro.capture.files import outside_noted
+
+    if outside:
+        outcome = record["outcome"] = dict(record.get("outcome") or {})
+        outcome["read_outside"], said = outside_noted(outside)
+        notify(f"warning: {said}")
 
 
 def _cache_inputs(root: Path, inputs: list[dict[str, Any]], kept: dict[str, Path], notify: Notify,

@@ -36,8 +36,14 @@ _LAST_WORDS = frozenset(
     {"key", "apikey", "token", "secret", "pass", "password", "passwd", "passphrase", "credential",
      "credentials", "creds", "auth", "dsn", "webhook", "privatekey", "sig", "signature", "bearer"}
 )  # fmt: skip
-# last words secret only after another (GITHUB_PAT, db_pwd; alone, --pat is a pattern, --pwd a directory)
+# last words secret only after another (GITHUB_PAT, db_pwd; alone, --pat is a pattern, --pwd a directory),
+# and not after these (--exclude-pat a pattern, args.pwd a directory, --public-key-pem no secret)
 _QUALIFIED_LAST_WORDS = frozenset({"pat", "pwd"})
+_NOT_QUALIFYING = frozenset(
+    {"exclude", "include", "file", "files", "glob", "search", "re", "regex", "match", "name", "path",
+     "ignore", "filter", "args", "arg", "hydra", "cfg", "config", "env", "os", "old", "cur", "current",
+     "orig", "start", "initial", "work", "working", "base", "public"}
+)  # fmt: skip
 _COMPOUND_ENDINGS = ("apikey", "token", "secret", "password", "passwd", "passphrase", "privatekey", "webhook")
 _ANY_WORDS = frozenset({"webhook"})  # --slack-webhook-url: the URL is the secret
 _NOT_SECRET_TOKENS = frozenset({"pad", "bos", "eos", "unk", "sep", "cls", "mask", "special", "start", "end"})
@@ -60,7 +66,9 @@ def secret_option(name: str) -> bool:
     last = words[-1]
     if last == "token" and len(words) > 1 and words[-2] in _NOT_SECRET_TOKENS:
         return False
-    if len(words) > 1 and (last in _QUALIFIED_LAST_WORDS or (last == "pem" and words[-2] == "key")):
+    qualified = last in _QUALIFIED_LAST_WORDS and len(words) > 1 and words[-2] not in _NOT_QUALIFYING
+    pem = last == "pem" and len(words) > 1 and words[-2] == "key" and "public" not in words
+    if qualified or pem:
         return True  # (a key's PEM text: private_key_pem; --cert-pem is a certificate, --pem-file a path)
     return last in _LAST_WORDS or last.endswith(_COMPOUND_ENDINGS) or any(w in _ANY_WORDS for w in words)
 

@@ -26,9 +26,11 @@ the same code would differ in params, and `verify` would take that for the cause
   float with a fraction, or an int of nanoseconds that is no whole number of milliseconds, between
   the child's start and now on the wall clock, `monotonic` or `perf_counter`;
 - a string that holds one (`f"runs/{datetime.now():%Y%m%d-%H%M%S}"`, `f"exp_{int(time.time())}"`):
-  a date of the run's days (year, month and day in any usual order and separators, or a two-digit
-  year first) or epoch seconds of its time; or that holds a uuid, this process's id (3 digits or
-  more) or the host's name, each as a token of its own.
+  a date of the run's days, local or UTC (year, month and day in any usual order and separators,
+  or a two-digit year first or last at the start of a number) or epoch seconds of its time; or that
+  holds a uuid (its usual form with dashes: `uuid4().hex` is not told from a checksum), this
+  process's id (3 digits or more) or the host's name (MIN_HOST characters or more), each as a
+  token of its own. A value that holds today's date on purpose (a data snapshot's) is left out too.
 Never an int wider than 64 bits. Values as JSON holds them (child/parsed_args.py's rules).
 """
 
@@ -63,6 +65,7 @@ _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12
 _BETWEEN_DIGITS = re.compile(r"(?<=\d)[-_./: T](?=\d)")  # 2026-12-06T19:14 reads 202612061914
 _DIGITS = re.compile(r"\d+")
 MAX_DAYS = 62  # a run's days whose dates are looked for (a longer run: its last ones)
+MIN_HOST = 6  # a host's name shorter than this is not looked for
 
 
 class _ThisRun:
@@ -72,18 +75,19 @@ class _ThisRun:
         self.windows = [(began, clock()) for clock, began in _CLOCKS]
         began_s, now_s = (moment // 10**9 for moment in self.windows[0])
         self.seconds = range(began_s, now_s + 1)
-        today = datetime.date.fromtimestamp(now_s)
-        days = min((today - datetime.date.fromtimestamp(began_s)).days, MAX_DAYS - 1)
+        # the run's days, local or in UTC (a day before and after the local ones)
+        last = datetime.date.fromtimestamp(now_s) + datetime.timedelta(days=1)
+        days = min((last - datetime.date.fromtimestamp(began_s)).days + 1, MAX_DAYS - 1)
         self.dates: set[str] = set()  # as digits, separators gone
-        self.short_dates: set[str] = set()  # a two-digit year first, as a run of digits begins
+        self.short_dates: set[str] = set()  # a two-digit year, as a run of digits begins
         for back in range(days + 1):
-            day = today - datetime.timedelta(days=back)
+            day = last - datetime.timedelta(days=back)
             self.dates.update(day.strftime(form) for form in ("%Y%m%d", "%d%m%Y", "%m%d%Y"))
-            self.short_dates.add(day.strftime("%y%m%d"))
-        pid = str(os.getpid())
-        self.pid = pid if len(pid) >= 3 else None  # (pid 7 in a container: `layer7` is no pid)
-        host = socket.gethostname().split(".")[0]
-        self.host = None if not host or host.lower() == "localhost" else re.compile(
+            self.short_dates.update(day.strftime(form) for form in ("%y%m%d", "%d%m%y"))
+        pid = str(os.getpid())  # (pid 7 in a container: `layer7` is no pid; a token of its own)
+        self.pid = re.compile(rf"(?<![a-z0-9]){pid}(?![a-z0-9])", re.IGNORECASE) if len(pid) >= 3 else None
+        host = socket.gethostname().split(".")[0]  # (a short one, `train` or `a100`, may be a value)
+        self.host = None if len(host) < MIN_HOST or host.lower() == "localhost" else re.compile(
             rf"(?<![a-z0-9]){re.escape(host)}(?![a-z0-9])", re.IGNORECASE
         )  # fmt: skip
 
@@ -93,7 +97,7 @@ class _ThisRun:
             return True
         if not any(c.isdigit() for c in text):
             return False
-        if self.pid is not None and self.pid in _DIGITS.findall(text):
+        if self.pid is not None and self.pid.search(text) is not None:
             return True
         for digits in _DIGITS.findall(_BETWEEN_DIGITS.sub("", text)):
             if digits[:6] in self.short_dates or (len(digits) >= 10 and int(digits[:10]) in self.seconds):
@@ -120,7 +124,7 @@ def _configuration_objects(namespace: Mapping[str, Any], run: _ThisRun) -> dict[
     found: dict[str, Any] = {}
     objects = 0
     values = list(namespace.items())
-    instantiated = {id(type(value)) for _, value in values}  # (a class with an instance: the instance)
+    instantiated = {id(kind) for _, value in values for kind in _classes(value)}  # (its instance instead)
     for name, value in values:
         if not isinstance(name, str) or name.startswith("_") or id(value) in instantiated:
             continue
@@ -130,10 +134,18 @@ def _configuration_objects(namespace: Mapping[str, Any], run: _ThisRun) -> dict[
         objects += 1
         if objects > MAX_OBJECTS:
             break
-        for attribute, item in attributes.items():
+        for attribute, item in list(attributes.items())[: 4 * MAX_VALUES]:
             if isinstance(attribute, str) and not attribute.startswith("_") and _simple(item, run):
                 found[f"{name}.{attribute}"] = item
     return found
+
+
+def _classes(value: Any) -> tuple[type, ...]:
+    """An instance's class and its bases (none for a class itself)."""
+    try:
+        return () if isinstance(value, type) else type(value).__mro__
+    except Exception:
+        return ()
 
 
 def _attributes(value: Any) -> dict[str, Any] | None:
@@ -153,6 +165,7 @@ def _attributes(value: Any) -> dict[str, Any] | None:
             attributes.update(vars(each))
         if kind is not value:
             attributes.update(getattr(value, "__dict__", {}))
+            attributes.update(_slots(value, kind))
         return attributes
     except Exception:  # (an object whose class lies about itself)
         return None
@@ -192,6 +205,19 @@ def _simple(value: Any, run: _ThisRun, collected: bool = False) -> bool:
             value % 1_000_000 == 0 or not _read_from_a_clock(value, run.windows)
         )  # fmt: skip
     return kind in _SCALARS
+
+
+def _slots(value: Any, kind: type) -> dict[str, Any]:
+    """The values in an instance's slots (`@dataclass(slots=True)`), read from their descriptors."""
+    found = {}
+    for each in kind.__mro__[:-1]:
+        for name, descriptor in vars(each).items():
+            if type(descriptor) is types.MemberDescriptorType:
+                try:
+                    found[name] = descriptor.__get__(value, kind)
+                except AttributeError:  # (an empty slot)
+                    continue
+    return found
 
 
 def _read_from_a_clock(ns: float, windows: list[tuple[int, int]]) -> bool:

@@ -70,7 +70,8 @@ def test_access_tokens_and_private_keys_under_their_own_names() -> None:
               "signing_key_pem", "db_pwd", "--db-pwd", "--bearer", "bearer_token", "aws_secret_access_key"]
     assert [n for n in secret if not secret_option(n)] == []
     plain = ["--pat", "--pattern", "--pwd", "--private-key-file", "--private-key-path", "--cert-pem",
-             "--pem-file", "--patience", "--spatial"]
+             "--pem-file", "--patience", "--spatial", "--exclude-pat", "--file-pat", "--glob-pat",
+             "--public-key-pem", "args.pwd", "--start-pwd"]  # (from a review: patterns, a public key, a cwd)
     assert [n for n in plain if secret_option(n)] == []
     assert [n for n in ["GITHUB_PAT", "GH_PAT", "DB_PWD", "SIGNING_KEY_PEM"] if not secret_variable(n)] == []
     assert not secret_variable("PWD") and not secret_variable("OLDPWD") and not secret_variable("PATH")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
@@ -11,6 +12,8 @@ import time
 import types
 import uuid
 from pathlib import Path
+
+import pytest
 
 from cascade_repro.child.bootstrap import Facts
 from cascade_repro.child.script_globals import simple_globals
@@ -36,20 +39,27 @@ def test_simple_values_are_configuration_and_clock_readings_data_and_private_nam
     json.dumps(noted)
 
 
-def test_strings_made_from_the_clock_the_process_or_the_host_are_not_configuration() -> None:
+def test_strings_made_from_the_clock_the_process_or_the_host_are_not_configuration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A run directory named by the date, a uuid, the pid: different in every run, so two runs of the
     same code differed in params and verify took that for the cause of any divergence."""
+    monkeypatch.setattr(socket, "gethostname", lambda: "gpu-node-17.cluster")
+    monkeypatch.setattr(os, "getpid", lambda: 124)
     now = datetime.datetime.now()
+    utc = datetime.datetime.now(datetime.timezone.utc)
     per_run = {
         "out_dir": f"runs/{now:%Y%m%d-%H%M%S}", "day": f"{now:%Y-%m-%d}", "us": f"{now:%m/%d/%Y} run",
         "eu": f"log_{now:%d.%m.%Y}", "short": f"{now:%y%m%d}_a", "iso": now.isoformat(),
         "stamp": f"exp_{int(time.time())}", "ms": f"t{int(time.time() * 1000)}", "float": str(time.time()),
         "run_id": str(uuid.uuid4()), "log": f"train-{os.getpid()}.log", "host": f"{socket.gethostname()}-0",
-        "in_list": ["a", f"{now:%Y%m%d}"],
+        "in_list": ["a", f"{now:%Y%m%d}"], "dmy": f"run_{now:%d-%m-%y}", "utc": f"runs/{utc:%Y%m%d-%H%M%S}",
+        "owt": "owt-124",
     }  # fmt: skip
     kept = {
         "cutoff": "2019-05-01", "data": "shakespeare_char", "name": "gpt2-124M", "layers": "12-12-12",
         "seed_text": "1234", "tag": "v1.2.3", "lr_s": "6e-4", "ckpt": "ckpt_000100.pt",
+        "dataset": "cifar124", "model": "resnet124", "gpu": "gpu-node", "split": "train",  # (pid, host: not)
     }  # fmt: skip
     assert simple_globals({**per_run, **kept}) == kept
     # the same in a collected dict (nanoGPT's `config`)
@@ -75,13 +85,26 @@ def test_configuration_objects_are_read_and_other_objects_are_not() -> None:
     class Runner:  # not named as a configuration
         epochs = 4
 
-    for kind in (TrainConfig, Settings, Runner):
+    class BaseOptions:  # a base of an instance's class: read as the instance's
+        width = 8
+
+    class RunOptions(BaseOptions):
+        depth = 2
+
+    @dataclasses.dataclass(slots=True)
+    class SlotConfig:
+        lr: float = 0.5
+        name: str = "slots"
+
+    for kind in (TrainConfig, Settings, Runner, BaseOptions, RunOptions, SlotConfig):
         kind.__module__ = "__main__"
     namespace = {
         "cfg": TrainConfig(), "opts": types.SimpleNamespace(beta=0.9, name="adam"), "settings": Settings(),
-        "runner": Runner(), "TrainConfig": TrainConfig, "_hidden": TrainConfig(),
+        "runner": Runner(), "TrainConfig": TrainConfig, "_hidden": TrainConfig(), "BaseOptions": BaseOptions,
+        "run": RunOptions(), "slot": SlotConfig(),
     }  # fmt: skip
-    expected = {"cfg.lr": 0.1, "cfg.steps": 10, "opts.beta": 0.9, "opts.name": "adam"}
+    expected = {"cfg.lr": 0.1, "cfg.steps": 10, "opts.beta": 0.9, "opts.name": "adam", "run.width": 8,
+                "run.depth": 2, "slot.lr": 0.5, "slot.name": "slots"}  # fmt: skip
     assert simple_globals(namespace) == expected
 
 
