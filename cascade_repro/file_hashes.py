@@ -35,7 +35,7 @@ from typing import Any
 from cascade_repro.settings import ProjectPaths
 
 RACY_S = 1.0
-MAX_ENTRIES = 10_000  # the oldest go first beyond this
+MAX_ENTRIES = 10_000  # the least recently used go first beyond this
 MAX_FILE_BYTES = 16 << 20
 
 
@@ -56,6 +56,7 @@ class FileHashes:
             stamp = _stamp(before)
             kept = entries.get(real)
             if kept is not None and kept[:-1] == stamp:
+                entries[real] = entries.pop(real)  # (used: the last to go, at the next save)
                 return kept[-1], before.st_size
             began_ns = time.time_ns()
             digest, size = _read(handle)

@@ -81,3 +81,27 @@ def test_a_malformed_or_strange_file_of_hashes_is_an_empty_one(tmp_path: Path, k
     data = tmp_path / "data.bin"
     data.write_bytes(b"tokens")
     assert FileHashes(tmp_path).sha256(data) == hashlib.sha256(b"tokens").hexdigest()
+
+
+def test_the_hashes_used_last_are_kept_when_the_oldest_go(
+    tmp_path: Path, reads: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Left from the last stop: a hash read from the file (a hit) did not count as used, so past
+    MAX_ENTRIES the dataset every run reads went first, and was read again at the next run."""
+    monkeypatch.setattr(file_hashes, "MAX_ENTRIES", 2)
+    files = []
+    for name in ("dataset.bin", "old.bin", "new.bin"):
+        files.append(tmp_path / name)
+        files[-1].write_bytes(os.urandom(SIZE))
+    time.sleep(RACY_S + 0.1)
+    first = FileHashes(tmp_path)
+    first.sha256(files[0])
+    first.sha256(files[1])
+    first.save()
+    again = FileHashes(tmp_path)
+    again.sha256(files[0])  # kept: used again
+    again.sha256(files[2])
+    again.save()
+    kept = ProjectPaths(tmp_path).file_hashes.read_text()
+    assert str(files[0].resolve()) in kept and str(files[2].resolve()) in kept
+    assert str(files[1].resolve()) not in kept and reads == [SIZE, SIZE, SIZE]
