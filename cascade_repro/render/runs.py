@@ -464,8 +464,21 @@ def _command(command: Mapping[str, Any]) -> str:
     be pasted; a record from before `invocation` was kept: the script and its arguments."""
     invocation = command.get("invocation")
     if isinstance(invocation, list) and invocation and all(isinstance(part, str) for part in invocation):
-        return shlex.join(invocation)
-    return " ".join(["cascade run", str(command.get("script", "")), *map(str, command.get("argv") or [])])
+        return " ".join(map(_pasted, invocation))
+    return " ".join(["cascade run", *map(_pasted, [str(command.get("script", "")),
+                                                   *map(str, command.get("argv") or [])])])  # fmt: skip
+
+
+_ANSI_C = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _pasted(part: str) -> str:
+    """One argument quoted for a shell, on one line: with a control character (a prompt's newline),
+    bash's $'...' quoting, where they are escapes."""
+    if not any(ord(c) < 32 or ord(c) == 127 for c in part):
+        return shlex.quote(part)
+    return "$'" + "".join(_ANSI_C.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 32 or ord(c) == 127 else c)
+                          for c in part) + "'"  # fmt: skip
 
 
 def _exit(code: int | None, recovered: str, signal_number: Any = None) -> str:

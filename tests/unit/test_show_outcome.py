@@ -23,3 +23,17 @@ def test_the_command_is_the_one_typed_and_pastes() -> None:
     older = {"script": "main.py", "argv": ["--epochs", "2"]}  # a record from before `invocation`
     assert _command(older) == "cascade run main.py --epochs 2"
     assert _command({"invocation": "cascade run x", "script": "main.py"}) == "cascade run main.py"
+
+
+def test_an_argument_with_a_newline_is_shown_on_one_line_and_still_pastes() -> None:
+    """Left from an earlier stop: shlex.join quotes a newline as it is, so `show`'s command row broke
+    over two lines (and a record's control characters reached the table)."""
+    invocation = ["cascade", "run", "gen.py", "--prompt", "Once upon\na time", "--sep", "\t", "it's"]
+    typed = {"invocation": invocation}
+    shown = _command(typed)
+    assert shown == "cascade run gen.py --prompt $'Once upon\\na time' --sep $'\\t' 'it'\"'\"'s'"
+    assert "\n" not in shown and "\t" not in shown
+    import subprocess
+
+    echoed = subprocess.run(["bash", "-c", f"printf '%s\\0' {shown}"], capture_output=True, check=True).stdout
+    assert echoed.decode().split("\0")[:-1] == invocation  # bash reads back what was typed
