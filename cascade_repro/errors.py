@@ -31,6 +31,16 @@ EXIT_INCOMPLETE = 4  # the record is incomplete or still pending delivery
 EXIT_INTERRUPTED = 130
 
 
+def signal_name(number: int) -> str:
+    """SIGTERM for 15; "signal 99" for a number no signal of this system has (a record's)."""
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 class CascadeError(Exception):
     """A failure with a message for the user and a hint that names the fix."""
 

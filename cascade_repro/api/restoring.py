@@ -16,7 +16,15 @@ from cascade_repro.api.judging import judge_runs, record_verdict
 from cascade_repro.api.loading import dvc_cache, load_project
 from cascade_repro.api.runs import RunRequest, run
 from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
-from cascade_repro.errors import EXIT_ERROR, EXIT_OK, CascadeError, RestoreRefused, StoreError, UsageError
+from cascade_repro.errors import (
+    EXIT_ERROR,
+    EXIT_OK,
+    CascadeError,
+    RestoreRefused,
+    StoreError,
+    UsageError,
+    signal_name,
+)
 from cascade_repro.manifest import Manifest
 from cascade_repro.params import ResolvedParams
 from cascade_repro.redaction import fill_argv
@@ -170,22 +178,13 @@ def restore(
         restoring.write_marker(tree.path, plan, rerun="ended")  # its outputs: the state reuse expects
         stopped = result.signal_received  # (a re-run killed by the OOM killer, a segfault: judged)
         if stopped is not None:  # the user's Ctrl-C (SIGTERM) to this restore: an abort, nothing to judge
-            notify(f"the re-run was interrupted ({_signal_name(stopped)}): no verdict; `cascade restore "
+            notify(f"the re-run was interrupted ({signal_name(stopped)}): no verdict; `cascade restore "
                    f"{ref}` re-runs it (the worktree is reused)")  # fmt: skip
             return RestoreResult(plan, tree, result, None, image, tuple(drift), interrupted=stopped)
         verdict = judge_runs(store, manifest, result.manifest, rtol, atol, steps=steps, trace_a=recorded)
         verdict = _crash_told(verdict, store, manifest, result)
         record_verdict(store, verdict, result.run_id, run_id)
         return RestoreResult(plan, tree, result, verdict, image, tuple(drift))
-
-
-def _signal_name(number: int) -> str:
-    import signal
-
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 @contextlib.contextmanager
@@ -238,7 +237,7 @@ def _how_it_stopped(manifest: Manifest) -> str:
     number = manifest.outcome.signal
     if manifest.outcome.status == "KILLED" or number is None:
         return "was KILLED"
-    return f"stopped on {_signal_name(number)} (the script ended itself, {manifest.outcome.status})"
+    return f"stopped on {signal_name(number)} (the script ended itself, {manifest.outcome.status})"
 
 
 def _refuse_what_cannot_run(plan: RestorePlan, execute: bool) -> None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import shlex
-import signal
 import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from cascade_repro.child.trace_budget import FULL_RECORDS, parse_schedule
+from cascade_repro.errors import signal_name
 from cascade_repro.record_sections import error_line
 from cascade_repro.redaction import redact_text
 from cascade_repro.render.console import _console, _num, _size, _styled, _time, error, notice, one_line
@@ -486,11 +486,8 @@ def _exit(code: int | None, recovered: str, signal_number: Any = None) -> str:
         return "no exit code seen" + (" (the cascade process died first)" if recovered else "")
     said = f"exit {code}"
     if isinstance(signal_number, int) and not isinstance(signal_number, bool):
-        try:
-            name = signal.Signals(signal_number).name
-        except ValueError:
-            name = f"signal {signal_number}"
-        said += f" ({name} reached the script" + (", which caught it and ended itself)" if code == 0 else ")")
+        ending = ", which caught it and ended itself)" if code == 0 else ")"
+        said += f" ({signal_name(signal_number)} reached the script{ending}"
     return said
 
 
