@@ -41,8 +41,8 @@ _LAST_WORDS = frozenset(
 _QUALIFIED_LAST_WORDS = frozenset({"pat", "pwd"})
 _NOT_QUALIFYING = frozenset(
     {"exclude", "include", "file", "files", "glob", "search", "re", "regex", "match", "name", "path",
-     "ignore", "filter", "args", "arg", "hydra", "cfg", "config", "env", "os", "old", "cur", "current",
-     "orig", "start", "initial", "work", "working", "base", "public"}
+     "ignore", "filter", "args", "arg", "hydra", "cfg", "config", "env", "os", "start", "work", "working",
+     "public"}  # (--old-pwd, --current-pwd: passwords)
 )  # fmt: skip
 _COMPOUND_ENDINGS = ("apikey", "token", "secret", "password", "passwd", "passphrase", "privatekey", "webhook")
 _ANY_WORDS = frozenset({"webhook"})  # --slack-webhook-url: the URL is the secret

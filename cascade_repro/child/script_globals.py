@@ -29,7 +29,7 @@ the same code would differ in params, and `verify` would take that for the cause
   a date of the run's days, local or UTC (year, month and day in any usual order and separators,
   or a two-digit year first or last at the start of a number) or epoch seconds of its time; or that
   holds a uuid (its usual form with dashes: `uuid4().hex` is not told from a checksum), this
-  process's id (3 digits or more) or the host's name (MIN_HOST characters or more), each as a
+  process's id (4 digits or more) or the host's name (MIN_HOST characters or more), each as a
   token of its own. A value that holds today's date on purpose (a data snapshot's) is left out too.
 Never an int wider than 64 bits. Values as JSON holds them (child/parsed_args.py's rules).
 """
@@ -65,7 +65,7 @@ _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12
 _BETWEEN_DIGITS = re.compile(r"(?<=\d)[-_./: T](?=\d)")  # 2026-12-06T19:14 reads 202612061914
 _DIGITS = re.compile(r"\d+")
 MAX_DAYS = 62  # a run's days whose dates are looked for (a longer run: its last ones)
-MIN_HOST = 6  # a host's name shorter than this is not looked for
+MIN_HOST = 8  # a host's name shorter than this is not looked for (`ubuntu` is a user's too)
 
 
 class _ThisRun:
@@ -84,8 +84,8 @@ class _ThisRun:
             day = last - datetime.timedelta(days=back)
             self.dates.update(day.strftime(form) for form in ("%Y%m%d", "%d%m%Y", "%m%d%Y"))
             self.short_dates.update(day.strftime(form) for form in ("%y%m%d", "%d%m%y"))
-        pid = str(os.getpid())  # (pid 7 in a container: `layer7` is no pid; a token of its own)
-        self.pid = re.compile(rf"(?<![a-z0-9]){pid}(?![a-z0-9])", re.IGNORECASE) if len(pid) >= 3 else None
+        pid = str(os.getpid())  # (pid 152 in a container: `resnet-152` is no pid; a token of its own)
+        self.pid = re.compile(rf"(?<![a-z0-9]){pid}(?![a-z0-9])", re.IGNORECASE) if len(pid) >= 4 else None
         host = socket.gethostname().split(".")[0]  # (a short one, `train` or `a100`, may be a value)
         self.host = None if len(host) < MIN_HOST or host.lower() == "localhost" else re.compile(
             rf"(?<![a-z0-9]){re.escape(host)}(?![a-z0-9])", re.IGNORECASE
@@ -111,7 +111,7 @@ def simple_globals(namespace: Mapping[str, Any]) -> dict[str, Any]:
     """The configuration among a module's globals (see the module's docstring), in their order."""
     run = _ThisRun()
     simple = {name: value for name, value in list(namespace.items())
-              if isinstance(name, str) and not name.startswith("_") and _simple(value, run)}  # fmt: skip
+              if type(name) is str and not name.startswith("_") and _simple(value, run)}  # fmt: skip
     collected = _collected(namespace, simple)
     if collected is not None:
         return {name: safe_value(value) for name, value in collected.items() if _simple(value, run, True)}
@@ -126,7 +126,7 @@ def _configuration_objects(namespace: Mapping[str, Any], run: _ThisRun) -> dict[
     values = list(namespace.items())
     instantiated = {id(kind) for _, value in values for kind in _classes(value)}  # (its instance instead)
     for name, value in values:
-        if not isinstance(name, str) or name.startswith("_") or id(value) in instantiated:
+        if type(name) is not str or name.startswith("_") or id(value) in instantiated:
             continue
         attributes = _attributes(value)
         if attributes is None:
@@ -135,7 +135,7 @@ def _configuration_objects(namespace: Mapping[str, Any], run: _ThisRun) -> dict[
         if objects > MAX_OBJECTS:
             break
         for attribute, item in list(attributes.items())[: 4 * MAX_VALUES]:
-            if isinstance(attribute, str) and not attribute.startswith("_") and _simple(item, run):
+            if type(attribute) is str and not attribute.startswith("_") and _simple(item, run):
                 found[f"{name}.{attribute}"] = item
     return found
 
@@ -189,10 +189,10 @@ def _collected(namespace: Mapping[str, Any], simple: Mapping[str, Any]) -> dict[
 def _simple(value: Any, run: _ThisRun, collected: bool = False) -> bool:
     """A value that may be configuration (a collected dict's strings and lists as they are, but for
     what is made for this run alone)."""
-    kind = type(value)
-    if kind in (list, tuple):
+    kind = type(value)  # (compared by identity: a metaclass's __eq__ is the script's code)
+    if kind is list or kind is tuple:
         return len(value) <= (MAX_ITEMS if collected else MAX_LIST) and all(
-            type(item) in _SCALARS and _simple(item, run, collected) for item in value
+            _scalar(type(item)) and _simple(item, run, collected) for item in value
         )
     if kind is str:
         if not collected and (len(value) > MAX_TEXT or "\n" in value):
@@ -204,7 +204,11 @@ def _simple(value: Any, run: _ThisRun, collected: bool = False) -> bool:
         return value.bit_length() <= 64 and (
             value % 1_000_000 == 0 or not _read_from_a_clock(value, run.windows)
         )  # fmt: skip
-    return kind in _SCALARS
+    return _scalar(kind)
+
+
+def _scalar(kind: type) -> bool:
+    return any(kind is scalar for scalar in _SCALARS)
 
 
 def _slots(value: Any, kind: type) -> dict[str, Any]:

@@ -12,8 +12,10 @@ restore says so for each, and the re-run reads them as they are now.
 Only where the link lands at the same path below `.cascade/restore/` as below the checkout's parent:
 a link climbing further, a worktree elsewhere (`--workdir`), the checkout's own name, or a name
 there already taken (a restore's worktree) gets no link of ours; the restore says why and how to
-make the link work. A restore into a link of ours (a version named as the dataset) is refused
-(restore/worktree.py).
+make the link work. So does a link of ours that would lead into the checkout (`current -> proj`
+beside it), and where a committed link reaches into the checkout through one (`../datasets/../proj`:
+the kernel takes `..` after the link), the links of ours are removed and none is made. A restore
+into a link of ours (a version named as the dataset) is refused (restore/worktree.py).
 """
 
 from __future__ import annotations
@@ -26,11 +28,16 @@ from cascade_repro.confined import SYMLINK_MODE
 from cascade_repro.settings import ProjectPaths
 from cascade_repro.store import git_repo
 
+CANNOT = "the re-run cannot reach it from the restore's worktree"
+WAY_OUT = "make the link absolute, or restore with --workdir beside the checkout"
+
 
 def reach_outside(root: Path, workdir: Path, notify: Callable[[str], None]) -> None:
     """Give the worktree's committed links out of the repository what they reach from the checkout."""
     ours = ProjectPaths(root).restores
-    for link, target in _committed_links(workdir):
+    links = list(_committed_links(workdir))
+    said: list[tuple[str, str | None]] = []  # (what the link reaches, why the worktree cannot)
+    for link, target in links:
         if os.path.isabs(target):  # (reaches the same place from anywhere)
             continue
         from_worktree = os.path.normpath(os.path.join(workdir, os.path.dirname(link), target))
@@ -40,28 +47,58 @@ def reach_outside(root: Path, workdir: Path, notify: Callable[[str], None]) -> N
         reached = os.path.realpath(from_checkout)
         if _inside(reached, os.path.realpath(root)):
             continue  # (out and back into the repository: its own files)
-        said = f"the committed link {link} -> {target} reaches {reached}, outside the repository"
         problem = None
         if os.path.realpath(from_worktree) != reached:  # (--workdir beside the checkout: it does already)
             problem = _link_beside(workdir, ours, root, from_worktree, from_checkout)
-        if problem is not None:
-            notify(f"{said}; {problem}")
-        else:
-            notify(f"{said}: not recorded (the re-run reads it as it is now)")
+        said.append((f"the committed link {link} -> {target} reaches {reached}, outside the repository",
+                     problem))  # fmt: skip
+    into_checkout = _into_the_checkout(root, workdir, links)
+    if into_checkout and _remove_ours(ours, root):  # (`../datasets/../proj/x`: through a link of ours)
+        said = [(text, problem or f"{CANNOT} ({WAY_OUT})") for text, problem in said]
+        for link in into_checkout:
+            notify(f"the committed link {link} would reach your checkout through the links cascade makes "
+                   f"beside the restore's worktree, so none is made ({WAY_OUT})")  # fmt: skip
+    for text, problem in said:
+        notify(f"{text}; {problem}" if problem is not None else f"{text}: not recorded (the re-run reads "
+               "it as it is now)")  # fmt: skip
+
+
+def _into_the_checkout(root: Path, workdir: Path, links: list[tuple[str, str]]) -> list[str]:
+    """The committed links that reach into the user's checkout from the worktree (its own files, not
+    the restores' beside it)."""
+    real_root, restores = os.path.realpath(root), os.path.realpath(workdir.parent)
+    found = []
+    for link, _ in links:
+        real = os.path.realpath(workdir / link)
+        if _inside(real, real_root) and not _inside(real, restores):
+            found.append(link)
+    return found
+
+
+def _remove_ours(ours: Path, root: Path) -> bool:
+    """Remove the links of ours beside the restore worktrees (made again by the next restore that
+    needs one); whether there were any."""
+    beside_checkout = str(root.parent) + os.sep
+    removed = False
+    for entry in ours.iterdir() if ours.is_dir() else []:
+        if entry.is_symlink() and os.readlink(entry).startswith(beside_checkout):
+            entry.unlink()
+            removed = True
+    return removed
 
 
 def _link_beside(workdir: Path, ours: Path, root: Path, landing: str, from_checkout: str) -> str | None:
     """A link of ours where `landing` (beside the worktree) begins, to the same place beside the
     checkout, where the link lands at the same path below each; why there is none otherwise."""
-    cannot = "the re-run cannot reach it from the restore's worktree"
-    way_out = "make the link absolute, or restore with --workdir beside the checkout"
+    cannot, way_out = CANNOT, WAY_OUT
     below = os.path.relpath(landing, ours) if workdir.parent == ours and _inside(landing, str(ours)) else None
     if below is None or below == "." or below != os.path.relpath(from_checkout, root.parent):
         return f"{cannot} ({way_out})"  # (a worktree elsewhere, a link climbing further)
     name = Path(below).parts[0]
     ours_link, beside_checkout = ours / name, str(root.parent / name)
-    if name == root.name or name.startswith("."):  # (never the checkout itself, nor a hidden entry)
-        return f"{cannot} ({way_out})"
+    real_root, beside_real = os.path.realpath(root), os.path.realpath(beside_checkout)
+    if name.startswith(".") or _inside(beside_real, real_root) or _inside(real_root, beside_real):
+        return f"{cannot} ({way_out})"  # (never the checkout, what holds it or is in it; no hidden entry)
     try:
         os.symlink(beside_checkout, ours_link)
     except FileExistsError:  # (ours already, from an earlier restore or one beside this one)

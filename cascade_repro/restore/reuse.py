@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -52,7 +51,7 @@ def write_marker(workdir: Path, plan: RestorePlan, rerun: str | None = None) -> 
             now = [(rel, _stamp(workdir / rel)) for rel in _ignored(workdir, plan)]
             added = [(rel, stamp) for rel, stamp in now if rel not in kept or placed.get(rel, stamp) != stamp]
             body["rerun_ignored"] = [[rel, *stamp] for rel, stamp in added if stamp is not None]
-    marker.write_text(json.dumps(body, indent=2), encoding="utf-8")
+    spool.write_json(marker, body)  # (atomic: a restore killed while writing it leaves the last one)
 
 
 def _ignored(workdir: Path, plan: RestorePlan) -> list[str]:
@@ -150,7 +149,10 @@ def check_reusable(root: Path, workdir: Path, plan: RestorePlan) -> tuple[Mappin
     if marker is None or not marker.is_file():
         raise RestoreRefused(f"{workdir} exists and is not a cascade restore worktree",
                              hint="restore into a new directory: --workdir NEW_DIR")  # fmt: skip
-    recorded = json.loads(marker.read_text(encoding="utf-8"))
+    recorded = spool.read_json(marker)
+    if not recorded:
+        raise RestoreRefused(f"{workdir} has a restore marker that cannot be read ({marker})",
+                             hint=refuse_hint)  # fmt: skip
     if recorded.get("run_id") != plan.run_id:
         raise RestoreRefused(
             f"{workdir} holds a restore of run {str(recorded.get('run_id'))[:12]}, not {plan.run_id[:12]}",

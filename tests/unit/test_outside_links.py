@@ -86,3 +86,32 @@ def test_a_name_taken_beside_the_worktree_is_said_and_a_restore_into_a_link_refu
     with pytest.raises(RestoreRefused, match="is a symbolic link"):
         materialize(plan, root, None, lambda _: None)  # type: ignore[arg-type]
     assert list((tmp_path / "ws" / "v2").iterdir()) == []  # nothing made through it
+
+
+def test_a_committed_link_reaching_the_checkout_through_a_link_of_ours_removes_them(tmp_path: Path) -> None:
+    """From a second review: the kernel takes `..` after following a link, so with a link of ours at
+    .cascade/restore/datasets, `m -> ../datasets/../proj/secret.txt` reached the user's checkout."""
+    (tmp_path / "ws" / "datasets").mkdir(parents=True)
+    links = {"data": "../datasets", "m": "../datasets/../proj/secret.txt"}
+    root, workdir = _checkout_with_links(tmp_path, links)
+    (root / "secret.txt").write_text("the user's")
+    said: list[str] = []
+    reach_outside(root, workdir, said.append)
+    assert not os.path.lexists(workdir.parent / "datasets")
+    assert not os.path.exists(workdir / "m")  # dangling again, as before
+    assert any("the committed link m would reach your checkout" in s for s in said), said
+    assert any("data -> ../datasets" in s and "cannot reach it" in s for s in said), said
+
+
+def test_no_link_of_ours_leads_into_the_checkout_or_what_holds_it(tmp_path: Path) -> None:
+    """From a second review: a link beside the checkout (`current -> proj`) made a link of ours into it."""
+    root, workdir = _checkout_with_links(tmp_path, {"tool": "../current/bin/tool", "up": "../here/x"})
+    (tmp_path / "ws" / "current").symlink_to("proj")
+    (root / "bin").mkdir()
+    (root / "bin" / "tool").symlink_to("/usr/bin/env")  # (ignored in the checkout, out of it)
+    (tmp_path / "ws" / "here").symlink_to(".")
+    (tmp_path / "ws" / "x").write_text("beside")
+    said: list[str] = []
+    reach_outside(root, workdir, said.append)
+    assert sorted(p.name for p in workdir.parent.iterdir()) == ["v1"], said
+    assert len(said) == 2 and all("cannot reach it" in s for s in said), said

@@ -67,7 +67,8 @@ def test_access_tokens_and_private_keys_under_their_own_names() -> None:
     """A GitHub personal access token, a PEM private key, a database's pwd: secrets by these names
     too (a nanoGPT-style global `GITHUB_PAT = "ghp_..."` was recorded in the clear)."""
     secret = ["GITHUB_PAT", "--hf-pat", "gh_pat", "private_key_pem", "--private-key", "ssh_private_key",
-              "signing_key_pem", "db_pwd", "--db-pwd", "--bearer", "bearer_token", "aws_secret_access_key"]
+              "signing_key_pem", "db_pwd", "--db-pwd", "--bearer", "bearer_token", "aws_secret_access_key",
+              "--old-pwd", "--current-pwd"]
     assert [n for n in secret if not secret_option(n)] == []
     plain = ["--pat", "--pattern", "--pwd", "--private-key-file", "--private-key-path", "--cert-pem",
              "--pem-file", "--patience", "--spatial", "--exclude-pat", "--file-pat", "--glob-pat",

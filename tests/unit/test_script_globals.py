@@ -45,7 +45,7 @@ def test_strings_made_from_the_clock_the_process_or_the_host_are_not_configurati
     """A run directory named by the date, a uuid, the pid: different in every run, so two runs of the
     same code differed in params and verify took that for the cause of any divergence."""
     monkeypatch.setattr(socket, "gethostname", lambda: "gpu-node-17.cluster")
-    monkeypatch.setattr(os, "getpid", lambda: 124)
+    monkeypatch.setattr(os, "getpid", lambda: 4124)
     now = datetime.datetime.now()
     utc = datetime.datetime.now(datetime.timezone.utc)
     per_run = {
@@ -54,17 +54,32 @@ def test_strings_made_from_the_clock_the_process_or_the_host_are_not_configurati
         "stamp": f"exp_{int(time.time())}", "ms": f"t{int(time.time() * 1000)}", "float": str(time.time()),
         "run_id": str(uuid.uuid4()), "log": f"train-{os.getpid()}.log", "host": f"{socket.gethostname()}-0",
         "in_list": ["a", f"{now:%Y%m%d}"], "dmy": f"run_{now:%d-%m-%y}", "utc": f"runs/{utc:%Y%m%d-%H%M%S}",
-        "owt": "owt-124",
+        "owt": "owt-4124",
     }  # fmt: skip
     kept = {
         "cutoff": "2019-05-01", "data": "shakespeare_char", "name": "gpt2-124M", "layers": "12-12-12",
         "seed_text": "1234", "tag": "v1.2.3", "lr_s": "6e-4", "ckpt": "ckpt_000100.pt",
-        "dataset": "cifar124", "model": "resnet124", "gpu": "gpu-node", "split": "train",  # (pid, host: not)
+        "dataset": "cifar4124", "model": "resnet4124", "gpu": "gpu-node", "split": "train",  # (no pid, host)
+        "arch": "resnet-152", "home": "/home/ubuntu/data",
     }  # fmt: skip
     assert simple_globals({**per_run, **kept}) == kept
     # the same in a collected dict (nanoGPT's `config`)
     namespace = {**per_run, **kept, "config": {**per_run, **kept}}
     assert simple_globals(namespace) == kept
+
+
+def test_a_metaclass_that_compares_itself_is_never_called() -> None:
+    """From a second review: `kind in (list, tuple)` called a metaclass's __eq__, which raised, and
+    every global of the run was lost with it."""
+
+    class Meta(type):
+        def __eq__(cls, other: object) -> bool:
+            raise RuntimeError("meta eq")
+
+        __hash__ = type.__hash__
+
+    weird = Meta("Weird", (), {})()
+    assert simple_globals({"w": weird, "lr": 0.1, "pair": [weird]}) == {"lr": 0.1}
 
 
 def test_configuration_objects_are_read_and_other_objects_are_not() -> None:
