@@ -64,11 +64,14 @@ def reach_outside(root: Path, workdir: Path, notify: Callable[[str], None]) -> N
 
 
 def _into_the_checkout(root: Path, workdir: Path, links: list[tuple[str, str]]) -> list[str]:
-    """The committed links that reach into the user's checkout from the worktree (its own files, not
-    the restores' beside it)."""
+    """The committed relative links that reach into the user's checkout from the worktree (its own
+    files, not the restores' beside it). An absolute one reaches it whatever links there are: it is
+    the commit's own doing, as in a checkout of it."""
     real_root, restores = os.path.realpath(root), os.path.realpath(workdir.parent)
     found = []
-    for link, _ in links:
+    for link, target in links:
+        if os.path.isabs(target):
+            continue
         real = os.path.realpath(workdir / link)
         if _inside(real, real_root) and not _inside(real, restores):
             found.append(link)

@@ -94,6 +94,15 @@ def test_a_committed_link_reaching_the_checkout_through_a_link_of_ours_removes_t
     (tmp_path / "ws" / "datasets").mkdir(parents=True)
     links = {"data": "../datasets", "m": "../datasets/../proj/secret.txt"}
     root, workdir = _checkout_with_links(tmp_path, links)
+
+    # an absolute link into the checkout (the user's own, benign) is not ours to answer for
+    absolute = _checkout_with_links(tmp_path / "other", {"data": "../datasets"})[1]
+    (absolute / "config").symlink_to(root / "train.py")
+    _git(absolute, "add", "config")
+    (tmp_path / "other" / "ws" / "datasets").mkdir()
+    reach_outside(absolute.parents[2], absolute, lambda _: None)
+    assert (absolute.parent / "datasets").is_symlink()
+
     (root / "secret.txt").write_text("the user's")
     said: list[str] = []
     reach_outside(root, workdir, said.append)
