@@ -97,7 +97,7 @@ def test_a_committed_link_reaching_the_checkout_through_a_link_of_ours_removes_t
 
     # an absolute link into the checkout (the user's own, benign) is not ours to answer for
     absolute = _checkout_with_links(tmp_path / "other", {"data": "../datasets"})[1]
-    (absolute / "config").symlink_to(root / "train.py")
+    (absolute / "config").symlink_to(absolute.parents[2] / "train.py")
     _git(absolute, "add", "config")
     (tmp_path / "other" / "ws" / "datasets").mkdir()
     reach_outside(absolute.parents[2], absolute, lambda _: None)
