@@ -36,11 +36,8 @@ Never an int wider than 64 bits. Values as JSON holds them (child/parsed_args.py
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
 import os
 import re
-import socket
 import time
 import types
 from typing import Any, Callable, Mapping
@@ -50,10 +47,10 @@ from cascade_repro.child.parsed_args import MAX_ITEMS, MAX_VALUES, safe_value
 MAX_TEXT = 200
 MAX_LIST = 16
 MAX_OBJECTS = 4
-_CONFIGURATION_NAME = re.compile(
-    r"(cfg|conf|config|configuration|args|arguments|hparams|hyperparameters|params|parameters|settings"
-    r"|options|opts)$",
-    re.IGNORECASE,
+# (patterns as text: compiled by `re` at their first use, not at every child's start)
+_CONFIGURATION_NAME = (
+    r"(?i)(cfg|conf|config|configuration|args|arguments|hparams|hyperparameters|params|parameters|settings"
+    r"|options|opts)$"
 )
 _SCALARS = (type(None), bool, int, float, str)
 _CLOCKS: tuple[tuple[Callable[[], int], int], ...] = tuple(
@@ -61,9 +58,8 @@ _CLOCKS: tuple[tuple[Callable[[], int], int], ...] = tuple(
 )  # each clock as the child began (bootstrap imports this module before the script runs)
 
 
-_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
-_BETWEEN_DIGITS = re.compile(r"(?<=\d)[-_./: T](?=\d)")  # 2026-12-06T19:14 reads 202612061914
-_DIGITS = re.compile(r"\d+")
+_UUID = r"(?i)[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+_BETWEEN_DIGITS = r"(?<=\d)[-_./: T](?=\d)"  # 2026-12-06T19:14 reads 202612061914
 MAX_DAYS = 62  # a run's days whose dates are looked for (a longer run: its last ones)
 MIN_HOST = 8  # a host's name shorter than this is not looked for (`ubuntu` is a user's too)
 
@@ -72,6 +68,9 @@ class _ThisRun:
     """What only this run has: its clocks' windows, its days, its process id, its host's name."""
 
     def __init__(self) -> None:
+        import datetime  # (here, once a script is read, not at every child's start: ~5 ms with socket)
+        import socket
+
         self.windows = [(began, clock()) for clock, began in _CLOCKS]
         began_s, now_s = (moment // 10**9 for moment in self.windows[0])
         self.seconds = range(began_s, now_s + 1)
@@ -99,12 +98,12 @@ class _ThisRun:
             return False
         if self.pid is not None and self.pid.search(text) is not None:
             return True
-        for digits in _DIGITS.findall(_BETWEEN_DIGITS.sub("", text)):
+        for digits in re.findall(r"\d+", re.sub(_BETWEEN_DIGITS, "", text)):
             if digits[:6] in self.short_dates or (len(digits) >= 10 and int(digits[:10]) in self.seconds):
                 return True
             if len(digits) >= 8 and any(digits[i : i + 8] in self.dates for i in range(len(digits) - 7)):
                 return True
-        return _UUID.search(text) is not None
+        return re.search(_UUID, text) is not None
 
 
 def simple_globals(namespace: Mapping[str, Any]) -> dict[str, Any]:
@@ -156,9 +155,8 @@ def _attributes(value: Any) -> dict[str, Any] | None:
         kind = value if isinstance(value, type) else type(value)
         if kind.__module__ != "__main__" or any(c.__module__ != "__main__" for c in kind.__mro__[:-1]):
             return None  # (not the script's own, or on a library's base: a model, a dataset)
-        if not (dataclasses.is_dataclass(kind) and kind is not value) and not _CONFIGURATION_NAME.search(
-            kind.__name__
-        ):  # fmt: skip
+        dataclass = hasattr(kind, "__dataclass_fields__") and kind is not value  # (is_dataclass's test)
+        if not dataclass and not re.search(_CONFIGURATION_NAME, kind.__name__):
             return None
         attributes: dict[str, Any] = {}
         for each in reversed(kind.__mro__[:-1]):
