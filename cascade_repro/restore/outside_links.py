@@ -107,6 +107,8 @@ def _link_beside(workdir: Path, ours: Path, root: Path, landing: str, from_check
     except FileExistsError:  # (ours already, from an earlier restore or one beside this one)
         if not (ours_link.is_symlink() and os.readlink(ours_link) == beside_checkout):
             return f"{cannot}: {ours_link} is taken ({way_out})"
+    except OSError as exc:  # (a full or read-only disk: the restore goes on, the link is said)
+        return f"{cannot}: {ours_link} could not be made ({exc.strerror or exc}; {way_out})"
     return None
 
 

@@ -21,10 +21,11 @@ def _git(cwd: Path, *args: str) -> None:
                    capture_output=True)  # fmt: skip
 
 
-def _checkout_with_links(base: Path, links: dict[str, str]) -> tuple[Path, Path]:
-    """A checkout at base/ws/proj with `links` committed, and its restore worktree."""
+def _checkout_with_links(base: Path, links: dict[str, str], made: bool = False) -> tuple[Path, Path]:
+    """A checkout at base/ws/proj with `links` committed, and its restore worktree (`made`: the
+    checkout's directory is there already)."""
     root = base / "ws" / "proj"
-    root.mkdir(parents=True)
+    root.mkdir(parents=True, exist_ok=made)
     _git(root, "init", "-q")
     (root / "train.py").write_text("print(1)\n")
     for link, target in links.items():
@@ -33,7 +34,7 @@ def _checkout_with_links(base: Path, links: dict[str, str]) -> tuple[Path, Path]
     _git(root, "add", "-A")
     _git(root, "commit", "-qm", "links")
     workdir = root / ".cascade" / "restore" / "v1"
-    workdir.parent.mkdir(parents=True)
+    workdir.parent.mkdir(parents=True, exist_ok=made)
     _git(root, "worktree", "add", "-q", "--detach", str(workdir), "HEAD")
     return root, workdir
 
@@ -124,3 +125,19 @@ def test_no_link_of_ours_leads_into_the_checkout_or_what_holds_it(tmp_path: Path
     reach_outside(root, workdir, said.append)
     assert sorted(p.name for p in workdir.parent.iterdir()) == ["v1"], said
     assert len(said) == 2 and all("cannot reach it" in s for s in said), said
+
+
+def test_a_link_that_cannot_be_made_is_said_and_the_restore_goes_on(tmp_path: Path) -> None:
+    """From the reread: a full or read-only disk where the link of ours goes raised out of the restore
+    (an OSError other than FileExistsError), which then discarded the worktree it had just made."""
+    from tests.faults.helpers import small_tmpfs
+
+    (tmp_path / "ws" / "datasets").mkdir(parents=True)
+    root = tmp_path / "ws" / "proj"
+    with small_tmpfs(root / ".cascade" / "restore", "16m") as ours:
+        _, workdir = _checkout_with_links(tmp_path, {"data": "../datasets"}, made=True)
+        subprocess.run(["mount", "-o", "remount,ro", str(ours)], check=True)  # a real EROFS
+        said: list[str] = []
+        reach_outside(root, workdir, said.append)
+        assert len(said) == 1 and "could not be made (Read-only file system" in said[0], said
+        assert not os.path.lexists(ours / "datasets")
