@@ -163,14 +163,14 @@ def real_directory(root: Path, relative: str, what: str) -> Path:
         if part == ".." or not (candidate.is_dir() or candidate.is_symlink() or _mkdir(candidate)):
             raise UnsafeRecord(f"unsafe record: {what} leads out of {root} ({relative})")
         resolved = Path(os.path.realpath(candidate))
-        if not _within(resolved, real_root):
+        if not within(resolved, real_root):
             link = candidate.relative_to(real_root)
             raise UnsafeRecord(
                 f"unsafe record: {what} would be written through the symlink {link} → {resolved}, "
                 f"outside {root}",
                 hint=f"nothing was written outside {root}; check the symlinks there",
             )
-        if _within(resolved, git_dir):  # a symlink in the worktree to its .git
+        if within(resolved, git_dir):  # a symlink in the worktree to its .git
             raise UnsafeRecord(f"unsafe record: {what} would be written into {git_dir} through {part}")
         if not resolved.is_dir():
             raise UnsafeRecord(f"unsafe record: {what} goes through {resolved}, which is not a directory")
@@ -212,7 +212,7 @@ def make_symlink(root: Path, relative: str, target: str, what: str) -> Path:
     refuse_git_dir(relative, what)
     directory = real_directory(root, posixpath.dirname(relative), what)
     real_root = Path(os.path.realpath(root))
-    if target.startswith("/") or not _within(Path(os.path.realpath(directory / target)), real_root):
+    if target.startswith("/") or not within(Path(os.path.realpath(directory / target)), real_root):
         raise UnsafeRecord(f"unsafe record: the symlink {relative} would point outside {root} ({target})")
     link = directory / posixpath.basename(relative)
     os.symlink(target, link)
@@ -224,12 +224,14 @@ def refuse_links_out(root: Path, relatives: Iterable[str]) -> None:
     real_root = Path(os.path.realpath(root))
     for relative in relatives:
         path = root / relative
-        if path.is_symlink() and not _within(Path(os.path.realpath(path)), real_root):
+        if path.is_symlink() and not within(Path(os.path.realpath(path)), real_root):
             raise UnsafeRecord(f"unsafe record: the patch made {relative} a symlink out of the worktree "
                                f"({os.readlink(path)})")  # fmt: skip
 
 
-def _within(path: Path, root: Path) -> bool:
+def within(path: Path | str, root: Path | str) -> bool:
+    """Whether `path` is `root` or below it, as written (resolve both first where links count)."""
+    path, root = Path(path), Path(root)
     return path == root or root in path.parents
 
 

@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Callable, Iterator
 
-from cascade_repro.confined import SYMLINK_MODE
+from cascade_repro.confined import SYMLINK_MODE, within
 from cascade_repro.settings import ProjectPaths
 from cascade_repro.store import git_repo
 
@@ -42,10 +42,10 @@ def reach_outside(root: Path, workdir: Path, notify: Callable[[str], None]) -> N
             continue
         from_worktree = os.path.normpath(os.path.join(workdir, os.path.dirname(link), target))
         from_checkout = os.path.normpath(os.path.join(root, os.path.dirname(link), target))
-        if _inside(from_worktree, str(workdir)) or not os.path.exists(from_checkout):
+        if within(from_worktree, str(workdir)) or not os.path.exists(from_checkout):
             continue  # (inside, or dangling in the checkout too)
         reached = os.path.realpath(from_checkout)
-        if _inside(reached, os.path.realpath(root)):
+        if within(reached, os.path.realpath(root)):
             continue  # (out and back into the repository: its own files)
         problem = None
         if os.path.realpath(from_worktree) != reached:  # (--workdir beside the checkout: it does already)
@@ -73,7 +73,7 @@ def _into_the_checkout(root: Path, workdir: Path, links: list[tuple[str, str]]) 
         if os.path.isabs(target):
             continue
         real = os.path.realpath(workdir / link)
-        if _inside(real, real_root) and not _inside(real, restores):
+        if within(real, real_root) and not within(real, restores):
             found.append(link)
     return found
 
@@ -94,13 +94,13 @@ def _link_beside(workdir: Path, ours: Path, root: Path, landing: str, from_check
     """A link of ours where `landing` (beside the worktree) begins, to the same place beside the
     checkout, where the link lands at the same path below each; why there is none otherwise."""
     cannot, way_out = CANNOT, WAY_OUT
-    below = os.path.relpath(landing, ours) if workdir.parent == ours and _inside(landing, str(ours)) else None
+    below = os.path.relpath(landing, ours) if workdir.parent == ours and within(landing, str(ours)) else None
     if below is None or below == "." or below != os.path.relpath(from_checkout, root.parent):
         return f"{cannot} ({way_out})"  # (a worktree elsewhere, a link climbing further)
     name = Path(below).parts[0]
     ours_link, beside_checkout = ours / name, str(root.parent / name)
     real_root, beside_real = os.path.realpath(root), os.path.realpath(beside_checkout)
-    if name.startswith(".") or _inside(beside_real, real_root) or _inside(real_root, beside_real):
+    if name.startswith(".") or within(beside_real, real_root) or within(real_root, beside_real):
         return f"{cannot} ({way_out})"  # (never the checkout, what holds it or is in it; no hidden entry)
     try:
         os.symlink(beside_checkout, ours_link)
@@ -126,6 +126,3 @@ def _committed_links(workdir: Path) -> Iterator[tuple[str, str]]:
         except OSError:  # (not a link in the worktree: the patch replaced it)
             continue
 
-
-def _inside(path: str, directory: str) -> bool:
-    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
