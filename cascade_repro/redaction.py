@@ -48,6 +48,7 @@ _COMPOUND_ENDINGS = ("apikey", "token", "secret", "password", "passwd", "passphr
 _ANY_WORDS = frozenset({"webhook"})  # --slack-webhook-url: the URL is the secret
 _NOT_SECRET_TOKENS = frozenset({"pad", "bos", "eos", "unk", "sep", "cls", "mask", "special", "start", "end"})
 _WORD_SPLIT = re.compile(r"[^a-z0-9]+")
+_CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")  # dbPwd, APIKey
 _BARE_ASSIGNMENT = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.\-/]*=")  # name=value, hydra's +a.b=v / ++a.b=v
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s/?#]*")  # scheme://authority
 _QUERY_VALUE = re.compile(r"(?<=[?&;])([A-Za-z0-9_.\-\[\]]+)=([^&#;\s]*)")
@@ -59,8 +60,9 @@ def secret_variable(name: str) -> bool:
 
 
 def secret_option(name: str) -> bool:
-    """Whether an option or key name holds a secret: --api-key, --hfToken, db.password, SECRET_KEY."""
-    words = [w for w in _WORD_SPLIT.split(name.lower()) if w]
+    """Whether an option or key name holds a secret: --api-key, --hfToken, db.password, SECRET_KEY.
+    A camelCase name is read word by word, as a kebab-case one (--dbPwd as --db-pwd)."""
+    words = [w for w in _WORD_SPLIT.split(_CAMEL_BOUNDARY.sub("_", name).lower()) if w]
     if not words or words[0] == "no":  # --no-auth is a flag
         return False
     last = words[-1]

@@ -112,3 +112,17 @@ def test_restore_names_one_variable_per_redacted_value_and_fills_them() -> None:
     del values["CASCADE_SECRET_ARGUMENT_5"]
     filled, missing = fill_argv(recorded, values)
     assert filled[4] == "https://u:<redacted>@h/x?token=v4" and missing == ["CASCADE_SECRET_ARGUMENT_5"]
+
+
+def test_camel_case_names_are_read_word_by_word() -> None:
+    """`--dbPwd` and `--githubPat` were recorded in the clear (one word, "dbpwd", to the rules), and
+    `--padToken`, a tokenizer's token, was redacted: a camelCase name is split into its words as a
+    kebab-case one is."""
+    secret = ["--dbPwd", "--githubPat", "dbPwd", "hfPat", "--apiKey", "--hfToken", "privateKeyPem",
+              "--dbPassword", "--accessToken", "--slackWebhookUrl", "--DB_PWD", "--APIKey"]
+    assert [n for n in secret if not secret_option(n)] == []
+    plain = ["--padToken", "--eosToken", "--excludePat", "--keyFile", "--privateKeyPath", "--publicKeyPem",
+             "--startPwd", "--maxPatience", "--useAuthorName", "--PWD", "--PAT"]
+    assert [n for n in plain if secret_option(n)] == []
+    assert redact_argv(["train.py", "--dbPwd", "hunter2", "--githubPat=ghp_x"]) == [
+        "train.py", "--dbPwd", MARKER, f"--githubPat={MARKER}"]
