@@ -98,7 +98,7 @@ def rerun_outputs(workdir: Path, plan: RestorePlan, state: Mapping[str, Any]) ->
         placed = marker.get("inputs")  # (a resume checkpoint placed for it, saved over before the kill)
         if isinstance(placed, dict):
             written_over = [rel for rel in _input_paths(plan) if rel in placed and rel not in aside
-                            and _stamp(workdir / rel) != placed[rel]]  # fmt: skip
+                            and rel not in remove and _stamp(workdir / rel) != placed[rel]]  # fmt: skip
             aside += written_over
     return remove, aside
 
@@ -159,7 +159,9 @@ def check_reusable(root: Path, workdir: Path, plan: RestorePlan) -> tuple[Mappin
             hint=refuse_hint,
         )
     now = state_fingerprint(workdir)
-    if recorded.get("rerun") == "started" and _only_added(recorded.get("state") or {}, now):
+    inputs = recorded.get("inputs")
+    placed = set(map(str, inputs)) if isinstance(inputs, dict) else set()
+    if recorded.get("rerun") == "started" and _only_added(recorded.get("state") or {}, now, placed):
         return now, True  # a re-run cut short (the restore was killed): new files besides
     if now != recorded.get("state"):
         changed = _changed_paths(recorded.get("state") or {}, now)
@@ -170,12 +172,14 @@ def check_reusable(root: Path, workdir: Path, plan: RestorePlan) -> tuple[Mappin
     return now, False
 
 
-def _only_added(before: Mapping[str, Any], now: Mapping[str, Any]) -> bool:
-    """The same commit and tracked changes, every untracked file as it was, and only new ones besides."""
+def _only_added(before: Mapping[str, Any], now: Mapping[str, Any], placed: set[str]) -> bool:
+    """The same commit and tracked changes, every untracked file as it was, and only new ones besides;
+    an input `placed` for the cut re-run (untracked, not ignored) may have been written over by it (it
+    is moved aside and placed again: `rerun_outputs`)."""
     if (before.get("commit"), before.get("patch_sha256")) != (now.get("commit"), now.get("patch_sha256")):
         return False
     files_now = {p: h for p, h in now.get("untracked") or []}
-    return all(files_now.get(p) == h for p, h in before.get("untracked") or [])
+    return all(files_now.get(p) == h for p, h in before.get("untracked") or [] if p not in placed)
 
 
 def _changed_paths(before: Mapping[str, Any], now: Mapping[str, Any]) -> str:

@@ -575,3 +575,70 @@ def test_a_run_resumed_from_a_checkpoint_it_saved_over_restores_again_and_withou
     assert code == 0, stderr
     placed = fresh / "ckpt" / "last.pt"  # as the run read it: the printed command re-runs from there
     assert hashlib.sha256(placed.read_bytes()).hexdigest() == read["sha256"], read
+
+
+APPENDS = """
+import os
+import time
+
+import torch
+
+torch.manual_seed(open("state.txt").read().count("\\n"))  # what the run starts from: this file as it is
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+with open("state.txt", "a") as f:
+    f.write("ran\\n")
+if os.path.exists({flag!r}):
+    open("hold", "w").write(str(os.getpid()))
+    time.sleep(120)
+"""
+
+
+def test_an_untracked_input_a_killed_rerun_wrote_over_is_placed_again(project: Project) -> None:
+    """Left from the last stop, tried with an untracked file that is not ignored: a script reads
+    state.txt and appends to it (its bytes as read are kept in DVC). Restored twice, each re-run starts
+    from the bytes the run read. But a restore killed after its re-run appended left the worktree
+    unusable: the next one refused it ("modified since the last restore (untracked: hold,
+    state.txt)"); only ignored inputs written over were moved aside. Now an untracked one is too, and
+    it is placed again."""
+    import os
+    import signal
+
+    from tests.faults.helpers import process_gone
+    from tests.plugin import CASCADE
+
+    flag = project.root.parent / "hold-after-append"
+    project.write("appends.py", APPENDS.format(flag=str(flag)))
+    project.cascade("init", check=True)  # (DVC keeps the bytes it read, which it then wrote over)
+    project.commit("a script that appends to its state file")
+    project.write("state.txt", "one\n")  # untracked, not ignored: in the record
+    project.record("--tag", "s1", "appends.py")
+    worktree = project.root / ".cascade" / "restore" / "s1"
+    for attempt in range(2):  # the second reuses the worktree the first re-run wrote in
+        code, data, stderr = _restore(project, "s1")
+        assert code == 0, stderr
+        assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL", (attempt, data["verdict"]["summary"])
+        assert (worktree / "state.txt").read_text() == "one\nran\n"  # (the re-run appended once)
+
+    flag.write_text("")  # a restore killed after its re-run appended
+    killed = subprocess.Popen([*CASCADE, "restore", "s1"], cwd=project.root, text=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not ((worktree / "hold").exists() and (worktree / "hold").read_text()):
+        assert killed.poll() is None and time.monotonic() < deadline, "the restore's re-run never held"
+        time.sleep(0.1)
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.wait(timeout=30)
+    assert process_gone(int((worktree / "hold").read_text()), 30), "the re-run outlived its restore"
+    flag.unlink()
+    code, data, stderr = _restore(project, "s1")
+    assert code == 0, stderr
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL", data["verdict"]["summary"]
+    assert (worktree / "state.txt").read_text() == "one\nran\n"  # placed again, appended to once
+    (aside,) = (project.root / ".cascade" / "set-aside").iterdir()  # the cut re-run's, kept
+    assert sorted(p.name for p in aside.iterdir()) == ["hold", "state.txt"]
+    assert (aside / "state.txt").read_text() == "one\nran\n" and str(aside) in " ".join(stderr.split())
