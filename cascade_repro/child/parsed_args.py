@@ -60,7 +60,7 @@ def watch(argparse: ModuleType, note: Note) -> None:
             state.depth = depth
         if depth == 0 and not getattr(self, NOT_THE_SCRIPTS, False) and _own_command_line(args, left_over):
             try:
-                _note(result, noted, left_over, note)
+                _note(self, result, noted, left_over, note)
             except Exception:  # noting must never change what the script does
                 pass
         return result
@@ -69,15 +69,30 @@ def watch(argparse: ModuleType, note: Note) -> None:
     parser_class.parse_known_args = parse_known_args
 
 
-def _note(result: Any, noted: dict[str, Any], left_over: list[Any], note: Note) -> None:
+def _note(parser: Any, result: Any, noted: dict[str, Any], left_over: list[Any], note: Note) -> None:
     namespace, rest = result
     if isinstance(rest, list) and len(left_over) < MAX_LINES:
         left_over.append(rest)  # the script may hand it to its next parser (timm)
-    merged = {**noted, **values(namespace)}
+    made = _defaults_made_for_this_run(parser, namespace)
+    merged = {**noted, **{name: value for name, value in values(namespace).items() if name not in made}}
     if merged != noted:
         noted.clear()
         noted.update(list(merged.items())[:MAX_VALUES])
         note(dict(noted))
+
+
+def _defaults_made_for_this_run(parser: Any, namespace: Any) -> set[str]:
+    """The names whose value is the parser's own default (the very object: nothing typed) made for this
+    run alone (`default=time.strftime(...)`, a pid, a clock reading: child/script_globals.py), which
+    would make two runs of one command differ in params. A value typed on the command line is kept."""
+    defaults = {action.dest: action.default for action in getattr(parser, "_actions", ())}
+    given = {name: value for name, value in vars(namespace).items()
+             if value is not None and name in defaults and value is defaults[name]}  # fmt: skip
+    if not given:
+        return set()
+    from cascade_repro.child.script_globals import made_for_this_run  # (it imports this module)
+
+    return made_for_this_run(given)
 
 
 def _own_command_line(args: Sequence[str] | None, left_over: list[Any]) -> bool:

@@ -118,6 +118,16 @@ def simple_globals(namespace: Mapping[str, Any]) -> dict[str, Any]:
     return {name: safe_value(value) for name, value in list(simple.items())[:MAX_VALUES]}
 
 
+def made_for_this_run(named: Mapping[str, Any]) -> set[str]:
+    """The names of the strings and numbers among `named` made for this run alone (its dates, clock
+    readings, pid, host): what `simple_globals` leaves out of the globals."""
+    run = _ThisRun()
+    # (`collected`: a string long or of many lines is no reason here, only what it holds)
+    kinds = (str, int, float)
+    return {name for name, value in named.items()
+            if any(type(value) is kind for kind in kinds) and not _simple(value, run, True)}  # fmt: skip
+
+
 def _configuration_objects(namespace: Mapping[str, Any], run: _ThisRun) -> dict[str, Any]:
     """{name.attribute: value} of the configuration objects among the globals (module docstring)."""
     found: dict[str, Any] = {}
@@ -153,6 +163,8 @@ def _attributes(value: Any) -> dict[str, Any] | None:
         return dict(vars(value))
     try:
         kind = value if isinstance(value, type) else type(value)
+        if kind.__mro__[1:] == (tuple, object) and kind.__module__ == "__main__" and hasattr(kind, "_fields"):
+            return _named_tuple_fields(value, kind)
         if kind.__module__ != "__main__" or any(c.__module__ != "__main__" for c in kind.__mro__[:-1]):
             return None  # (not the script's own, or on a library's base: a model, a dataset)
         dataclass = hasattr(kind, "__dataclass_fields__") and kind is not value  # (is_dataclass's test)
@@ -167,6 +179,15 @@ def _attributes(value: Any) -> dict[str, Any] | None:
         return attributes
     except Exception:  # (an object whose class lies about itself)
         return None
+
+
+def _named_tuple_fields(value: Any, kind: type) -> dict[str, Any] | None:
+    """A named tuple's fields: an instance's values, or a configuration-named class's defaults."""
+    if kind is not value:
+        return dict(zip(kind._fields, value, strict=False))  # type: ignore[attr-defined]
+    if not re.search(_CONFIGURATION_NAME, kind.__name__):
+        return None
+    return dict(kind._field_defaults)
 
 
 def _collected(namespace: Mapping[str, Any], simple: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -65,6 +65,40 @@ def test_the_first_top_level_parse_of_the_command_line_is_noted_with_its_subcomm
     assert len(notes) == 1
 
 
+def test_a_default_made_from_the_clock_is_left_out_and_the_same_value_typed_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Left from the last stop: `default=time.strftime(...)` (a run directory named by the time) made
+    two runs of the same command differ in params, which `verify` then names as a likely cause. A
+    parser's own default made for this run is left out, as such globals are; what the user typed is
+    kept, even a date."""
+    import os
+    import time
+
+    stamp = time.strftime("runs/%Y%m%d-%H%M%S")
+    parser_class, notes = _watch(monkeypatch, ["train.py", "--lr", "0.5", "--tag", time.strftime("%Y-%m-%d")])
+    cli = parser_class()
+    cli.add_argument("--lr", type=float, default=0.1)
+    cli.add_argument("--out_dir", default=stamp)
+    cli.add_argument("--seed", type=int, default=time.time_ns())
+    log = f"train-{os.getpid()}.log"  # (a pid of 4 digits or more: a token of its own)
+    cli.add_argument("--log", default=log)
+    cli.add_argument("--tag", default="none")
+    cli.add_argument("--name", default="baseline")
+    prompt = "a long prompt of many lines\n" * 20  # (kept: only what a value holds counts)
+    cli.add_argument("--prompt", default=prompt)
+    cli.parse_args()
+    (noted,) = notes
+    pid_kept = {} if os.getpid() >= 1000 else {"log": log}
+    typed_date = time.strftime("%Y-%m-%d")
+    assert noted == {"lr": 0.5, "tag": typed_date, "name": "baseline", "prompt": prompt} | pid_kept
+    typed_class, typed_notes = _watch(monkeypatch, ["train.py", "--out_dir", stamp])
+    typed = typed_class()
+    typed.add_argument("--out_dir", default="runs/x")
+    typed.parse_args()
+    assert typed_notes == [{"out_dir": stamp}]
+
+
 def test_a_refused_parse_notes_nothing_and_an_explicit_argv_counts(
     watched: tuple[type[argparse.ArgumentParser], list[dict[str, Any]]],
 ) -> None:

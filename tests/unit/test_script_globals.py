@@ -123,6 +123,28 @@ def test_configuration_objects_are_read_and_other_objects_are_not() -> None:
     assert simple_globals(namespace) == expected
 
 
+def test_a_named_tuple_configuration_is_read() -> None:
+    """Left from the last stop: `class Hyperparameters(NamedTuple)` was not read (its `tuple` base
+    counted as a library's). Its fields are read, an instance's values or the class's defaults; a
+    named tuple that is no configuration (a point) is read as a dataclass instance would be."""
+    from typing import NamedTuple
+
+    class Hyperparameters(NamedTuple):
+        lr: float = 3e-4
+        batch: int = 8
+
+    class Point(NamedTuple):
+        x: int
+        y: int
+
+    for kind in (Hyperparameters, Point):
+        kind.__module__ = "__main__"
+    assert simple_globals({"args": Hyperparameters(batch=16), "origin": Point(0, 1)}) == {
+        "args.lr": 3e-4, "args.batch": 16, "origin.x": 0, "origin.y": 1}
+    assert simple_globals({"Hyperparameters": Hyperparameters, "Point": Point}) == {
+        "Hyperparameters.lr": 3e-4, "Hyperparameters.batch": 8}
+
+
 def test_a_dict_that_collects_most_of_the_scripts_own_globals_is_the_configuration() -> None:
     namespace = {
         "lr": 0.002, "batch": 4, "accumulation": 5, "start": "\n",
