@@ -166,10 +166,12 @@ def _first_loss_difference(a: Sequence[dict[str, Any]], b: Sequence[dict[str, An
 
 
 def _step_differences(x: dict[str, Any], y: dict[str, Any]) -> list[FacetDifference]:
+    if x == y:  # (equal records: nothing differs; records parsed because their text was not alike)
+        return []
     out: list[FacetDifference] = []
     for facet in FACETS:
         left, right = x.get(facet), y.get(facet)
-        if _not_compared(facet, x, y):
+        if left == right or _not_compared(facet, x, y):  # (an equal facet is no difference whatever it is)
             continue
         if facet == "loss":
             if _loss_bits(left) != _loss_bits(right):
