@@ -61,18 +61,35 @@ def secret_variable(name: str) -> bool:
 
 def secret_option(name: str) -> bool:
     """Whether an option or key name holds a secret: --api-key, --hfToken, db.password, SECRET_KEY.
-    A camelCase name is read word by word, as a kebab-case one (--dbPwd as --db-pwd)."""
-    words = [w for w in _WORD_SPLIT.split(_CAMEL_BOUNDARY.sub("_", name).lower()) if w]
-    if not words or words[0] == "no":  # --no-auth is a flag
+    A camelCase name counts as its lowercase whole (--apiKey as --apikey, --passPhrase as --passphrase)
+    and, for the names that are secret only after another word, as its words (--dbPwd as --db-pwd,
+    privateKeyPem, --slackWebhookUrl); its words also tell a tokenizer's token (--padToken). `--sortKey`
+    and `--byPass` stay plain, as one word each."""
+    words = _words(name.lower())
+    camel = _words(_CAMEL_BOUNDARY.sub("_", name).lower())
+    if not words or words[0] == "no" or camel[0] == "no":  # --no-auth, --noAuth: flags
         return False
+    for split in (words, camel):
+        if split[-1] == "token" and len(split) > 1 and split[-2] in _NOT_SECRET_TOKENS:
+            return False  # --pad-token, --padToken: a tokenizer's token
+    if _qualified(words) or _qualified(camel):
+        return True
     last = words[-1]
-    if last == "token" and len(words) > 1 and words[-2] in _NOT_SECRET_TOKENS:
-        return False
-    qualified = last in _QUALIFIED_LAST_WORDS and len(words) > 1 and words[-2] not in _NOT_QUALIFYING
-    pem = last == "pem" and len(words) > 1 and words[-2] == "key" and "public" not in words
-    if qualified or pem:
-        return True  # (a key's PEM text: private_key_pem; --cert-pem is a certificate, --pem-file a path)
-    return last in _LAST_WORDS or last.endswith(_COMPOUND_ENDINGS) or any(w in _ANY_WORDS for w in words)
+    named = any(w in _ANY_WORDS for w in words + camel)
+    return last in _LAST_WORDS or last.endswith(_COMPOUND_ENDINGS) or named
+
+
+def _words(name: str) -> list[str]:
+    return [w for w in _WORD_SPLIT.split(name) if w]
+
+
+def _qualified(words: list[str]) -> bool:
+    """A last word secret only after another (GITHUB_PAT, db_pwd) or a key's PEM text (private_key_pem;
+    --cert-pem is a certificate, --pem-file a path)."""
+    last = words[-1]
+    if last in _QUALIFIED_LAST_WORDS:
+        return len(words) > 1 and words[-2] not in _NOT_QUALIFYING
+    return last == "pem" and len(words) > 1 and words[-2] == "key" and "public" not in words
 
 
 def is_redacted(value: Any) -> bool:

@@ -119,10 +119,15 @@ def test_camel_case_names_are_read_word_by_word() -> None:
     `--padToken`, a tokenizer's token, was redacted: a camelCase name is split into its words as a
     kebab-case one is."""
     secret = ["--dbPwd", "--githubPat", "dbPwd", "hfPat", "--apiKey", "--hfToken", "privateKeyPem",
-              "--dbPassword", "--accessToken", "--slackWebhookUrl", "--DB_PWD", "--APIKey"]
+              "--dbPassword", "--accessToken", "--slackWebhookUrl", "--DB_PWD", "--APIKey",
+              # (from a review: compounds the words split apart, secret as one word before)
+              "--passPhrase", "--sshPassPhrase", "--webHook", "--slackWebHook", "--passWord", "--PassWd"]
     assert [n for n in secret if not secret_option(n)] == []
     plain = ["--padToken", "--eosToken", "--excludePat", "--keyFile", "--privateKeyPath", "--publicKeyPem",
-             "--startPwd", "--maxPatience", "--useAuthorName", "--PWD", "--PAT"]
+             "--startPwd", "--maxPatience", "--useAuthorName", "--PWD", "--PAT",
+             # (from a review: a camelCase word is not a secret's name on its own, nor is a flag)
+             "--sortKey", "--textKey", "--labelKey", "--byPass", "--firstPass", "--useHTTPAuth", "--noAuth"]
     assert [n for n in plain if secret_option(n)] == []
+    assert redact_argv(["--byPass", "data.csv"]) == ["--byPass", "data.csv"]
     assert redact_argv(["train.py", "--dbPwd", "hunter2", "--githubPat=ghp_x"]) == [
         "train.py", "--dbPwd", MARKER, f"--githubPat={MARKER}"]
