@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import sys
 import threading
 from types import ModuleType
@@ -50,6 +51,7 @@ def watch(argparse: ModuleType, note: Note) -> None:
     state = threading.local()
     noted: dict[str, Any] = {}
     left_over: list[Any] = []
+    dropped: dict[str, Any] = {}  # values left out as made for this run (`_defaults_made_for_this_run`)
 
     def parse_known_args(self: Any, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
         depth = getattr(state, "depth", 0)
@@ -60,7 +62,7 @@ def watch(argparse: ModuleType, note: Note) -> None:
             state.depth = depth
         if depth == 0 and not getattr(self, NOT_THE_SCRIPTS, False) and _own_command_line(args, left_over):
             try:
-                _note(self, result, noted, left_over, note)
+                _note(self, result, noted, left_over, dropped, note)
             except Exception:  # noting must never change what the script does
                 pass
         return result
@@ -69,11 +71,12 @@ def watch(argparse: ModuleType, note: Note) -> None:
     parser_class.parse_known_args = parse_known_args
 
 
-def _note(parser: Any, result: Any, noted: dict[str, Any], left_over: list[Any], note: Note) -> None:
+def _note(parser: Any, result: Any, noted: dict[str, Any], left_over: list[Any], dropped: dict[str, Any],
+          note: Note) -> None:  # fmt: skip
     namespace, rest = result
     if isinstance(rest, list) and len(left_over) < MAX_LINES:
         left_over.append(rest)  # the script may hand it to its next parser (timm)
-    made = _defaults_made_for_this_run(parser, namespace)
+    made = _defaults_made_for_this_run(parser, namespace, dropped)
     merged = {**noted, **{name: value for name, value in values(namespace).items() if name not in made}}
     if merged != noted:
         noted.clear()
@@ -81,18 +84,62 @@ def _note(parser: Any, result: Any, noted: dict[str, Any], left_over: list[Any],
         note(dict(noted))
 
 
-def _defaults_made_for_this_run(parser: Any, namespace: Any) -> set[str]:
-    """The names whose value is the parser's own default (the very object: nothing typed) made for this
-    run alone (`default=time.strftime(...)`, a pid, a clock reading: child/script_globals.py), which
-    would make two runs of one command differ in params. A value typed on the command line is kept."""
-    defaults = {action.dest: action.default for action in getattr(parser, "_actions", ())}
-    given = {name: value for name, value in vars(namespace).items()
-             if value is not None and name in defaults and value is defaults[name]}  # fmt: skip
-    if not given:
-        return set()
-    from cascade_repro.child.script_globals import made_for_this_run  # (it imports this module)
+def _defaults_made_for_this_run(parser: Any, namespace: Any, dropped: dict[str, Any]) -> set[str]:
+    """The names whose value is a default of the parser's (nothing typed) made for this run alone
+    (`default=time.strftime(...)`, a pid, a clock reading: child/script_globals.py), which would make
+    two runs of one command differ in params. A default is an option's (the very object, or its string
+    through the option's type: a Path of it), a sub-command's option's, or `set_defaults`'. A value typed
+    on the command line is kept. `dropped` keeps the values left out for a later parse of the same line
+    (parse_intermixed_args parses twice, its defaults hidden the second time)."""
+    defaults: dict[str, list[Any]] = {}
+    for each in _parsers(parser):
+        for action in getattr(each, "_actions", ()):
+            defaults.setdefault(action.dest, []).append(action.default)
+        for dest, default in dict(getattr(each, "_defaults", None) or {}).items():
+            defaults.setdefault(dest, []).append(default)
+    given: dict[str, Any] = {}
+    made: set[str] = set()
+    for name, value in vars(namespace).items():
+        if value is None:
+            continue
+        if name in dropped and dropped[name] is value:
+            made.add(name)
+            continue
+        default = next((d for d in defaults.get(name, ()) if d is value or _converted(value, d)), None)
+        if default is not None:
+            given[name] = default  # (as the script made it: a Path's string)
+    if given:
+        from cascade_repro.child.script_globals import made_for_this_run  # (it imports this module)
 
-    return made_for_this_run(given)
+        for name in made_for_this_run(given):
+            made.add(name)
+            dropped[name] = getattr(namespace, name, None)
+    return made
+
+
+def _parsers(parser: Any, depth: int = 0) -> list[Any]:
+    """The parser and its sub-commands' parsers, a few levels down."""
+    found = [parser]
+    if depth < 3:
+        for action in getattr(parser, "_actions", ()):
+            choices = getattr(action, "choices", None)
+            if type(action).__name__ == "_SubParsersAction" and isinstance(choices, dict):
+                for sub in list(choices.values())[:100]:
+                    found += _parsers(sub, depth + 1)
+    return found
+
+
+def _converted(value: Any, default: Any) -> bool:
+    """Whether argparse made `value` from the string `default` through the option's type (a Path, a
+    number)."""
+    if type(default) is not str or type(value) is str:
+        return False
+    try:
+        if isinstance(value, os.PathLike):
+            return os.fspath(value) == default
+        return any(type(value) is kind for kind in (int, float)) and str(value) == default
+    except Exception:
+        return False
 
 
 def _own_command_line(args: Sequence[str] | None, left_over: list[Any]) -> bool:

@@ -163,8 +163,10 @@ def _attributes(value: Any) -> dict[str, Any] | None:
         return dict(vars(value))
     try:
         kind = value if isinstance(value, type) else type(value)
-        if kind.__mro__[1:] == (tuple, object) and kind.__module__ == "__main__" and hasattr(kind, "_fields"):
-            return _named_tuple_fields(value, kind)
+        mro = kind.__mro__
+        if len(mro) > 2 and mro[-2] is tuple and hasattr(kind, "_fields") \
+                and all(c.__module__ == "__main__" for c in mro[:-2]):  # fmt: skip
+            return _named_tuple_fields(value, kind)  # (a NamedTuple, a class on a namedtuple())
         if kind.__module__ != "__main__" or any(c.__module__ != "__main__" for c in kind.__mro__[:-1]):
             return None  # (not the script's own, or on a library's base: a model, a dataset)
         dataclass = hasattr(kind, "__dataclass_fields__") and kind is not value  # (is_dataclass's test)

@@ -159,8 +159,8 @@ def check_reusable(root: Path, workdir: Path, plan: RestorePlan) -> tuple[Mappin
             hint=refuse_hint,
         )
     now = state_fingerprint(workdir)
-    inputs = recorded.get("inputs")
-    placed = set(map(str, inputs)) if isinstance(inputs, dict) else set()
+    inputs = recorded.get("inputs")  # (the record's inputs only: the marker is read as any file is)
+    placed = set(map(str, inputs)) & set(_input_paths(plan)) if isinstance(inputs, dict) else set()
     if recorded.get("rerun") == "started" and _only_added(recorded.get("state") or {}, now, placed):
         return now, True  # a re-run cut short (the restore was killed): new files besides
     if now != recorded.get("state"):

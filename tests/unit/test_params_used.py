@@ -75,6 +75,8 @@ def test_a_default_made_from_the_clock_is_left_out_and_the_same_value_typed_is_k
     import os
     import time
 
+    import cascade_repro.child.script_globals  # noqa: F401 (as the child's bootstrap: its clocks began first)
+
     stamp = time.strftime("runs/%Y%m%d-%H%M%S")
     parser_class, notes = _watch(monkeypatch, ["train.py", "--lr", "0.5", "--tag", time.strftime("%Y-%m-%d")])
     cli = parser_class()
@@ -92,6 +94,24 @@ def test_a_default_made_from_the_clock_is_left_out_and_the_same_value_typed_is_k
     pid_kept = {} if os.getpid() >= 1000 else {"log": log}
     typed_date = time.strftime("%Y-%m-%d")
     assert noted == {"lr": 0.5, "tag": typed_date, "name": "baseline", "prompt": prompt} | pid_kept
+    # (from a review) through the option's type, in a sub-command, by set_defaults, in an intermixed parse
+    path_class, path_notes = _watch(monkeypatch, ["train.py", "fit", "--lr", "0.5"])
+    cli = path_class()
+    cli.add_argument("--out", type=Path, default=stamp)
+    cli.add_argument("--stamp", type=int, default=str(time.time_ns()))
+    cli.set_defaults(started=stamp)
+    fit = cli.add_subparsers(dest="command").add_parser("fit")
+    fit.add_argument("--lr", type=float, default=0.1)
+    fit.add_argument("--log_dir", default=stamp)
+    cli.parse_args()
+    assert path_notes == [{"command": "fit", "lr": 0.5}]
+    mixed_class, mixed_notes = _watch(monkeypatch, ["train.py", "a.txt", "--lr", "0.5"])
+    mixed = mixed_class()
+    mixed.add_argument("files", nargs="*")
+    mixed.add_argument("--lr", type=float, default=0.1)
+    mixed.add_argument("--out_dir", default=stamp)
+    mixed.parse_intermixed_args()
+    assert mixed_notes and mixed_notes[-1] == {"files": ["a.txt"], "lr": 0.5}
     typed_class, typed_notes = _watch(monkeypatch, ["train.py", "--out_dir", stamp])
     typed = typed_class()
     typed.add_argument("--out_dir", default="runs/x")

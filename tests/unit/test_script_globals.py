@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import json
@@ -137,10 +138,14 @@ def test_a_named_tuple_configuration_is_read() -> None:
         x: int
         y: int
 
-    for kind in (Hyperparameters, Point):
+    class TrainConfig(collections.namedtuple("TrainConfigBase", "lr steps")):  # (from a review)
+        pass
+
+    for kind in (Hyperparameters, Point, TrainConfig, TrainConfig.__mro__[1]):
         kind.__module__ = "__main__"
-    assert simple_globals({"args": Hyperparameters(batch=16), "origin": Point(0, 1)}) == {
-        "args.lr": 3e-4, "args.batch": 16, "origin.x": 0, "origin.y": 1}
+    namespace = {"args": Hyperparameters(batch=16), "origin": Point(0, 1), "cfg": TrainConfig(0.1, 5)}
+    assert simple_globals(namespace) == {
+        "args.lr": 3e-4, "args.batch": 16, "origin.x": 0, "origin.y": 1, "cfg.lr": 0.1, "cfg.steps": 5}
     assert simple_globals({"Hyperparameters": Hyperparameters, "Point": Point}) == {
         "Hyperparameters.lr": 3e-4, "Hyperparameters.batch": 8}
 
