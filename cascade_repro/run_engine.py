@@ -245,8 +245,9 @@ def _in_image(plan: RunPlan, captured: dict[str, Any]) -> dict[str, Any]:
 
 def image_cache_dir() -> Path:
     """Per-image facts (Python, packages) read once per image ID."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "cascade" / "images"
+    from cascade_repro.store.new_store import user_cache_dir
+
+    return user_cache_dir() / "images"
 
 
 def _store_paths(uri: str) -> list[Path]:

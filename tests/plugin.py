@@ -45,11 +45,13 @@ CASCADE = [sys.executable, "-m", "cascade_repro.cli"]
 
 @pytest.fixture(autouse=True)
 def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """No test sees the developer's HOME, git identity, MLflow or cascade settings."""
+    """No test sees the developer's HOME, git identity, MLflow or cascade settings. The user cache
+    (cascade's empty MLflow store, per-image facts) is the session's own, shared by its tests."""
     home = tmp_path_factory.mktemp("home")
     for name in list(os.environ):
         if name.startswith(("MLFLOW_", "CASCADE_")):
             monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "user-cache"))
     gitconfig = home / ".gitconfig"
     gitconfig.write_text(
         "[user]\n\tname = Test\n\temail = test@example.com\n[init]\n\tdefaultBranch = main\n"

@@ -27,10 +27,11 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from cascade_repro.errors import StoreError
 from cascade_repro.settings import OWN_DIR, sqlite_path, sqlite_uri
+from cascade_repro.store import new_store
 from cascade_repro.store.mlflow_store import first_line
 
 log = logging.getLogger(__name__)
@@ -183,7 +184,7 @@ def _repair(db: Path, state: _State, head: str, known: frozenset[str]) -> None:
         "the MLflow store %s is at revision %s with %s: migrating it to %s (a copy is at %s)",
         db, state.revision, ", ".join(state.leftovers) or "no leftover table", head, backup,
     )  # fmt: skip
-    utils = _mlflow_db_utils()
+    utils = new_store.mlflow_db_utils()
     engine = utils.create_sqlalchemy_engine(uri)
     try:
         with engine.begin() as connection:
@@ -222,15 +223,9 @@ def _build(db: Path) -> None:
     new = _work_dir(db) / f"{db.name}.{os.getpid()}.new"
     _remove(new, new.with_name(new.name + "-journal"))
     try:
-        _mlflow_db_utils()
-        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # alembic's notes on unnamed constraints, for MLflow's developers
-            # Tables, migrations and experiment 0, whose artifacts go where `mlflow ui` beside the
-            # database puts them, whatever this process's working directory.
-            store = SqlAlchemyStore(sqlite_uri(new), str(db.parent / "mlruns"))
-        store.engine.dispose()
+        # Experiment 0's artifacts go where `mlflow ui` beside the database puts them, whatever
+        # this process's working directory.
+        new_store.write(new, db.parent.absolute() / "mlruns", _head_from_files())
         # A journal left by a crashed writer of the old file would be replayed into the new one.
         _remove(*(db.with_name(db.name + suffix) for suffix in ("-journal", "-wal", "-shm")))
         os.replace(new, db)
@@ -242,17 +237,8 @@ def _revisions() -> tuple[str, frozenset[str]]:
     """MLflow's head schema revision and every revision it knows."""
     from alembic.script import ScriptDirectory
 
-    script = ScriptDirectory.from_config(_mlflow_db_utils()._get_alembic_config(""))
+    script = ScriptDirectory.from_config(new_store.mlflow_db_utils()._get_alembic_config(""))
     return script.get_current_head() or "", frozenset(r.revision for r in script.walk_revisions())
-
-
-def _mlflow_db_utils() -> Any:
-    from mlflow.store.db import utils  # importing mlflow sets its loggers' levels: quieten them after
-
-    if not logging.getLogger("cascade_repro").isEnabledFor(logging.DEBUG):
-        logging.getLogger("mlflow").setLevel(logging.WARNING)  # "Creating initial tables..." is noise
-        logging.getLogger("alembic").setLevel(logging.WARNING)
-    return utils
 
 
 @contextlib.contextmanager

@@ -1,0 +1,85 @@
+"""A new embedded store copied from the cached one is the store MLflow itself would have built."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from cascade_repro.store import new_store
+from cascade_repro.store.sqlite_store import _head_from_files
+
+
+def _schema(db: Path) -> dict[str, list[str]]:
+    """Each table's and index's definition, its lines in order: MLflow's own builds in one process
+    write a table's constraints in different orders."""
+    with contextlib.closing(sqlite3.connect(db)) as connection:
+        rows = connection.execute("SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL").fetchall()
+    return {name: sorted(line.strip().rstrip(",") for line in sql.splitlines()) for name, sql in rows}
+
+
+def _rows(db: Path, table: str) -> list[tuple[object, ...]]:
+    with contextlib.closing(sqlite3.connect(db)) as connection:
+        return connection.execute(f'SELECT * FROM "{table}"').fetchall()
+
+
+def _without_times(rows: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
+    return [(row[0], row[1], row[2], row[3], row[6]) for row in rows]  # creation and update times left out
+
+
+@pytest.mark.parametrize("folder", ["plain", "a space", "ünï%20code", "what?#not-a-query"])
+def test_a_copied_store_is_the_one_mlflow_builds(tmp_path: Path, folder: str) -> None:
+    head = _head_from_files()
+    assert head is not None
+    root = tmp_path / folder
+    root.mkdir()
+    by_mlflow, copied = tmp_path / "by-mlflow.db", root / "copied.db"
+    new_store.build_with_mlflow(by_mlflow, root / "mlruns")
+
+    new_store.write(copied, root / "mlruns", head)
+    new_store.write(tmp_path / "second.db", tmp_path / "elsewhere" / "mlruns", head)
+
+    cached = list((Path(os.environ["XDG_CACHE_HOME"]) / "cascade" / "stores").glob("mlflow-*.db"))
+    assert [p.name for p in cached] == [f"mlflow-{_version()}-{head}.db"]
+    assert _schema(copied) == _schema(by_mlflow)
+    for table in ("alembic_version", "workspaces"):
+        assert _rows(copied, table) == _rows(by_mlflow, table)
+    assert _without_times(_rows(copied, "experiments")) == _without_times(_rows(by_mlflow, "experiments"))
+    assert _rows(copied, "experiments")[0][2] == f"{root}/mlruns/0"
+    assert _rows(tmp_path / "second.db", "experiments")[0][2] == f"{tmp_path}/elsewhere/mlruns/0"
+
+
+def test_a_bad_cached_store_is_built_again_and_an_unwritable_cache_is_done_without(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    head = _head_from_files()
+    assert head is not None
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    new_store.write(tmp_path / "first.db", tmp_path / "mlruns", head)
+    (cached,) = (tmp_path / "cache" / "cascade" / "stores").glob("mlflow-*.db")
+    with contextlib.closing(sqlite3.connect(cached)) as connection, connection:
+        connection.execute("INSERT INTO experiments (experiment_id, name, lifecycle_stage) VALUES (7, 'x', 'active')")
+
+    new_store.write(tmp_path / "second.db", tmp_path / "mlruns", head)
+    assert [row[0] for row in _rows(tmp_path / "second.db", "experiments")] == [0]
+    assert [row[0] for row in _rows(cached, "experiments")] == [0]  # the cache was built again
+
+    cached.write_bytes(cached.read_bytes()[:4096])  # truncated
+    new_store.write(tmp_path / "third.db", tmp_path / "mlruns", head)
+    assert _rows(tmp_path / "third.db", "alembic_version") == [(head,)]
+
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    new_store.write(tmp_path / "fourth.db", tmp_path / "mlruns", head)
+    assert _rows(tmp_path / "fourth.db", "alembic_version") == [(head,)]
+    assert _schema(tmp_path / "fourth.db") == _schema(tmp_path / "first.db")
+
+
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("mlflow")
