@@ -8,6 +8,10 @@ TORCH_PIN ?= torch==2.13.0
 # with PYTHONDONTWRITEBYTECODE set (this one) otherwise compiles every module on every start
 # (~0.09 s of each `cascade` command). Stale files after an edit are recompiled as usual.
 COMPILE = $(BIN)/python -m compileall -q cascade_repro
+# The suite runs on this many pytest-xdist workers: one per core, at most 4 (each test starts real
+# training and servers of its own). The Docker suite stays on one worker (its xdist_group).
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
+PYTEST = $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: install install-dev demo test test-fast lint bench clean
 
@@ -32,10 +36,10 @@ demo: install
 
 test: install-dev
 	bash scripts/services.sh
-	$(BIN)/python -m pytest
+	$(PYTEST)
 
 test-fast: install-dev
-	$(BIN)/python -m pytest -m "not slow"
+	$(PYTEST) -m "not slow"
 
 lint: install-dev
 	$(BIN)/ruff check cascade_repro tests benchmarks

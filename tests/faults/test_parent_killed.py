@@ -65,7 +65,9 @@ def _kill_mid_training(project: Project) -> tuple[Background, str]:
     spool = run.run_dir()
     assert spool is not None
     run.wait_for(lambda: (spool / "mlflow_run_id").exists(), "the run to open")
-    time.sleep(2.0)  # capture done, the early record written, some points delivered
+    # Capture done and the early record kept (a fixed sleep was too short on a loaded machine)
+    run.wait_for(lambda: (spool / "run.json").exists(), "the early record")
+    time.sleep(1.0)  # some points delivered
     run.kill()
     return run, "KILLED"
 
@@ -78,7 +80,7 @@ def _kill_during_finish(project: Project) -> tuple[Background, str]:
     spool = run.run_dir()
     assert spool is not None
     # The parent has seen the script end (the spool's outbox says so) and is writing 60,000 points.
-    run.wait_for(lambda: "ended" in json.loads((spool / "delivery.json").read_text()), "the finish")
+    run.wait_for(lambda: "ended" in _ledger(spool), "the finish")
     run.kill()
     return run, "FINISHED"
 
@@ -90,6 +92,14 @@ def _kill_during_push(project: Project) -> tuple[Background, str]:
     run.wait_for(lambda: run.said("to the DVC remote"), "the push")
     run.kill()
     return run, "FINISHED"
+
+
+def _ledger(spool: Path) -> dict[str, object]:
+    """The spool's delivery ledger; empty until the parent first writes it."""
+    try:
+        return dict(json.loads((spool / "delivery.json").read_text()))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
 
 
 MOMENTS = {

@@ -61,7 +61,9 @@ def test_a_bad_cached_store_is_built_again_and_an_unwritable_cache_is_done_witho
     new_store.write(tmp_path / "first.db", tmp_path / "mlruns", head)
     (cached,) = (tmp_path / "cache" / "cascade" / "stores").glob("mlflow-*.db")
     with contextlib.closing(sqlite3.connect(cached)) as connection, connection:
-        connection.execute("INSERT INTO experiments (experiment_id, name, lifecycle_stage) VALUES (7, 'x', 'active')")
+        connection.execute(
+            "INSERT INTO experiments (experiment_id, name, lifecycle_stage) VALUES (7, 'x', 'active')"
+        )
 
     new_store.write(tmp_path / "second.db", tmp_path / "mlruns", head)
     assert [row[0] for row in _rows(tmp_path / "second.db", "experiments")] == [0]
