@@ -5,17 +5,20 @@ before the first run's script may start. What that builds is the same for every 
 one row: experiment 0's artifact location, the `mlruns/0` beside the database (`mlflow ui` puts the
 default experiment's artifacts there). So the first build is kept in the user's cache, keyed by
 MLflow's version and head revision, and each new store is a copy of it with that row written as
-MLflow writes it. A copy that does not check out (a cache truncated or written by hand) is
-replaced by a new build; where the cache cannot be written, MLflow builds the store itself.
+MLflow writes it. A cached store that does not check out (truncated, or holding a row MLflow
+does not write into a new store) is built again; where the cache cannot be written or the copy
+fails, MLflow builds the store itself, as before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import os
 import shutil
 import sqlite3
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -46,8 +49,11 @@ def write(new: Path, artifacts: Path, head: str | None) -> None:
         template = _template(head or "")
         if template is None:
             break
-        if _copy(template, new, artifacts, head or ""):
+        copied = _copy(template, new, artifacts, head or "")
+        if copied is _Copy.DONE:
             return
+        if copied is _Copy.FAILED:  # here, not in the cached store: MLflow builds this one
+            break
         log.warning("the cached empty MLflow store %s does not check out: building it again", template)
         _discard(template)
     build_with_mlflow(new, artifacts)
@@ -84,54 +90,90 @@ def _template(head: str) -> Path | None:
     template = user_cache_dir() / "stores" / f"mlflow-{mlflow_version}-{head}.db"
     if template.is_file():
         return template
-    building = template.with_name(f"{template.name}.{os.getpid()}.new")
+    building: Path | None = None
     try:
         template.parent.mkdir(parents=True, exist_ok=True)
-        _discard(building)
+        handle, name = tempfile.mkstemp(prefix=f"{template.name}.", suffix=".new", dir=template.parent)
+        os.close(handle)  # a name of this process's own, on the cache's disk: writable, or OSError now
+        building = Path(name)
         build_with_mlflow(building, template.parent / "mlruns")
         os.replace(building, template)  # whole or absent, whoever else builds it at the same time
-    except OSError as exc:
-        log.debug("no cached empty store (%s): MLflow builds this one", exc)
+    except Exception as exc:  # a cache full, not ours to write, or a path MLflow cannot spell
+        log.debug("no cached empty store (%s): MLflow builds this one where it goes", exc)
         return None
     finally:
-        _discard(building)
+        if building is not None:
+            _discard(building)
     return template
 
 
-def _copy(template: Path, new: Path, artifacts: Path, head: str) -> bool:
-    """`template` copied to `new` with experiment 0 set for `artifacts`; False (nothing left at `new`)
-    where the copy is not an empty store at `head`."""
+class _Copy(enum.Enum):
+    DONE = "done"
+    BAD = "the cached store is not an empty store at the head revision"
+    FAILED = "writing the copy failed (its disk, its path)"
+
+
+def _copy(template: Path, new: Path, artifacts: Path, head: str) -> _Copy:
+    """`template` copied to `new` with experiment 0 set for `artifacts`; where not DONE, nothing is
+    left at `new`."""
     try:
         shutil.copyfile(template, new)
-        with contextlib.closing(sqlite3.connect(new, timeout=30)) as connection:
-            if not _empty_at(connection, head):
-                _discard(new)
-                return False
-            now = int(time.time() * 1000)
+    except OSError as exc:
+        log.debug("copying the empty store %s failed: %s", template, exc)
+        _discard(new)
+        return _Copy.FAILED
+    try:
+        opened = sqlite3.connect(new, timeout=30)
+    except sqlite3.Error as exc:
+        log.debug("opening the new store %s failed: %s", new, exc)
+        _discard(new)
+        return _Copy.FAILED
+    with contextlib.closing(opened) as connection:
+        try:
+            empty = _empty_at(connection, head)
+        except sqlite3.Error:  # not a database, or not MLflow's tables
+            empty = False
+        if not empty:
+            _discard(new)
+            return _Copy.BAD
+        now = int(time.time() * 1000)
+        try:
             with connection:
                 connection.execute(
                     "UPDATE experiments SET artifact_location = ?, creation_time = ?, last_update_time = ?"
                     " WHERE experiment_id = ?",
                     (f"{artifacts}/{DEFAULT_EXPERIMENT_ID}", now, now, DEFAULT_EXPERIMENT_ID),
                 )  # fmt: skip
-    except (OSError, sqlite3.Error) as exc:
-        log.debug("copying the empty store %s failed: %s", template, exc)
+        except (sqlite3.Error, ValueError) as exc:  # the disk of `new`; a path sqlite cannot take as text
+            log.debug("writing the new store %s failed: %s", new, exc)
+            empty = False
+    if not empty:
         _discard(new)
-        return False
-    return True
+        return _Copy.FAILED
+    return _Copy.DONE
 
 
 def _empty_at(connection: sqlite3.Connection, head: str) -> bool:
-    """An intact store at revision `head` holding experiment 0 alone and no run."""
+    """An intact store at revision `head` holding only the rows MLflow writes into a new one:
+    its revision, experiment 0 and the default workspace."""
     if connection.execute("PRAGMA quick_check").fetchone() != ("ok",):
         return False
-    revisions = connection.execute("SELECT version_num FROM alembic_version").fetchall()
-    experiments = connection.execute("SELECT experiment_id FROM experiments").fetchall()
-    runs = connection.execute("SELECT count(*) FROM runs").fetchone()
-    return revisions == [(head,)] and experiments == [(DEFAULT_EXPERIMENT_ID,)] and runs == (0,)
+    own = {  # (the default workspace: in MLflow versions that have workspaces)
+        "alembic_version": ("SELECT version_num FROM alembic_version", [(head,)]),
+        "experiments": ("SELECT experiment_id FROM experiments", [(DEFAULT_EXPERIMENT_ID,)]),
+        "workspaces": ("SELECT name FROM workspaces", [("default",)]),
+    }
+    tables = [row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    if not {"alembic_version", "experiments", "runs"} <= set(tables):
+        return False
+    for table, (query, rows) in own.items():
+        if table in tables and connection.execute(query).fetchall() != rows:
+            return False
+    others = (table for table in tables if table not in own)
+    return not any(connection.execute(f'SELECT 1 FROM "{table}" LIMIT 1').fetchone() for table in others)
 
 
 def _discard(path: Path) -> None:
     for each in (path, path.with_name(path.name + "-journal")):
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        with contextlib.suppress(OSError):  # gone already, or a cache this process may not change
             each.unlink()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,8 @@ def _without_times(rows: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
 
 
 @pytest.mark.parametrize("folder", ["plain", "a space", "ünï%20code", "what?#not-a-query"])
-def test_a_copied_store_is_the_one_mlflow_builds(tmp_path: Path, folder: str) -> None:
+def test_a_copied_store_is_the_one_mlflow_builds(tmp_path: Path, folder: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     head = _head_from_files()
     assert head is not None
     root = tmp_path / folder
@@ -40,7 +42,11 @@ def test_a_copied_store_is_the_one_mlflow_builds(tmp_path: Path, folder: str) ->
     new_store.build_with_mlflow(by_mlflow, root / "mlruns")
 
     new_store.write(copied, root / "mlruns", head)
+    # From here on MLflow cannot build: the store below is the cached one, copied.
+    monkeypatch.setattr(new_store, "build_with_mlflow", _no_build)
+    before = int(time.time() * 1000)
     new_store.write(tmp_path / "second.db", tmp_path / "elsewhere" / "mlruns", head)
+    after = int(time.time() * 1000)
 
     cached = list((Path(os.environ["XDG_CACHE_HOME"]) / "cascade" / "stores").glob("mlflow-*.db"))
     assert [p.name for p in cached] == [f"mlflow-{_version()}-{head}.db"]
@@ -49,7 +55,9 @@ def test_a_copied_store_is_the_one_mlflow_builds(tmp_path: Path, folder: str) ->
         assert _rows(copied, table) == _rows(by_mlflow, table)
     assert _without_times(_rows(copied, "experiments")) == _without_times(_rows(by_mlflow, "experiments"))
     assert _rows(copied, "experiments")[0][2] == f"{root}/mlruns/0"
-    assert _rows(tmp_path / "second.db", "experiments")[0][2] == f"{tmp_path}/elsewhere/mlruns/0"
+    (second,) = _rows(tmp_path / "second.db", "experiments")
+    assert second[2] == f"{tmp_path}/elsewhere/mlruns/0"
+    assert before <= second[4] == second[5] <= after  # created now, as MLflow would have
 
 
 def test_a_bad_cached_store_is_built_again_and_an_unwritable_cache_is_done_without(
@@ -72,6 +80,7 @@ def test_a_bad_cached_store_is_built_again_and_an_unwritable_cache_is_done_witho
     cached.write_bytes(cached.read_bytes()[:4096])  # truncated
     new_store.write(tmp_path / "third.db", tmp_path / "mlruns", head)
     assert _rows(tmp_path / "third.db", "alembic_version") == [(head,)]
+    assert _rows(cached, "alembic_version") == [(head,)]  # the cache was built again
 
     blocked = tmp_path / "not-a-directory"
     blocked.write_text("")
@@ -85,3 +94,31 @@ def _version() -> str:
     from importlib.metadata import version
 
     return version("mlflow")
+
+
+def test_a_cache_mlflow_cannot_build_in_leaves_nothing_there_and_mlflow_builds_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache disk full, or a cache directory root made (neither can be had for real as root here):
+    SQLAlchemy's own error, not an OSError, used to end `cascade run`."""
+    from sqlalchemy.exc import OperationalError
+
+    head = _head_from_files()
+    assert head is not None
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    build = new_store.build_with_mlflow
+
+    def full_cache(new: Path, artifacts: Path) -> None:
+        if cache in new.parents:
+            raise OperationalError("CREATE TABLE", {}, Exception("database or disk is full"))
+        build(new, artifacts)
+
+    monkeypatch.setattr(new_store, "build_with_mlflow", full_cache)
+    new_store.write(tmp_path / "new.db", tmp_path / "mlruns", head)
+    assert _rows(tmp_path / "new.db", "alembic_version") == [(head,)]
+    assert [p.name for p in (cache / "cascade" / "stores").iterdir()] == []  # no half-built file left
+
+
+def _no_build(new: Path, artifacts: Path) -> None:
+    raise AssertionError(f"MLflow was asked to build {new}")
