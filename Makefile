@@ -9,9 +9,11 @@ TORCH_PIN ?= torch==2.13.0
 # (~0.09 s of each `cascade` command). Stale files after an edit are recompiled as usual.
 COMPILE = $(BIN)/python -m compileall -q cascade_repro
 # The suite runs on this many pytest-xdist workers: one per core, at most 4 (each test starts real
-# training and servers of its own). The Docker suite stays on one worker (its xdist_group).
+# training and servers of its own). A test file stays on one worker (--dist loadfile): the Docker
+# suite's session fixtures share its wheelhouse and remove its images at the end. (loadgroup
+# would do it per group, but pytest-xdist 3.8 cannot rename pytest 9's node ids.)
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
-PYTEST = $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+PYTEST = $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -v
 
 .PHONY: install install-dev demo test test-fast lint bench clean
 

@@ -17,9 +17,9 @@ import pytest
 from tests.docker.conftest import write_docker_project
 from tests.plugin import CASCADE, Project, git
 
-# One worker runs the whole suite under `pytest -n` (--dist loadgroup): its session fixtures share
+# One worker runs the whole file under `make test` (--dist loadfile): its session fixtures share
 # test-artifacts/wheelhouse and remove the project images when that worker ends.
-pytestmark = [pytest.mark.slow, pytest.mark.requires_docker, pytest.mark.xdist_group("docker")]
+pytestmark = [pytest.mark.slow, pytest.mark.requires_docker]
 
 
 def _artifact(project: Project, run_id: str, path: str) -> bytes:
