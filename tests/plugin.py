@@ -46,12 +46,16 @@ CASCADE = [sys.executable, "-m", "cascade_repro.cli"]
 @pytest.fixture(autouse=True)
 def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """No test sees the developer's HOME, git identity, MLflow or cascade settings. The user cache
-    (cascade's empty MLflow store, per-image facts) is the session's own, shared by its tests."""
+    (cascade's empty MLflow store, per-image facts) is the session's own, shared by its tests;
+    MLflow servers start without their job workers."""
     home = tmp_path_factory.mktemp("home")
     for name in list(os.environ):
         if name.startswith(("MLFLOW_", "CASCADE_")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "user-cache"))
+    # Every `mlflow server` the suite starts (tracking servers, `cascade ui`) would start 8 job
+    # workers, each importing MLflow (~20 s of CPU a start), for GenAI jobs no test runs.
+    monkeypatch.setenv("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     gitconfig = home / ".gitconfig"
     gitconfig.write_text(
         "[user]\n\tname = Test\n\temail = test@example.com\n[init]\n\tdefaultBranch = main\n"
