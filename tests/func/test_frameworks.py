@@ -93,9 +93,9 @@ def test_hf_trainer_params_and_evaluate_land_in_the_cascade_run(project: Project
     on_disk = {f"checkpoints/hf/{p.name}" for p in (project.root / "checkpoints" / "hf").iterdir()}
     assert {p for p, c in checkpoints.items() if c["status"] == "kept"} == on_disk and len(on_disk) == 2
     assert all(c["md5"].endswith(".dir") and c["files"] >= 5 for p, c in checkpoints.items() if p in on_disk)
-    remotes = subprocess.run([sys.executable, "-m", "dvc", "remote", "list"], cwd=project.root,
-                             capture_output=True, text=True, check=True).stdout  # fmt: skip
-    remote = Path(remotes.split()[1])
+    # (as DVC has it configured: `dvc remote list` wraps a long path at the terminal's width)
+    name = _dvc_config(project, "core.remote")
+    remote = Path(_dvc_config(project, f"remote.{name}.url"))
     for path in on_disk:  # the listing and every file it names are on the DVC remote
         listing = remote / "files" / "md5" / checkpoints[path]["md5"][:2] / checkpoints[path]["md5"][2:]
         members = json.loads(listing.read_text())
@@ -126,3 +126,8 @@ def test_a_param_logged_again_with_another_value_loses_nothing_of_its_batch(proj
     assert {k: run.data.params.get(k) for k in ("lr", "width", "depth", "script/lr")} == {
         "lr": "0.1", "width": "8", "depth": "3", "script/lr": "0.2"}
     assert run.data.tags["cascade.renamed_params"] == "lr: run 0.1, script 0.2 (as script/lr)"
+
+
+def _dvc_config(project: Project, key: str) -> str:
+    return subprocess.run([sys.executable, "-m", "dvc", "config", key], cwd=project.root,
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
