@@ -29,6 +29,9 @@ from cascade_repro.settings import sqlite_uri
 log = logging.getLogger(__name__)
 
 DEFAULT_EXPERIMENT_ID = 0
+TMP_PREFIX = "_alembic_tmp_"  # alembic's copy of a table while a batch migration rebuilds it
+# Rows MLflow writes into a new store itself; any other row is something a user recorded.
+_OWN_ROWS = {"experiments": " WHERE experiment_id != 0", "workspaces": " WHERE name != 'default'"}
 
 
 def user_cache_dir() -> Path:
@@ -155,22 +158,36 @@ def _copy(template: Path, new: Path, artifacts: Path, head: str) -> _Copy:
 
 def _empty_at(connection: sqlite3.Connection, head: str) -> bool:
     """An intact store at revision `head` holding only the rows MLflow writes into a new one:
-    its revision, experiment 0 and the default workspace."""
+    its revision, experiment 0 and (in MLflow versions that have workspaces) the default workspace."""
     if connection.execute("PRAGMA quick_check").fetchone() != ("ok",):
         return False
-    own = {  # (the default workspace: in MLflow versions that have workspaces)
-        "alembic_version": ("SELECT version_num FROM alembic_version", [(head,)]),
-        "experiments": ("SELECT experiment_id FROM experiments", [(DEFAULT_EXPERIMENT_ID,)]),
-        "workspaces": ("SELECT name FROM workspaces", [("default",)]),
-    }
-    tables = [row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-    if not {"alembic_version", "experiments", "runs"} <= set(tables):
+    listed = connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+    tables = frozenset(row[0] for row in listed)
+    if not {"alembic_version", "experiments", "runs"} <= tables:
         return False
-    for table, (query, rows) in own.items():
-        if table in tables and connection.execute(query).fetchall() != rows:
-            return False
-    others = (table for table in tables if table not in own)
-    return not any(connection.execute(f'SELECT 1 FROM "{table}" LIMIT 1').fetchone() for table in others)
+
+    def rows(query: str) -> list[Any]:
+        return connection.execute(query).fetchall()
+
+    return (
+        rows("SELECT version_num FROM alembic_version") == [(head,)]
+        and rows("SELECT experiment_id FROM experiments") == [(DEFAULT_EXPERIMENT_ID,)]
+        and ("workspaces" not in tables or rows("SELECT name FROM workspaces") == [("default",)])
+        and not holds_records(connection, tables)
+    )
+
+
+def holds_records(connection: sqlite3.Connection, tables: frozenset[str]) -> bool:
+    """Whether any table (or a leftover copy of one) has a row that MLflow did not write itself."""
+    for table in sorted(tables - {"alembic_version"}):
+        where = _OWN_ROWS.get(table.removeprefix(TMP_PREFIX), "")
+        try:
+            found = connection.execute(f'SELECT 1 FROM "{table}"{where} LIMIT 1').fetchone()
+        except sqlite3.Error:  # not the columns expected mid-migration: assume it holds something
+            return True
+        if found:
+            return True
+    return False
 
 
 def _discard(path: Path) -> None:

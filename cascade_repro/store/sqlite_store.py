@@ -33,13 +33,11 @@ from cascade_repro.errors import StoreError
 from cascade_repro.settings import OWN_DIR, sqlite_path, sqlite_uri
 from cascade_repro.store import new_store
 from cascade_repro.store.mlflow_store import first_line
+from cascade_repro.store.new_store import TMP_PREFIX
 
 log = logging.getLogger(__name__)
 
-TMP_PREFIX = "_alembic_tmp_"  # alembic's copy of a table while a batch migration rebuilds it
 LOCK_TIMEOUT_S = 300.0
-# Rows MLflow writes into a new store itself; any other row is something a user recorded.
-_OWN_ROWS = {"experiments": " WHERE experiment_id != 0", "workspaces": " WHERE name != 'default'"}
 
 
 def create_if_missing(uri: str) -> bool:
@@ -205,17 +203,8 @@ def _repair(db: Path, state: _State, head: str, known: frozenset[str]) -> None:
 
 
 def _holds_records(db: Path, tables: frozenset[str]) -> bool:
-    """Whether any table (or a leftover copy of one) has a row that MLflow did not write itself."""
     with contextlib.closing(_connect_ro(db)) as connection:
-        for table in sorted(tables - {"alembic_version"}):
-            where = _OWN_ROWS.get(table.removeprefix(TMP_PREFIX), "")
-            try:
-                found = connection.execute(f'SELECT 1 FROM "{table}"{where} LIMIT 1').fetchone()
-            except sqlite3.Error:  # not the columns expected mid-migration: assume it holds something
-                return True
-            if found:
-                return True
-    return False
+        return new_store.holds_records(connection, tables)
 
 
 def _build(db: Path) -> None:
