@@ -6,6 +6,7 @@ Each test drives the real CLI in a real git repository and asserts on what the u
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -14,6 +15,7 @@ from urllib.parse import urlparse
 
 import pytest
 
+from cascade_repro.store.ui_server import JOBS_SETTING, server_environment
 from tests.plugin import CASCADE, Project
 
 STRICT = """\
@@ -191,6 +193,22 @@ torch.save({"w": torch.zeros(2)}, "checkpoints/final.pt")
 """
 
 
+def _proc(pid: int, name: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/{name}").read_bytes()
+    except OSError:  # gone since
+        return b""
+
+
+def _descendants(pid: int) -> list[int]:
+    try:
+        children = [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
+                    for c in (t / "children").read_text().split()]  # fmt: skip
+    except OSError:  # gone since
+        return []
+    return [*children, *(d for c in children for d in _descendants(c))]
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -201,10 +219,16 @@ def _free_port() -> int:
 def test_ui_names_the_store_and_prints_the_url_once(project: Project) -> None:
     project.cascade("ls", check=True)  # creates the store
     port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != JOBS_SETTING}  # the user left it unset
     process = subprocess.Popen([*CASCADE, "ui", "--port", str(port)], cwd=project.root, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)  # fmt: skip
     assert process.stdout is not None
     url = process.stdout.readline().strip()
+    # the server it started (answering now) got MLflow's job workers turned off
+    servers = [pid for pid in _descendants(process.pid) if b"mlflow\0server" in _proc(pid, "cmdline")]
+    assert len(servers) == 1
+    assert f"{JOBS_SETTING}=false".encode() in _proc(servers[0], "environ").split(b"\0")
+    assert not [pid for pid in _descendants(process.pid) if b"huey" in _proc(pid, "cmdline")]
     process.send_signal(signal.SIGINT)
     stdout_rest, stderr = process.communicate(timeout=60)
     assert process.returncode == 0, stderr
@@ -212,6 +236,11 @@ def test_ui_names_the_store_and_prints_the_url_once(project: Project) -> None:
     assert (url + stdout_rest + stderr).count(f"127.0.0.1:{port}") == 1
     assert "cascade's" not in stderr
     assert f"sqlite:///{project.root / 'mlflow.db'}" in stderr
+
+
+def test_ui_keeps_the_users_own_choice_of_mlflow_job_workers() -> None:
+    assert server_environment({JOBS_SETTING: "true", "HOME": "/h"}) == {JOBS_SETTING: "true", "HOME": "/h"}
+    assert server_environment({"HOME": "/h"}) == {JOBS_SETTING: "false", "HOME": "/h"}
 
 
 # -- 14.9: checkout's default checkpoint ------------------------------------------------------------
