@@ -223,14 +223,16 @@ def test_ui_names_the_store_and_prints_the_url_once(project: Project) -> None:
     process = subprocess.Popen([*CASCADE, "ui", "--port", str(port)], cwd=project.root, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)  # fmt: skip
     assert process.stdout is not None
-    url = process.stdout.readline().strip()
-    # the server it started (answering now) got MLflow's job workers turned off
-    servers = [pid for pid in _descendants(process.pid) if b"mlflow\0server" in _proc(pid, "cmdline")]
-    assert len(servers) == 1
-    assert f"{JOBS_SETTING}=false".encode() in _proc(servers[0], "environ").split(b"\0")
-    assert not [pid for pid in _descendants(process.pid) if b"huey" in _proc(pid, "cmdline")]
-    process.send_signal(signal.SIGINT)
-    stdout_rest, stderr = process.communicate(timeout=60)
+    try:
+        url = process.stdout.readline().strip()
+        # the server it started (answering now) got MLflow's job workers turned off
+        servers = [pid for pid in _descendants(process.pid) if b"mlflow\0server" in _proc(pid, "cmdline")]
+        assert len(servers) == 1
+        assert f"{JOBS_SETTING}=false".encode() in _proc(servers[0], "environ").split(b"\0")
+        assert not [pid for pid in _descendants(process.pid) if b"huey" in _proc(pid, "cmdline")]
+    finally:  # a failed check leaves no server behind: Ctrl-C stops it and its workers
+        process.send_signal(signal.SIGINT)
+        stdout_rest, stderr = process.communicate(timeout=60)
     assert process.returncode == 0, stderr
     assert url == f"http://127.0.0.1:{port}"
     assert (url + stdout_rest + stderr).count(f"127.0.0.1:{port}") == 1
