@@ -29,6 +29,7 @@ from cascade_repro.settings import sqlite_uri
 log = logging.getLogger(__name__)
 
 DEFAULT_EXPERIMENT_ID = 0
+ABANDONED_S = 3600.0  # a temporary cache file unchanged this long: its build was killed
 TMP_PREFIX = "_alembic_tmp_"  # alembic's copy of a table while a batch migration rebuilds it
 # Rows MLflow writes into a new store itself; any other row is something a user recorded.
 _OWN_ROWS = {"experiments": " WHERE experiment_id != 0", "workspaces": " WHERE name != 'default'"}
@@ -96,6 +97,7 @@ def _template(head: str) -> Path | None:
     building: Path | None = None
     try:
         template.parent.mkdir(parents=True, exist_ok=True)
+        _discard_abandoned(template.parent)
         handle, name = tempfile.mkstemp(prefix=f"{template.name}.", suffix=".new", dir=template.parent)
         os.close(handle)  # a name of this process's own, on the cache's disk: writable, or OSError now
         building = Path(name)
@@ -188,6 +190,16 @@ def holds_records(connection: sqlite3.Connection, tables: frozenset[str]) -> boo
         if found:
             return True
     return False
+
+
+def _discard_abandoned(folder: Path) -> None:
+    """Builds of the cache killed midway (their temporary files), left for ABANDONED_S: a build
+    in progress writes its file every moment and takes seconds."""
+    cutoff = time.time() - ABANDONED_S
+    for each in folder.glob("mlflow-*.db.*.new"):
+        with contextlib.suppress(OSError):  # gone already: its build ended
+            if each.stat().st_mtime < cutoff:
+                _discard(each)
 
 
 def _discard(path: Path) -> None:

@@ -122,3 +122,27 @@ def test_a_cache_mlflow_cannot_build_in_leaves_nothing_there_and_mlflow_builds_t
 
 def _no_build(new: Path, artifacts: Path) -> None:
     raise AssertionError(f"MLflow was asked to build {new}")
+
+
+def test_a_build_of_the_cache_killed_midway_is_cleaned_up_by_the_next_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    head = _head_from_files()
+    assert head is not None
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no cached store yet
+    stores = tmp_path / "cache" / "cascade" / "stores"
+    stores.mkdir(parents=True)
+    abandoned = stores / f"mlflow-{_version()}-{head}.db.k1ll3d.new"  # as a SIGKILLed build leaves it
+    in_progress = stores / f"mlflow-{_version()}-{head}.db.bu1ld.new"  # another process's, building now
+    for each in (abandoned, abandoned.with_name(abandoned.name + "-journal"), in_progress):
+        each.write_bytes(b"")
+    hours_ago = time.time() - 2 * new_store.ABANDONED_S
+    os.utime(abandoned, (hours_ago, hours_ago))
+    os.utime(abandoned.with_name(abandoned.name + "-journal"), (hours_ago, hours_ago))
+
+    new_store.write(tmp_path / "mlflow.db", tmp_path / "mlruns", head)
+
+    assert sorted(p.name for p in stores.iterdir() if p.is_file()) == sorted(
+        [f"mlflow-{_version()}-{head}.db", in_progress.name]
+    )
+    assert _rows(tmp_path / "mlflow.db", "experiments")[0][2] == f"{tmp_path}/mlruns/0"
