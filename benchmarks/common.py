@@ -14,6 +14,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from cascade_repro.store.ui_server import server_environment
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CASCADE = [sys.executable, "-m", "cascade_repro.cli"]
@@ -72,6 +74,7 @@ def start_server(workdir: Path) -> tuple[str, subprocess.Popen[bytes]]:
          "--serve-artifacts", "--artifacts-destination", str(workdir / "artifacts"),
          "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env=server_environment(dict(os.environ)),  # as `cascade ui` starts it: no job workers
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120

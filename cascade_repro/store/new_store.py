@@ -92,12 +92,12 @@ def _template(head: str) -> Path | None:
     except Exception:  # no distribution metadata: nothing to key the cache by
         return None
     template = user_cache_dir() / "stores" / f"mlflow-{mlflow_version}-{head}.db"
+    _discard_abandoned(template.parent)  # once per new project store: one listing
     if template.is_file():
         return template
     building: Path | None = None
     try:
         template.parent.mkdir(parents=True, exist_ok=True)
-        _discard_abandoned(template.parent)
         handle, name = tempfile.mkstemp(prefix=f"{template.name}.", suffix=".new", dir=template.parent)
         os.close(handle)  # a name of this process's own, on the cache's disk: writable, or OSError now
         building = Path(name)
@@ -196,10 +196,11 @@ def _discard_abandoned(folder: Path) -> None:
     """Builds of the cache killed midway (their temporary files), left for ABANDONED_S: a build
     in progress writes its file every moment and takes seconds."""
     cutoff = time.time() - ABANDONED_S
-    for each in folder.glob("mlflow-*.db.*.new"):
-        with contextlib.suppress(OSError):  # gone already: its build ended
-            if each.stat().st_mtime < cutoff:
-                _discard(each)
+    with contextlib.suppress(OSError):  # no cache yet, or one this process may not read
+        for each in folder.glob("mlflow-*.db.*.new"):
+            with contextlib.suppress(OSError):  # gone already: its build ended
+                if each.stat().st_mtime < cutoff:
+                    _discard(each)
 
 
 def _discard(path: Path) -> None:

@@ -5,6 +5,7 @@ Each test drives the real CLI in a real git repository and asserts on what the u
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from cascade_repro.store.ui_server import JOBS_SETTING, server_environment
+from cascade_repro.store.ui_server import JOBS_SETTING
 from tests.plugin import CASCADE, Project
 
 STRICT = """\
@@ -201,11 +202,10 @@ def _proc(pid: int, name: str) -> bytes:
 
 
 def _descendants(pid: int) -> list[int]:
-    try:
-        children = [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
-                    for c in (t / "children").read_text().split()]  # fmt: skip
-    except OSError:  # gone since
-        return []
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread ended since
+            children += [int(c) for c in (task / "children").read_text().split()]
     return [*children, *(d for c in children for d in _descendants(c))]
 
 
@@ -220,29 +220,36 @@ def test_ui_names_the_store_and_prints_the_url_once(project: Project) -> None:
     project.cascade("ls", check=True)  # creates the store
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != JOBS_SETTING}  # the user left it unset
+    env["CASCADE_TEST_MARK"] = "the user's environment"
     process = subprocess.Popen([*CASCADE, "ui", "--port", str(port)], cwd=project.root, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)  # fmt: skip
     assert process.stdout is not None
+    servers: list[int] = []
     try:
         url = process.stdout.readline().strip()
-        # the server it started (answering now) got MLflow's job workers turned off
+        # the server it started (answering now) got the user's environment, MLflow's jobs turned off:
+        # no job runner (started with the server, before it answers) and none of its workers
         servers = [pid for pid in _descendants(process.pid) if b"mlflow\0server" in _proc(pid, "cmdline")]
         assert len(servers) == 1
-        assert f"{JOBS_SETTING}=false".encode() in _proc(servers[0], "environ").split(b"\0")
-        assert not [pid for pid in _descendants(process.pid) if b"huey" in _proc(pid, "cmdline")]
+        environ = _proc(servers[0], "environ").split(b"\0")
+        assert f"{JOBS_SETTING}=false".encode() in environ
+        assert b"CASCADE_TEST_MARK=the user's environment" in environ
+        assert not [p for p in _descendants(process.pid) if b"mlflow.server.jobs" in _proc(p, "cmdline")]
     finally:  # a failed check leaves no server behind: Ctrl-C stops it and its workers
         process.send_signal(signal.SIGINT)
-        stdout_rest, stderr = process.communicate(timeout=60)
+        try:
+            stdout_rest, stderr = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            for pid in servers:  # its own process group
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+            raise
     assert process.returncode == 0, stderr
     assert url == f"http://127.0.0.1:{port}"
     assert (url + stdout_rest + stderr).count(f"127.0.0.1:{port}") == 1
     assert "cascade's" not in stderr
     assert f"sqlite:///{project.root / 'mlflow.db'}" in stderr
-
-
-def test_ui_keeps_the_users_own_choice_of_mlflow_job_workers() -> None:
-    assert server_environment({JOBS_SETTING: "true", "HOME": "/h"}) == {JOBS_SETTING: "true", "HOME": "/h"}
-    assert server_environment({"HOME": "/h"}) == {JOBS_SETTING: "false", "HOME": "/h"}
 
 
 # -- 14.9: checkout's default checkpoint ------------------------------------------------------------

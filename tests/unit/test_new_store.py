@@ -146,3 +146,7 @@ def test_a_build_of_the_cache_killed_midway_is_cleaned_up_by_the_next_build(
         [f"mlflow-{_version()}-{head}.db", in_progress.name]
     )
     assert _rows(tmp_path / "mlflow.db", "experiments")[0][2] == f"{tmp_path}/mlruns/0"
+    # the cached store there already (a rerun right after the kill built it): cleaned up all the same
+    os.utime(in_progress, (hours_ago, hours_ago))
+    new_store.write(tmp_path / "second.db", tmp_path / "mlruns", head)
+    assert [p.name for p in stores.iterdir() if p.is_file()] == [f"mlflow-{_version()}-{head}.db"]
