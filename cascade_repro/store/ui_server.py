@@ -21,8 +21,8 @@ from typing import Any, Callable
 from cascade_repro.errors import EXIT_ERROR, EXIT_OK, StoreError, UsageError
 
 READY_TIMEOUT_S = 90.0
-# MLflow's server otherwise starts 8 job workers (GenAI jobs), each importing MLflow: ~1 GB and ~20 s
-# of CPU before the UI answers, for work cascade's runs never queue. A user's own setting is kept.
+# MLflow's server otherwise starts 8 job workers (GenAI jobs), each importing MLflow: ~1.1 GB held and
+# ~20 s of CPU, for work cascade's runs never queue. A user's own setting is kept.
 JOBS_SETTING = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
 
 
