@@ -268,6 +268,7 @@ def test_restore_refuses_tampered_and_unsafe_records_before_writing(
 
 
 GRACEFUL = """\
+import sys
 import time
 from pathlib import Path
 
@@ -284,7 +285,8 @@ try:
         if step == 150:
             Path("out").mkdir(exist_ok=True)
             Path("out/hold").touch()
-            time.sleep(5)
+            while Path(sys.argv[1]).exists():  # the test's run: until its Ctrl-C; not its restore
+                time.sleep(0.05)
 except KeyboardInterrupt:
     print("Exiting from training early")
 torch.save(model.state_dict(), "out/model.pt")
@@ -301,10 +303,13 @@ def test_restore_of_a_run_the_script_ended_itself_on_ctrl_c_reruns_the_steps_it_
 
     project.write("graceful.py", GRACEFUL)
     project.commit("a script that stops cleanly on Ctrl-C")
-    run = Background(project, "--trace-budget", "0", "graceful.py")
+    holding = project.root.parent / "holding"
+    holding.touch()
+    run = Background(project, "--trace-budget", "0", "graceful.py", str(holding))
     run.wait_for(lambda: marker(project, "hold").exists(), "step 150")
     run.process.send_signal(signal.SIGINT)
     run.finish()
+    holding.unlink()
     stopped = project.only_run()
     recorded = project.manifest(stopped.info.run_id)
     assert recorded["outcome"]["signal"] == signal.SIGINT and recorded["trace"]["steps"] == 151
@@ -325,11 +330,14 @@ def test_restore_of_a_killed_run_reruns_the_steps_it_ran(project: Project) -> No
     from tests.faults.helpers import Background, add_faults_script, marker
 
     add_faults_script(project)
+    holding = project.root.parent / "holding"  # held until the Ctrl-C, however late a loaded machine
+    holding.touch()  # delivers it (3 s was once too short); not for the restore's re-run
     run = Background(project, "--trace-budget", "0.0001", "faults.py", "--steps", "400", "--hold-at", "150",
-                     "--hold-s", "3")  # fmt: skip
+                     "--hold-s", "300", "--hold-while", str(holding))  # fmt: skip
     run.wait_for(lambda: marker(project, "hold").exists(), "step 150")
     run.process.send_signal(signal.SIGINT)
     assert run.finish() == 130, run.stderr
+    holding.unlink()
     killed = project.only_run()
     recorded = project.manifest(killed.info.run_id)
     assert recorded["outcome"]["status"] == "KILLED" and recorded["trace"]["steps"] < 151  # records

@@ -2,7 +2,9 @@
 
 out/started   written after --early points are flushed, before torch is imported
 out/step      the last step whose points are flushed (rewritten every step)
-out/hold      written after step --hold-at; the script then sleeps --hold-s seconds
+out/hold      written after step --hold-at; the script then sleeps --hold-s seconds (with --hold-while,
+              only as long as that file exists: a test that stops the run there removes it before
+              the restore's re-run)
 out/done      written at the end, after the --bulk points were logged
 """
 
@@ -19,6 +21,7 @@ cli.add_argument("--steps", type=int, default=10)
 cli.add_argument("--step-sleep", type=float, default=0.0)
 cli.add_argument("--hold-at", type=int, default=None, help="after this step, write out/hold and sleep")
 cli.add_argument("--hold-s", type=float, default=120.0)
+cli.add_argument("--hold-while", metavar="FILE", help="hold (up to --hold-s) only while FILE exists")
 cli.add_argument("--bulk", type=int, default=0, help="points logged at the end, as fast as possible")
 cli.add_argument("--checkpoint", action="store_true", help="save a checkpoint at the end")
 cli.add_argument("--read", metavar="FILE", help="read this file first (an input)")
@@ -48,7 +51,9 @@ for step in range(args.steps):
     (out / "step").write_text(str(step))
     if args.hold_at == step:
         (out / "hold").write_text(str(step))
-        time.sleep(args.hold_s)
+        held_until = time.monotonic() + args.hold_s
+        while time.monotonic() < held_until and (args.hold_while is None or os.path.exists(args.hold_while)):
+            time.sleep(0.05)
     time.sleep(args.step_sleep)
 for i in range(args.bulk):
     cascade_repro.log_metrics({"bulk": float(i)}, step=i)
