@@ -1,11 +1,13 @@
 """`cascade ui`: the stock MLflow UI (`mlflow server`) on cascade's store, started, awaited, stopped.
 
 The server runs as a child process in its own process group, so Ctrl-C here stops it and every
-worker it started.
+worker it started. On Linux it is also told to stop (SIGTERM, which it passes to its uvicorn) when
+`cascade ui` ends any other way, a SIGKILL included: no server is left serving the store for nobody.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -24,6 +26,23 @@ READY_TIMEOUT_S = 90.0
 # MLflow's server otherwise starts 8 job workers (GenAI jobs), each importing MLflow: ~1.1 GB held and
 # ~20 s of CPU, for work cascade's runs never queue. A user's own setting is kept.
 JOBS_SETTING = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _stopped_with_this_process() -> Callable[[], None] | None:
+    """For Popen's preexec_fn: the server gets SIGTERM once this process ends (Linux's parent-death
+    signal, kept across its exec; set from the main thread, whose end is what counts). None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # this process already ended while the server was forked
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 def server_environment(environ: dict[str, str]) -> dict[str, str]:
@@ -97,7 +116,8 @@ def start(tracking_uri: str, artifact_root: str, host: str, port: int, log: Path
     ]  # fmt: skip
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env=server_environment(dict(os.environ)))  # fmt: skip
+                                   env=server_environment(dict(os.environ)),
+                                   preexec_fn=_stopped_with_this_process())  # fmt: skip
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     server = UiServer(process, f"http://{shown}:{port}", log, tracking_uri)
     deadline = time.monotonic() + READY_TIMEOUT_S

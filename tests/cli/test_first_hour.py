@@ -252,6 +252,37 @@ def test_ui_names_the_store_and_prints_the_url_once(project: Project) -> None:
     assert f"sqlite:///{project.root / 'mlflow.db'}" in stderr
 
 
+@pytest.mark.slow
+def test_a_killed_ui_leaves_no_server_serving_the_store(project: Project) -> None:
+    """A SIGKILL of `cascade ui` left `mlflow server` (in a session of its own, for Ctrl-C) and its
+    uvicorn serving on the port for nobody. They now end with it."""
+    from tests.faults.helpers import process_gone
+
+    project.cascade("ls", check=True)  # creates the store
+    port = _free_port()
+    process = subprocess.Popen([*CASCADE, "ui", "--port", str(port)], cwd=project.root, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert process.stdout is not None
+    servers: list[int] = []
+    try:
+        url = process.stdout.readline().strip()
+        assert url == f"http://127.0.0.1:{port}", process.stderr and process.stderr.read()
+        servers = _descendants(process.pid)
+        assert any(b"uvicorn" in _proc(pid, "cmdline") for pid in servers), servers  # the one serving
+        process.kill()
+        process.wait(timeout=30)
+        left = [pid for pid in servers if not process_gone(pid, timeout=60)]
+        assert not left, [_proc(pid, "cmdline") for pid in left]
+        with pytest.raises(ConnectionRefusedError):  # nothing listens on the port any more
+            socket.create_connection(("127.0.0.1", port), timeout=10).close()
+    finally:
+        with contextlib.suppress(OSError):
+            process.kill()
+        for pid in servers[:1]:  # the server's own process group
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+
+
 # -- 14.9: checkout's default checkpoint ------------------------------------------------------------
 
 
