@@ -193,11 +193,12 @@ def holds_records(connection: sqlite3.Connection, tables: frozenset[str]) -> boo
 
 
 def _discard_abandoned(folder: Path) -> None:
-    """Builds of the cache killed midway (their temporary files), left for ABANDONED_S: a build
-    in progress writes its file every moment and takes seconds."""
+    """Builds of the cache killed midway (their temporary files, and a journal whose file is gone: a
+    kill between the two unlinks), left for ABANDONED_S: a build in progress writes its file every
+    moment and takes seconds."""
     cutoff = time.time() - ABANDONED_S
     with contextlib.suppress(OSError):  # no cache yet, or one this process may not read
-        for each in folder.glob("mlflow-*.db.*.new"):
+        for each in folder.glob("mlflow-*.db.*.new*"):
             with contextlib.suppress(OSError):  # gone already: its build ended
                 if each.stat().st_mtime < cutoff:
                     _discard(each)

@@ -134,11 +134,13 @@ def test_a_build_of_the_cache_killed_midway_is_cleaned_up_by_the_next_build(
     stores.mkdir(parents=True)
     abandoned = stores / f"mlflow-{_version()}-{head}.db.k1ll3d.new"  # as a SIGKILLed build leaves it
     in_progress = stores / f"mlflow-{_version()}-{head}.db.bu1ld.new"  # another process's, building now
-    for each in (abandoned, abandoned.with_name(abandoned.name + "-journal"), in_progress):
+    orphan = stores / f"mlflow-{_version()}-{head}.db.0rphan.new-journal"  # killed between the unlinks
+    old = (abandoned, abandoned.with_name(abandoned.name + "-journal"), orphan)
+    for each in (*old, in_progress):
         each.write_bytes(b"")
     hours_ago = time.time() - 2 * new_store.ABANDONED_S
-    os.utime(abandoned, (hours_ago, hours_ago))
-    os.utime(abandoned.with_name(abandoned.name + "-journal"), (hours_ago, hours_ago))
+    for each in old:
+        os.utime(each, (hours_ago, hours_ago))
 
     new_store.write(tmp_path / "mlflow.db", tmp_path / "mlruns", head)
 
