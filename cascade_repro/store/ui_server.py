@@ -7,7 +7,6 @@ worker it started. On Linux it is also told to stop (SIGTERM, which it passes to
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -20,25 +19,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from cascade_repro.child.parent_watch import parent_death_signal
 from cascade_repro.errors import EXIT_ERROR, EXIT_OK, StoreError, UsageError
 
 READY_TIMEOUT_S = 90.0
 # MLflow's server otherwise starts 8 job workers (GenAI jobs), each importing MLflow: ~1.1 GB held and
 # ~20 s of CPU, for work cascade's runs never queue. A user's own setting is kept.
 JOBS_SETTING = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _stopped_with_this_process() -> Callable[[], None] | None:
-    """For Popen's preexec_fn: the server gets SIGTERM once this process ends (Linux's parent-death
-    signal, kept across its exec; set from the main thread, whose end is what counts). None elsewhere."""
-    if not sys.platform.startswith("linux"):
+    """For Popen's preexec_fn: the server gets SIGTERM once this process ends (set from the main
+    thread: its end is what counts). None where the system has no such signal."""
+    set_signal = parent_death_signal()
+    if set_signal is None:
         return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
     parent = os.getpid()
 
     def arm() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        set_signal(signal.SIGTERM)
         if os.getppid() != parent:  # this process already ended while the server was forked
             os.kill(os.getpid(), signal.SIGTERM)
 
