@@ -357,13 +357,14 @@ def test_a_second_restore_into_a_worktree_in_use_is_refused_naming_the_first(pro
     from tests.faults.helpers import add_faults_script
 
     add_faults_script(project)
-    project.record("--tag", "v1", "faults.py", "--steps", "6", "--hold-at", "2", "--hold-s", "6")
+    holding = _record_one_that_holds_in_its_restores(project)
     first = _restore_held_in_its_rerun(project, "--json")
     second = project.cascade("restore", "v1")
     assert second.returncode == 1, second.stderr
     said = " ".join(second.stderr.split())
     assert f"another cascade restore is using {project.root / '.cascade' / 'restore' / 'v1'} (pid " \
         f"{first.pid})" in said and "--workdir" in said, said  # fmt: skip
+    holding.unlink()
     out, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
     assert json.loads(out)["data"]["verdict"]["verdict"] == "BITWISE_IDENTICAL"
@@ -384,10 +385,11 @@ def test_a_restore_killed_during_its_rerun_can_be_restored_again(project: Projec
     add_faults_script(project)
     project.write(".gitignore", "mlflow.db\nmlruns/\n.cascade/\n")  # out/ not ignored: untracked files
     project.commit("outputs not ignored")
-    project.record("--tag", "v1", "faults.py", "--steps", "6", "--hold-at", "2", "--hold-s", "3")
+    holding = _record_one_that_holds_in_its_restores(project)
     first = _restore_held_in_its_rerun(project)
     os.kill(first.pid, signal.SIGKILL)
     first.wait(timeout=30)
+    holding.unlink()
     worktree = project.root / ".cascade" / "restore" / "v1"
     (worktree / "notes.txt").write_text("mine, written after the kill\n")  # never deleted
     code, data, stderr = _restore(project, "v1")
@@ -413,10 +415,11 @@ def test_ctrl_c_during_a_restore_ends_it_as_interrupted_without_a_verdict(projec
     from tests.faults.helpers import add_faults_script
 
     add_faults_script(project)
-    project.record("--tag", "v1", "faults.py", "--steps", "6", "--hold-at", "2", "--hold-s", "6")
+    holding = _record_one_that_holds_in_its_restores(project)
     restoring = _restore_held_in_its_rerun(project)
     restoring.send_signal(signal.SIGINT)  # (the parent forwards it to the re-run, as a terminal's would)
     _, stderr = restoring.communicate(timeout=300)
+    holding.unlink()
     assert restoring.returncode == 130, stderr
     assert "INCOMPARABLE" not in stderr and "interrupted" in stderr and "no verdict" in stderr, stderr
     tags = [r.data.tags for r in project.runs()]
@@ -464,11 +467,12 @@ def test_a_restore_killed_in_a_worktree_of_its_own_is_recovered_by_the_projects_
     from tests.faults.helpers import add_faults_script, process_gone
 
     add_faults_script(project)
-    project.record("--tag", "v1", "faults.py", "--steps", "6", "--hold-at", "2", "--hold-s", "3")
+    holding = _record_one_that_holds_in_its_restores(project)
     elsewhere = tmp_path / "my restores" / "v1"
     first = _restore_held_in_its_rerun(project, workdir=elsewhere)
     os.kill(first.pid, signal.SIGKILL)
     first.wait(timeout=30)
+    holding.unlink()
     (owner,) = (elsewhere / ".cascade" / "runs").glob("*/parent.json")
     assert process_gone(int(json.loads(owner.read_text()).get("child_pid") or first.pid))  # (its script)
     project.cascade("ls", check=True)
@@ -477,11 +481,22 @@ def test_a_restore_killed_in_a_worktree_of_its_own_is_recovered_by_the_projects_
     assert not [r for r in project.runs() if r.info.status == "RUNNING"]
 
 
+def _record_one_that_holds_in_its_restores(project: Project) -> Path:
+    """v1, a run of faults.py whose re-runs hold after step 2 for as long as the file returned exists
+    (a test acts on a restore meanwhile, however slowly a loaded machine lets it; then removes it)."""
+    holding = project.root.parent / "holding"
+    project.record("--tag", "v1", "faults.py", "--steps", "6", "--hold-at", "2", "--hold-s", "300",
+                   "--hold-while", str(holding))  # fmt: skip
+    return holding
+
+
 def _restore_held_in_its_rerun(project: Project, *options: str,
                                workdir: Path | None = None) -> subprocess.Popen[str]:  # fmt: skip
-    """`cascade restore v1` started, returned once its re-run of faults.py holds (out/hold)."""
+    """`cascade restore v1` started, returned once its re-run of faults.py holds (out/hold) while
+    the file of `_record_one_that_holds_in_its_restores` exists."""
     from tests.plugin import CASCADE
 
+    (project.root.parent / "holding").touch()
     where = ("--workdir", str(workdir)) if workdir is not None else ()
     started = subprocess.Popen([*CASCADE, "restore", "v1", *where, *options], cwd=project.root, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
