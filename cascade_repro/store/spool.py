@@ -217,18 +217,18 @@ def last_activity(run_dir: Path) -> float:
 
 
 def _running(pid: int, start_ticks: Any) -> bool:
-    stat = _proc_stat(pid)
+    stat = proc_stat(pid)
     if stat is None or stat[0] in ("Z", "X"):
         return False
     return start_ticks is None or stat[1] == start_ticks
 
 
 def _start_ticks(pid: int) -> int | None:
-    stat = _proc_stat(pid)
+    stat = proc_stat(pid)
     return stat[1] if stat else None
 
 
-def _proc_stat(pid: int) -> tuple[str, int] | None:
+def proc_stat(pid: int) -> tuple[str, int] | None:
     """(state, start time in clock ticks since boot) from /proc/<pid>/stat, or None."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")

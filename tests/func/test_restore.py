@@ -481,6 +481,57 @@ def test_a_restore_killed_in_a_worktree_of_its_own_is_recovered_by_the_projects_
     assert not [r for r in project.runs() if r.info.status == "RUNNING"]
 
 
+UNWINDS_SLOWLY = """
+import signal, sys, time
+from pathlib import Path
+
+import torch
+
+
+def unwind(signum, frame):  # a script's own clean-up on SIGTERM, which takes a while
+    time.sleep(8)
+    Path("out/unwound").write_text(str(time.time()))
+    sys.exit(143)
+
+
+signal.signal(signal.SIGTERM, unwind)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+Path("out").mkdir(exist_ok=True)
+for step in range(4):
+    opt.zero_grad(); model(torch.ones(8, 4)).pow(2).mean().backward(); opt.step()
+    if step == 1:
+        Path("out/hold").write_text("1")
+        while Path(sys.argv[1]).exists():
+            time.sleep(0.05)
+"""
+
+
+def test_a_restore_after_a_killed_one_waits_for_its_rerun_to_stop(project: Project) -> None:
+    """`cascade restore v1` SIGKILLed: its re-run is told to stop (SIGTERM), but a script's own clean-up
+    may take a while, and the next restore into the same worktree did not wait: the worktree lock
+    was the dead restore's alone. The re-run holds it too; the next restore waits, and says so."""
+    import os
+    import signal
+
+    holding = project.root.parent / "holding"
+    project.write("unwinds.py", UNWINDS_SLOWLY)
+    project.commit("a script that cleans up slowly on SIGTERM")
+    project.record("--tag", "v1", "unwinds.py", str(holding))
+    first = _restore_held_in_its_rerun(project)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(timeout=30)
+    holding.unlink()
+    code, data, stderr = _restore(project, "v1")
+    assert code == 0, stderr
+    assert "waiting for the re-run of a killed cascade restore" in " ".join(stderr.split()), stderr
+    # what the killed re-run wrote as it ended (in the worktree, or set aside): before the next began
+    (unwound_at,) = [float(p.read_text()) for p in (project.root / ".cascade").rglob("unwound")]
+    started_at = project.client().get_run(data["run"]["run_id"]).info.start_time / 1000
+    assert started_at > unwound_at, (started_at, unwound_at)
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL"
+
+
 def _record_one_that_holds_in_its_restores(project: Project) -> Path:
     """v1, a run of faults.py whose re-runs hold after step 2 for as long as the file returned exists
     (a test acts on a restore meanwhile, however slowly a loaded machine lets it; then removes it)."""

@@ -153,8 +153,42 @@ def test_one_worktree_is_held_by_one_restore_however_its_path_is_spelled(
     (tmp_path / "link").symlink_to(tmp_path / "sub")
     monkeypatch.chdir(tmp_path / "sub")
     spellings = [Path("../w").absolute(), tmp_path / "w", tmp_path / "link" / ".." / "w"]
-    with _only_restore_of(spellings[0], settings):
+    said: list[str] = []
+    with _only_restore_of(spellings[0], settings, said.append):
         for other in spellings[1:]:
             with pytest.raises(CascadeError, match="another cascade restore is using"), \
-                    _only_restore_of(other, settings):  # fmt: skip
+                    _only_restore_of(other, settings, said.append):  # fmt: skip
                 pass
+    assert not said  # a restore that runs: refused at once, nothing waited for
+
+
+def test_a_killed_restores_rerun_that_does_not_stop_is_waited_for_then_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lock of a restore that is gone, held by its re-run (which shares it) past the wait."""
+    import subprocess
+    import sys
+
+    from cascade_repro.api import restoring
+    from cascade_repro.settings import load_settings
+
+    settings = load_settings(tmp_path, {})
+    with restoring._only_restore_of(tmp_path / "w", settings, print):
+        (lock,) = (settings.paths.own / "locks").iterdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+    lock.write_text(gone)  # the killed restore's pid; its re-run holds the lock:
+    holds = ("import fcntl, sys, time; f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_EX); "
+             "print(1, flush=True); time.sleep(60)")  # fmt: skip
+    rerun = subprocess.Popen([sys.executable, "-c", holds, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert rerun.stdout is not None and rerun.stdout.readline() == "1\n"
+        monkeypatch.setattr(restoring, "KILLED_RERUN_WAIT_S", 0.5)
+        said: list[str] = []
+        with pytest.raises(CascadeError, match=f"pid {gone}; it was killed, and its re-run of the script"), \
+                restoring._only_restore_of(tmp_path / "w", settings, said.append):  # fmt: skip
+            pass
+        assert said and f"waiting for the re-run of a killed cascade restore (pid {gone})" in said[0]
+    finally:
+        rerun.kill()
+        rerun.wait()
