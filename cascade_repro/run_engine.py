@@ -192,7 +192,7 @@ def _start_child(plan: RunPlan, env: dict[str, str], run_dir: Path, output: RunO
                      *plan.args]  # fmt: skip
     if plan.container is None:
         env = {**env, protocol.ENV_PARENT_PID: str(os.getpid())}  # the child stops if we die
-        return Child([sys.executable, *bootstrap], env, plan.cwd, output, notify, held_open=plan.held_locks)
+        return Child([sys.executable, *bootstrap], env, plan.cwd, output, notify)
     from cascade_repro.images import engine
     from cascade_repro.images.container import (
         ContainerChild,

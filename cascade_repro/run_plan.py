@@ -40,9 +40,6 @@ class RunPlan:
     trace_records: tuple[tuple[int, int], ...] | None = None  # restore: the recorded steps with a record
     track_inputs: bool = False  # `--track-inputs`: read files git and DVC cannot see go to the DVC cache
     distributed: Distributed | None = None  # a torchrun job: `--nproc-per-node`, or rank 0 of the user's
-    # descriptors of locks the child holds too, to its end (restore's worktree: a killed restore's re-run
-    # still holds it); not into a container
-    held_locks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -48,15 +48,14 @@ class Child:
     """The training process. Its output goes to `output` (the terminal and the run's log) as it comes."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, output: RunOutput,
-                 notify: Callable[[str], None], held_open: Sequence[int] = ()) -> None:  # fmt: skip
+                 notify: Callable[[str], None]) -> None:  # fmt: skip
         self._output = output  # closed in wait()
         self._notify = notify
         self._last_output = time.monotonic()  # when the script's output last came (the pumps)
         self._received: int | None = None
         self._signal_count = 0
         self.process = subprocess.Popen(
-            list(argv), env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=tuple(held_open),  # (locks it holds as well, for as long as it runs)
+            list(argv), env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
         # from the spawn on, not from wait(): the run is being recorded meanwhile, and a Ctrl-C then
         # is the script's to unwind from, as during the wait

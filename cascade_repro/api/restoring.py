@@ -160,7 +160,7 @@ def restore(
                "does not get them from the record (it reads them from the worktree, if anything puts them "
                "there); track their directory with `dvc add DIR` next time")  # fmt: skip
     _refuse_what_cannot_run(plan, execute)  # before anything is written
-    with _only_restore_of(plan.workdir, settings, notify) as lock:  # another restore meanwhile is told
+    with _only_restore_of(plan.workdir, settings, notify):  # another restore meanwhile is told, not broken
         tree = _materialize(plan, manifest, settings, store, execute, notify)
         if not execute:
             return RestoreResult(plan, tree, None, None, store=(settings.tracking_uri, plan.experiment))
@@ -168,7 +168,6 @@ def restore(
             (None, []) if not docker else _restore_image(store, manifest, plan, tree.path, settings, notify)
         )
         request = _rerun_request(plan, manifest, tree.path, settings, label, dump)
-        request = replace(request, held_locks=(lock,))  # (the worktree stays held while the re-run lives)
         if docker:  # the recorded shared memory (DataLoader workers need it); GPUs follow this machine (auto)
             shm_size = manifest.container.shm_size
             tags = {**(request.extra_tags or {}), **_image_tags(image, drift)}
@@ -194,12 +193,11 @@ KILLED_RERUN_WAIT_S = 60.0
 
 
 @contextlib.contextmanager
-def _only_restore_of(workdir: Path, settings: Settings, notify: Notify) -> Iterator[int]:
+def _only_restore_of(workdir: Path, settings: Settings, notify: Notify) -> Iterator[None]:
     """Hold the worktree `workdir` for this restore: another one into it at the same time (the same
     version restored twice at once) is refused with who holds it, before it writes anything. The
-    lock is the project's (`.cascade/locks/`), by the worktree's real path, wherever that is. It
-    yields the lock's descriptor: the re-run holds it too (RunRequest.held_locks), so a restore that
-    was killed still holds the worktree until its re-run has stopped, and the next one waits for that."""
+    lock is the project's (`.cascade/locks/`), by the worktree's real path, wherever that is. A
+    killed restore's re-run that has not stopped yet is waited for (`_no_rerun_left_in`)."""
     import hashlib
 
     locks = settings.paths.own / "locks"
@@ -208,56 +206,54 @@ def _only_restore_of(workdir: Path, settings: Settings, notify: Notify) -> Itera
     lock_path = locks / (hashlib.sha256(where.encode()).hexdigest()[:16] + ".lock")
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        if not _locked(fd):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
-            killed = holder.isdigit() and _ended(int(holder))
-            if not (killed and _wait_for_its_rerun(fd, holder, notify)):
-                still = "; it was killed, and its re-run of the script has not stopped" if killed else ""
-                raise CascadeError(
-                    f"another cascade restore is using {workdir} (pid {holder}{still})",
-                    hint="wait for it to end, or restore into another directory: --workdir DIR",
-                )
+            raise CascadeError(
+                f"another cascade restore is using {workdir} (pid {holder})",
+                hint="wait for it to end, or restore into another directory: --workdir DIR",
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield fd
+        _no_rerun_left_in(workdir, notify)
+        yield
     finally:
-        os.close(fd)  # (releases the lock, once the re-run, which shares it, has ended too)
+        os.close(fd)  # (releases the lock)
 
 
-def _locked(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
+def _no_rerun_left_in(workdir: Path, notify: Notify) -> None:
+    """A restore killed during its re-run let go of the worktree's lock, but its re-run, told to stop
+    (SIGTERM), may still be cleaning up, writing in the worktree: waited for, up to KILLED_RERUN_WAIT_S,
+    by the run directory it owns (its pid and start time: a reused pid is not it), then refused."""
+    from cascade_repro.store import spool
 
-
-def _wait_for_its_rerun(fd: int, holder: str, notify: Notify) -> bool:
-    """The lock of a restore that has ended: its re-run, told to stop, still holds it. Whether it let go
-    within KILLED_RERUN_WAIT_S (the lock is this process's then)."""
-    notify(f"waiting for the re-run of a killed cascade restore (pid {holder}) to stop: it still uses "
-           "the worktree")  # fmt: skip
+    runs = workdir / ".cascade" / "runs"
     deadline = time.monotonic() + KILLED_RERUN_WAIT_S
-    while time.monotonic() < deadline:
+    told = False
+    while True:
+        running = [run_dir for run_dir in _run_dirs(runs) if spool.owner_alive(run_dir)]
+        if not running:
+            return
+        owner = spool.read_json(running[0] / spool.OWNER_FILE) or {}
+        pid = owner.get("child_pid") or owner.get("pid") or "?"
+        if time.monotonic() > deadline:
+            raise CascadeError(
+                f"the re-run of an earlier cascade restore still runs in {workdir} (pid {pid})",
+                hint=f"wait for it to end or stop it (kill {pid}), or restore elsewhere: --workdir DIR",
+            )
+        if not told:
+            notify(f"waiting for the re-run of an earlier cascade restore (pid {pid}) to stop: it still runs "
+                   "in the worktree")  # fmt: skip
+            told = True
         time.sleep(0.2)
-        if _locked(fd):
-            return True
-    return False
 
 
-def _ended(pid: int) -> bool:
-    """Whether process `pid` is gone, or a zombie nobody has reaped yet (a killed restore whose shell
-    has not looked yet)."""
-    from cascade_repro.store.spool import proc_stat
-
+def _run_dirs(runs: Path) -> list[Path]:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # someone else's process now
-        return False
-    stat = proc_stat(pid)  # (None without /proc: alive as far as can be told)
-    return stat is not None and stat[0] in ("Z", "X")
+        return [Path(entry.path) for entry in os.scandir(runs) if entry.is_dir() and entry.name[0] != "."]
+    except OSError:  # no run there (yet)
+        return []
 
 
 def _steps_a_killed_run_ran(store: RunStore, manifest: Manifest) -> tuple[int | None, TraceRecords | None]:

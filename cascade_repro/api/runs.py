@@ -85,7 +85,6 @@ class RunRequest:
     nnodes: int | None = None  # `--nnodes N`: this machine is one of N nodes (api/nodes.py)
     rdzv_endpoint: str | None = None  # with nnodes: HOST:PORT of the c10d rendezvous, the same on each node
     rdzv_id: str | None = None  # with nnodes: the job's id (default: made from the commit and command)
-    held_locks: tuple[int, ...] = ()  # restore: its worktree's lock, held by the re-run as well
 
 
 def note_redirected_logs(result: RunResult, cwd: Path | None = None) -> None:
@@ -153,7 +152,6 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
         trace_schedule=request.trace_schedule,
         trace_records=request.trace_records,
         distributed=layout,
-        held_locks=request.held_locks,
     )
     if layout is not None and layout.rank > 0:  # the user's torchrun: rank 0's `cascade run` records
         return follow_rank(plan, layout, notify)

@@ -489,7 +489,8 @@ import torch
 
 
 def unwind(signum, frame):  # a script's own clean-up on SIGTERM, which takes a while
-    time.sleep(8)
+    while Path(sys.argv[2]).exists():
+        time.sleep(0.05)
     Path("out/unwound").write_text(str(time.time()))
     sys.exit(143)
 
@@ -510,21 +511,41 @@ for step in range(4):
 def test_a_restore_after_a_killed_one_waits_for_its_rerun_to_stop(project: Project) -> None:
     """`cascade restore v1` SIGKILLed: its re-run is told to stop (SIGTERM), but a script's own clean-up
     may take a while, and the next restore into the same worktree did not wait: the worktree lock
-    was the dead restore's alone. The re-run holds it too; the next restore waits, and says so."""
+    was the dead restore's alone. It now waits for the re-run (by its run directory), and says so."""
     import os
     import signal
 
-    holding = project.root.parent / "holding"
+    from tests.plugin import CASCADE
+
+    holding, unwinding = project.root.parent / "holding", project.root.parent / "unwinding"
     project.write("unwinds.py", UNWINDS_SLOWLY)
     project.commit("a script that cleans up slowly on SIGTERM")
-    project.record("--tag", "v1", "unwinds.py", str(holding))
+    project.record("--tag", "v1", "unwinds.py", str(holding), str(unwinding))
+    unwinding.touch()
     first = _restore_held_in_its_rerun(project)
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait(timeout=30)
-    holding.unlink()
-    code, data, stderr = _restore(project, "v1")
-    assert code == 0, stderr
-    assert "waiting for the re-run of a killed cascade restore" in " ".join(stderr.split()), stderr
+    second = None
+    try:
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+        holding.unlink()
+        second = subprocess.Popen([*CASCADE, "restore", "v1", "--json"], cwd=project.root, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        assert second.stderr is not None
+        said = []
+        for line in second.stderr:  # (until it waits: the killed re-run is still cleaning up)
+            said.append(line)
+            if "waiting for the re-run of an earlier cascade restore" in line:
+                break
+        assert "waiting for the re-run" in "".join(said), "".join(said)
+        unwinding.unlink()
+        out, err = second.communicate(timeout=300)
+    finally:
+        for each in (holding, unwinding):
+            each.unlink(missing_ok=True)
+        if second is not None and second.poll() is None:
+            second.kill()
+    assert second.returncode == 0, err
+    data = json.loads(out)["data"]
     # what the killed re-run wrote as it ended (in the worktree, or set aside): before the next began
     (unwound_at,) = [float(p.read_text()) for p in (project.root / ".cascade").rglob("unwound")]
     started_at = project.client().get_run(data["run"]["run_id"]).info.start_time / 1000

@@ -165,30 +165,38 @@ def test_one_worktree_is_held_by_one_restore_however_its_path_is_spelled(
 def test_a_killed_restores_rerun_that_does_not_stop_is_waited_for_then_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The lock of a restore that is gone, held by its re-run (which shares it) past the wait."""
+    """A run directory in the worktree whose child (the re-run) still runs, its restore gone: waited
+    for, then refused naming it; a pid now someone else's (another start time) is not waited for."""
+    import json
+    import socket
     import subprocess
     import sys
 
     from cascade_repro.api import restoring
-    from cascade_repro.settings import load_settings
+    from cascade_repro.store.spool import proc_stat
 
-    settings = load_settings(tmp_path, {})
-    with restoring._only_restore_of(tmp_path / "w", settings, print):
-        (lock,) = (settings.paths.own / "locks").iterdir()
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True).stdout.strip()  # fmt: skip
-    lock.write_text(gone)  # the killed restore's pid; its re-run holds the lock:
-    holds = ("import fcntl, sys, time; f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_EX); "
-             "print(1, flush=True); time.sleep(60)")  # fmt: skip
-    rerun = subprocess.Popen([sys.executable, "-c", holds, str(lock)], stdout=subprocess.PIPE, text=True)
+    gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)  # fmt: skip
+    rerun = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        assert rerun.stdout is not None and rerun.stdout.readline() == "1\n"
+        stat = proc_stat(rerun.pid)
+        assert stat is not None
+        run_dir = tmp_path / "w" / ".cascade" / "runs" / "r1"
+        run_dir.mkdir(parents=True)
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()  # (this machine, since boot)
+        owner = {"pid": gone, "start_ticks": None, "child_pid": rerun.pid, "child_start_ticks": stat[1],
+                 "host": socket.gethostname(), "boot_id": boot_id}  # fmt: skip
+        (run_dir / "parent.json").write_text(json.dumps(owner))
         monkeypatch.setattr(restoring, "KILLED_RERUN_WAIT_S", 0.5)
         said: list[str] = []
-        with pytest.raises(CascadeError, match=f"pid {gone}; it was killed, and its re-run of the script"), \
-                restoring._only_restore_of(tmp_path / "w", settings, said.append):  # fmt: skip
-            pass
-        assert said and f"waiting for the re-run of a killed cascade restore (pid {gone})" in said[0]
+        with pytest.raises(CascadeError, match=f"still runs in {tmp_path / 'w'} \\(pid {rerun.pid}\\)"):
+            restoring._no_rerun_left_in(tmp_path / "w", said.append)
+        assert said == [f"waiting for the re-run of an earlier cascade restore (pid {rerun.pid}) to stop: it "
+                        "still runs in the worktree"]  # fmt: skip
+        (run_dir / "parent.json").write_text(json.dumps({**owner, "child_start_ticks": stat[1] - 1}))
+        said.clear()
+        restoring._no_rerun_left_in(tmp_path / "w", said.append)  # another process under that pid
+        assert not said
     finally:
         rerun.kill()
         rerun.wait()
