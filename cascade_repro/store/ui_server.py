@@ -1,8 +1,8 @@
 """`cascade ui`: the stock MLflow UI (`mlflow server`) on cascade's store, started, awaited, stopped.
 
-The server runs as a child process in its own process group, so Ctrl-C here stops it and every
-worker it started. On Linux it is also told to stop (SIGTERM, which it passes to its uvicorn) when
-`cascade ui` ends any other way, a SIGKILL included: no server is left serving the store for nobody.
+The server runs under a guard (store/ui_guard.py) that leads its process group, so Ctrl-C here stops
+it and every worker it started; on Linux the guard also stops them when `cascade ui` ends any other
+way, a SIGKILL included: no server is left serving the store for nobody.
 """
 
 from __future__ import annotations
@@ -19,29 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from cascade_repro.child.parent_watch import parent_death_signal
 from cascade_repro.errors import EXIT_ERROR, EXIT_OK, StoreError, UsageError
 
 READY_TIMEOUT_S = 90.0
 # MLflow's server otherwise starts 8 job workers (GenAI jobs), each importing MLflow: ~1.1 GB held and
 # ~20 s of CPU, for work cascade's runs never queue. A user's own setting is kept.
 JOBS_SETTING = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
-
-
-def _stopped_with_this_process() -> Callable[[], None] | None:
-    """For Popen's preexec_fn: the server gets SIGTERM once this process ends (set from the main
-    thread: its end is what counts). None where the system has no such signal."""
-    set_signal = parent_death_signal()
-    if set_signal is None:
-        return None
-    parent = os.getpid()
-
-    def arm() -> None:
-        set_signal(signal.SIGTERM)
-        if os.getppid() != parent:  # this process already ended while the server was forked
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return arm
 
 
 def server_environment(environ: dict[str, str]) -> dict[str, str]:
@@ -110,13 +93,13 @@ def start(tracking_uri: str, artifact_root: str, host: str, port: int, log: Path
     _refuse_taken_port(host, port)
     log.parent.mkdir(parents=True, exist_ok=True)
     command = [
+        sys.executable, "-m", "cascade_repro.store.ui_guard", str(os.getpid()),
         sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri,
         "--default-artifact-root", artifact_root, "--host", host, "--port", str(port), "--workers", "1",
     ]  # fmt: skip
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env=server_environment(dict(os.environ)),
-                                   preexec_fn=_stopped_with_this_process())  # fmt: skip
+                                   env=server_environment(dict(os.environ)))  # fmt: skip
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     server = UiServer(process, f"http://{shown}:{port}", log, tracking_uri)
     deadline = time.monotonic() + READY_TIMEOUT_S

@@ -229,7 +229,8 @@ def test_ui_names_the_store_and_prints_the_url_once(project: Project) -> None:
         url = process.stdout.readline().strip()
         # the server it started (answering now) got the user's environment, MLflow's jobs turned off:
         # no job runner (started with the server, before it answers) and none of its workers
-        servers = [pid for pid in _descendants(process.pid) if b"mlflow\0server" in _proc(pid, "cmdline")]
+        servers = [pid for pid in _descendants(process.pid)  # (not its guard, whose arguments name it)
+                   if _proc(pid, "cmdline").split(b"\0")[1:4] == [b"-m", b"mlflow", b"server"]]  # fmt: skip
         assert len(servers) == 1
         environ = _proc(servers[0], "environ").split(b"\0")
         assert f"{JOBS_SETTING}=false".encode() in environ
