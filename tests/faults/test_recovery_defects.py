@@ -22,6 +22,8 @@ pytestmark = pytest.mark.slow
 # Saves out/ckpt.pt at every step (a new version each time: nanoGPT's ckpt.pt every eval), and with
 # --state reads state/counter.txt first and rewrites it (a counter: read, then written); --read FILE
 # reads a file (each one given).
+# (the tests kill it once the parent is where they want it: --steps 3000, 5 minutes, leaves a loaded
+# machine's parent all the time it needs to get there)
 SAVER = """\
 import argparse, os, time
 from pathlib import Path
@@ -89,7 +91,7 @@ def test_sigkill_keeps_every_checkpoint_version_the_parent_had_hashed(project: P
     """Defect 4: the versions the live parent hashed into the DVC cache (and whose second names it then
     removed) were recorded as overwritten by the recovery."""
     _saver_project(project)
-    run = Background(project, "--seed", "777", "saver.py", "--steps", "200")
+    run = Background(project, "--seed", "777", "saver.py", "--steps", "3000")
     _kill_when(run, project, lambda: len(_cache_objects(project)) >= 12, "12 versions in the DVC cache")
     hashed = _cache_objects(project)  # only this run put objects there
 
@@ -113,7 +115,7 @@ def test_sigkill_keeps_the_bytes_of_a_file_read_then_rewritten(project: Project)
     child in the run directory, went with it), so `restore` refused it as changed since the run."""
     _saver_project(project, ignore="mlflow.db\nmlruns/\n.cascade/\nout/\nstate/\n")
     project.write("state/counter.txt", "41\n")
-    run = Background(project, "saver.py", "--state", "--steps", "200")
+    run = Background(project, "saver.py", "--state", "--steps", "3000")
     started = project.root / "out" / "started"  # (after the counter's rewrite)
     _kill_when(run, project, lambda: _captured(run) and started.exists(), "capture's end and the rewrite")
     assert (project.root / "state" / "counter.txt").read_text() == "42"
@@ -143,7 +145,7 @@ def test_sigkill_caches_the_inputs_of_a_run_with_track_inputs(project: Project) 
     (project.root / "state" / "table.bin").write_bytes(table)
     (project.root / "state" / "notes.txt").write_text("as read")
     run = Background(project, "--track-inputs", "saver.py", "--read", "state/table.bin", "--read",
-                     "state/notes.txt", "--steps", "200")  # fmt: skip
+                     "state/notes.txt", "--steps", "3000")  # fmt: skip
     started = project.root / "out" / "started"  # (after the read)
     _kill_when(run, project, lambda: _captured(run) and started.exists(), "capture's end and the read")
     time.sleep(2.5)  # (past the moment a file written by the run itself still counts as its own)
@@ -169,7 +171,7 @@ def test_sigkill_notes_the_recovered_runs_outputs_for_the_next_run(project: Proj
     _saver_project(project, ignore="mlflow.db\nmlruns/\n.cascade/\n")  # out/ is untracked, not ignored
     project.write("noop.py", "print('nothing')\n")
     project.commit("noop")
-    run = Background(project, "saver.py", "--steps", "200")
+    run = Background(project, "saver.py", "--steps", "3000")
     _kill_when(run, project, lambda: (project.root / "out" / "step").exists(), "the first step")
 
     item = _recover(project)
@@ -285,7 +287,7 @@ def test_sigkill_keeps_the_names_of_files_read_outside_the_repository(project: P
     (project.root / "data").symlink_to("../datasets")
     project.commit("a linked dataset")
     run = Background(project, "saver.py", "--read", "data/train.bin", "--read", str(outside / "vocab.txt"),
-                     "--steps", "200")  # fmt: skip
+                     "--steps", "3000")  # fmt: skip
     started = project.root / "out" / "started"  # (after the reads)
     _kill_when(run, project, lambda: _captured(run) and started.exists(), "capture's end and the reads")
 

@@ -111,8 +111,13 @@ def test_metrics_are_written_in_batches_of_at_most_1000(project: Project) -> Non
 def test_a_script_that_ignores_ctrl_c_and_finishes_is_finished_not_killed(project: Project) -> None:
     project.write(
         "stubborn.py",
-        "import signal, time, pathlib\nimport cascade_repro\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-        "pathlib.Path('out').mkdir(exist_ok=True)\npathlib.Path('out/ready').write_text('1')\ntime.sleep(4)\n"
+        # it ignores Ctrl-C (a handler that only notes it came), and ends once it came: a fixed sleep
+        # could end before a loaded machine delivered it
+        "import signal, time, pathlib\nimport cascade_repro\n"
+        "signal.signal(signal.SIGINT, lambda *_: pathlib.Path('out/got').write_text('1'))\n"
+        "pathlib.Path('out').mkdir(exist_ok=True)\npathlib.Path('out/ready').write_text('1')\n"
+        "deadline = time.monotonic() + 120\n"
+        "while not pathlib.Path('out/got').exists() and time.monotonic() < deadline:\n    time.sleep(0.05)\n"
         "cascade_repro.log_metrics({'done': 1.0}, step=0)\n",
     )
     project.commit("stubborn")

@@ -116,6 +116,12 @@ def test_verify_of_a_run_still_running_says_so(project: Project) -> None:
                                stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         wait_for_file(project.root / "started", running)
+        # and the parent (niced below the script) has opened the run and stored its record
+        deadline = time.monotonic() + 120
+        while not any('"stage": "captured"' in p.read_text()
+                      for p in (project.root / ".cascade" / "runs").glob("*/delivery.json")):  # fmt: skip
+            assert running.poll() is None and time.monotonic() < deadline, "the run's record never came"
+            time.sleep(0.1)
         (other,) = {r.info.run_id for r in project.runs()} - {done}
         result = project.invoke("verify", done, other)
         assert result.returncode == 1, result.stderr
