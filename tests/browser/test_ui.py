@@ -25,6 +25,11 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _answers_on(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
 def _chromium() -> tuple[str, str]:
     found = chromium_paths()
     assert found is not None  # the module is marked requires_chromium
@@ -44,9 +49,10 @@ def ui(project: Project) -> Iterator[tuple[Project, str, subprocess.Popen[str]]]
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0
-        time.sleep(0.5)
-        with socket.socket() as probe:  # the server is gone with it
-            assert probe.connect_ex(("127.0.0.1", port)) != 0
+        deadline = time.monotonic() + 30  # the server is gone with it (its port closed)
+        while _answers_on(port):
+            assert time.monotonic() < deadline, f"something still listens on {port}"
+            time.sleep(0.2)
 
 
 def test_the_run_page_shows_commit_param_and_version(ui: tuple[Project, str, subprocess.Popen[str]]) -> None:

@@ -131,7 +131,7 @@ def test_alias_bomb_is_refused_before_the_script_starts(project: Project) -> Non
     project.write("hyperparameters.yaml", LAUGHS)
     started = time.monotonic()
     result = project.cascade("run", "train.py", timeout=60)
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 50  # (a loaded machine; the bomb itself never ends)
     assert result.returncode == 1
     assert "hyperparameters.yaml:" in result.stderr and "more than 100,000 values" in result.stderr
     assert "aliases" in result.stderr and "hint:" in result.stderr

@@ -99,7 +99,7 @@ def test_a_process_the_script_left_holding_its_output_does_not_hold_the_run(tmp_
         child.restore_signals()
         os.kill(int((tmp_path / "keeper").read_text()), signal.SIGKILL)
     assert ended.exit_code == 0
-    assert took < 8, f"the parent waited {took:.1f} s for the output of a process the script left"
+    assert took < 15, f"the parent waited {took:.1f} s for the output of a process the script left"
     log = (tmp_path / "output.log").read_text()
     assert "the script is done" in log and "and says so on stderr" in log  # nothing of the script's lost
     assert any("still holds" in note for note in notes), notes

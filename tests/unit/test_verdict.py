@@ -420,7 +420,7 @@ def test_checkpoints_pair_by_their_save_of_a_path_and_step_even_where_one_has_no
     a["checkpoints"] = b["checkpoints"] = [_saved("ema.pt", 3, "1" * 16)] * 10_000
     started = time.monotonic()
     assert judge(as_record(a), as_record(b), trace, copy.deepcopy(trace)).verdict == "BITWISE_IDENTICAL"
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 20  # (a loaded machine; quadratic would be minutes)
 
 
 def test_a_data_file_that_differs_is_named_before_unseeded_randomness_when_the_rng_differs_first() -> None:

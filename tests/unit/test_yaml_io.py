@@ -25,7 +25,7 @@ def test_billion_laughs_is_refused_before_it_is_built(tmp_path: Path) -> None:
     started = time.monotonic()
     with pytest.raises(ConfigError) as info:
         read_yaml_mapping(path)
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 10  # (a loaded machine; the bomb itself takes minutes)
     message = str(info.value)
     assert f"{path}:" in message and f"more than {MAX_YAML_NODES:,} values" in message
     assert "aliases" in message and "hint:" in message
