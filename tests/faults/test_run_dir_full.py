@@ -170,7 +170,8 @@ def test_a_recovered_run_whose_trace_a_full_disk_stopped_says_so(project: Projec
     project.commit("stops")
     with small_tmpfs(project.root / ".cascade" / "runs", "8m"):
         run = Background(project, "stops.py")
-        run.wait_for(lambda: (project.root / "out" / "ready").exists(), "the trace to stop")
+        run.wait_for(lambda: (project.root / "out" / "ready").exists() and run.said("the step trace stopped"),
+                     "the trace to stop, said")  # (the 2 s the script gives it may not be enough under load)
         child = int((project.root / "out" / "ready").read_text())
         os.kill(run.process.pid, signal.SIGKILL)  # the parent only: the child gets SIGTERM, and flushes
         run.process.wait(timeout=30)
