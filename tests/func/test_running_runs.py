@@ -4,6 +4,7 @@ heartbeat a run's cascade process keeps in the store. Real MLflow stores, real r
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -46,12 +47,15 @@ def test_ls_filters_by_user_and_running_and_marks_stale_runs(project: Project) -
     running = listed("--running")
     assert set(running) == {alive, silent, old_cascade, fresh}
     assert {run_id for run_id, r in running.items() if r["stale"]} == {silent, old_cascade}
-    assert abs(float(running[alive]["heartbeat"]) - (time.time() - 20)) < 5  # type: ignore[arg-type]
+    stored = float(project.client().get_run(alive).data.tags[HEARTBEAT_TAG])  # (20 s before it was made)
+    assert abs(float(running[alive]["heartbeat"]) - stored) <= 1  # type: ignore[arg-type]
     assert set(listed("--user", "ana")) == {alive, silent, done}
     assert set(listed("--user", "ana", "--running")) == {alive, silent}
     assert listed("--user", "nobody") == {}
     table = project.invoke("ls", "--running", check=True).stdout
-    assert table.count("STALE (no heartbeat 15m)") == 1 and table.count("STALE (no heartbeat 1h00m)") == 1
+    # (15m30s and 1h00m30s when made: a loaded machine may take more than 30 s to list them)
+    assert len(re.findall(r"STALE \(no heartbeat 1[56]m\)", table)) == 1, table
+    assert len(re.findall(r"STALE \(no heartbeat 1h0[01]m\)", table)) == 1, table
     assert "no runs match" in project.invoke("ls", "--user", "nobody", check=True).stdout
 
     # MLflow's own search (a tracking server's path) answers the same as the embedded store's tables
@@ -69,13 +73,13 @@ def test_a_run_in_progress_keeps_its_heartbeat_in_the_store(project: Project, tm
     delivery = Delivery(project.client(), run_id, spool.Ledger.load(run_dir), project.tracking_uri)
     writer = MetricsWriter(delivery, run_dir, flush_s=0.2, heartbeat_s=0.3).start()
     try:
-        first = _heartbeat(project, run_id, wait_s=5)
+        first = _heartbeat(project, run_id, wait_s=60)
         time.sleep(1.2)
-        second = _heartbeat(project, run_id, wait_s=5)
+        second = _heartbeat(project, run_id, wait_s=60)
     finally:
         writer.stop()
     assert first is not None and second is not None and second >= first
-    assert abs(second - time.time()) < 5
+    assert abs(second - time.time()) < 30  # fresh (a stale one is 15 min old), on a loaded machine too
 
 
 def _heartbeat(project: Project, run_id: str, wait_s: float) -> float | None:
