@@ -1,5 +1,5 @@
-"""Processes that stop with theirs: the bootstrap of a script and cascade's torchrun agent stop with
-`cascade run`; `cascade ui`'s MLflow server stops with `cascade ui`."""
+"""Processes that stop with their parent: the bootstrap of a script and cascade's torchrun agent stop
+with `cascade run`; `cascade ui`'s server guard (store/ui_guard.py) stops with `cascade ui`."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 def parent_death_signal() -> Callable[[int], bool] | None:
     """Linux's "send me this signal when my parent ends" (prctl PR_SET_PDEATHSIG; kept across exec,
-    and it is the end of the parent's thread that spawned us that counts), looked up now: a
-    subprocess's preexec_fn may call it, not load a library. None where there is no such thing."""
+    and it is the end of the parent's thread that spawned us that counts), for this process to ask
+    for. None where there is no such thing."""
     if not sys.platform.startswith("linux"):
         return None
     try:

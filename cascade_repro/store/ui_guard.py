@@ -20,8 +20,10 @@ from cascade_repro.child.parent_watch import parent_death_signal
 
 def main(argv: list[str]) -> int:
     parent, command = int(argv[0]), argv[1:]
+    stopped: list[int] = []
 
     def stop(signum: int, frame: FrameType | None) -> None:
+        stopped.append(signum)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (the group's SIGTERM reaches this process too)
         os.killpg(0, signal.SIGTERM)
 
@@ -29,7 +31,7 @@ def main(argv: list[str]) -> int:
     set_signal = parent_death_signal()
     if set_signal is not None:
         set_signal(signal.SIGTERM)
-    if os.getppid() != parent:  # `cascade ui` ended before the signal was asked for
+    if stopped or os.getppid() != parent:  # stopped, or `cascade ui` gone, before the server started
         return 128 + signal.SIGTERM
     server = subprocess.Popen(command)
     code = server.wait()
