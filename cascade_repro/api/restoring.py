@@ -226,9 +226,10 @@ def _no_rerun_left_in(workdir: Path, notify: Notify) -> None:
     """A restore killed during its re-run let go of the worktree's lock, but its re-run, told to stop
     (SIGTERM), may still be cleaning up, writing in the worktree: waited for, up to KILLED_RERUN_WAIT_S,
     by the run directory it owns (its pid and start time: a reused pid is not it), then refused."""
+    from cascade_repro.settings import ProjectPaths
     from cascade_repro.store import spool
 
-    runs = workdir / ".cascade" / "runs"
+    runs = ProjectPaths(workdir).runs  # (the re-run's project is the worktree)
     deadline = time.monotonic() + KILLED_RERUN_WAIT_S
     told = False
     while True:
