@@ -265,3 +265,56 @@ def test_sigkill_of_cascade_stops_the_container_and_the_next_command_recovers_th
     assert run.info.status == "KILLED"
     steps = [m.step for m in project.client().get_metric_history(run.info.run_id, "loss")]
     assert steps == list(range(12))  # every step the script logged before it hung (steps: 12)
+
+
+def test_a_restore_after_a_killed_docker_restore_stops_its_container_first(
+    docker_project: Project, docker_client: Any
+) -> None:
+    """`cascade restore v1 --docker` SIGKILLed during its re-run: the container gets no signal
+    (PR_SET_PDEATHSIG does not cross into it) and goes on writing in the worktree. The next restore
+    into it must stop it first, before it writes there: the recovery it runs before opening the store
+    finds the dead run in the worktree's spool and stops its container by the run directory's label.
+    Then it reproduces, and no container is left."""
+    from tests.plugin import SCRIPTS
+
+    project = docker_project
+    project.write("faults.py", (SCRIPTS / "faults.py").read_text())
+    project.commit("a script that can hold")
+    holding = project.root / "out" / "holding"  # (the project's root is in the container: the store is)
+    recorded = project.cascade("run", "--docker", "--tag", "v1", "faults.py", "--steps", "6",
+                               "--hold-at", "2", "--hold-s", "300", "--hold-while", str(holding))  # fmt: skip
+    assert recorded.returncode == 0, recorded.stderr
+    holding.parent.mkdir(exist_ok=True)
+    holding.touch()
+    first = subprocess.Popen([*CASCADE, "restore", "v1", "--docker"], cwd=project.root, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True)  # fmt: skip
+    held = project.root / ".cascade" / "restore" / "v1" / "out" / "hold"
+    second = None
+    try:
+        deadline = time.monotonic() + 240
+        while not held.exists():
+            assert first.poll() is None and time.monotonic() < deadline, "the restore's re-run never held"
+            time.sleep(0.2)
+        first.kill()
+        first.wait(timeout=30)
+        (orphan,) = docker_client.containers.list(filters={"label": "cascade.run_dir"})  # still holding
+        second = subprocess.Popen([*CASCADE, "restore", "v1", "--docker", "--json"], cwd=project.root,
+                                  text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        assert second.stderr is not None
+        said = []
+        for line in second.stderr:  # (until it stops the orphan: its own re-run must not hold)
+            said.append(line)
+            if "stopping container" in line:
+                break
+        assert f"stopping container {orphan.short_id}" in "".join(said), "".join(said)
+        holding.unlink()
+        out, err = second.communicate(timeout=300)
+    finally:
+        holding.unlink(missing_ok=True)
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+    assert second.returncode == 0, err
+    assert json.loads(out)["data"]["verdict"]["verdict"] == "BITWISE_IDENTICAL"
+    assert docker_client.containers.list(all=True, filters={"label": "cascade.run_dir"}) == []
