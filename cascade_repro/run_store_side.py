@@ -433,8 +433,8 @@ class Recording:
         input the run rewrote from the copy the child kept of it as read (`kept`), never the file now.
         `quiet`: only those rewritten ones, without --track-inputs, and only where DVC is."""
         cache = self.keeper.cache
-        if cache is None:
-            if not quiet:
+        if cache is None:  # (`cascade run` refuses the option without DVC: a restore's re-run, as recorded)
+            if not quiet and "cascade.restored_from" not in self.plan.extra_tags:
                 self.warnings.append("--track-inputs: this project has no DVC repository; `cascade init` "
                                      "(it runs `dvc init`), then run again")  # fmt: skip
             return

@@ -120,6 +120,8 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
     exclude = own_paths(settings)
     if request.require_clean:
         _refuse_dirty(root, exclude)
+    if request.track_inputs and request.restored_params is None:  # (a restore re-runs as recorded)
+        _refuse_track_inputs_without_dvc(settings)
     if request.restored_params is not None:
         resolved = request.restored_params
     else:
@@ -251,6 +253,18 @@ def _log_start(request: RunRequest, settings: Settings, environ: Mapping[str, st
     log.debug(
         "store %s (%s), experiment %s", settings.tracking_uri, _store_source(environ), settings.experiment
     )
+
+
+def _refuse_track_inputs_without_dvc(settings: Settings) -> None:
+    """`--track-inputs` where there is no DVC cache to keep the inputs in: refused before the script
+    runs (it was said only after the whole run, which then lacked what the user asked for)."""
+    from cascade_repro.store.dvc_store import Cache
+
+    if not Cache.exists_for(settings.root):
+        raise UsageError(
+            "--track-inputs keeps the files a run reads in the DVC cache; this project has no DVC repository",
+            hint="run `cascade init` (it runs `dvc init`) first, or run without --track-inputs",
+        )
 
 
 def _in_docker(request: RunRequest, settings: Settings, layout: distributed.Distributed | None) -> bool:

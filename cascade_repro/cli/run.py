@@ -38,7 +38,8 @@ from cascade_repro.cli.base import _guard, main
 @click.option(
     "--track-inputs",
     is_flag=True,
-    help="Put files the script reads that neither git nor DVC tracks (e.g. ignored data) into the DVC cache.",
+    help="Put files the script reads that neither git nor DVC tracks (e.g. ignored data) into the DVC cache "
+    "(needs `cascade init`).",
 )
 @click.option(
     "--trace-interval",

@@ -108,6 +108,17 @@ def test_bad_seed_is_a_usage_error(project: Project) -> None:
     _nothing_recorded(project)
 
 
+def test_track_inputs_without_dvc_is_refused_before_the_script_starts(project: Project) -> None:
+    """Found on pytorch/examples' time_sequence_prediction (its traindata.pt is generated, ignored by
+    git): `--track-inputs` in a project without `dvc init` ran the whole script, then said at the end
+    that it could not keep what it read, and exited 0. Now nothing runs, and the fix is named."""
+    result = project.invoke("run", "--track-inputs", "train.py")
+    assert result.returncode == 2, result.stderr
+    assert "--track-inputs keeps the files a run reads in the DVC cache; this project has no" in result.stderr
+    assert "`cascade init`" in result.stderr and "without --track-inputs" in result.stderr
+    _nothing_recorded(project)
+
+
 def test_a_run_not_made_by_cascade_is_named_as_such(project: Project) -> None:
     client = project.client()
     experiment = client.create_experiment("plain", artifact_location=(project.root / "mlruns").as_uri())
