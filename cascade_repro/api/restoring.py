@@ -233,7 +233,7 @@ def _no_rerun_left_in(workdir: Path, notify: Notify) -> None:
     deadline = time.monotonic() + KILLED_RERUN_WAIT_S
     told = False
     while True:
-        running = [run_dir for run_dir in _run_dirs(runs) if spool.owner_alive(run_dir)]
+        running = [run_dir for run_dir in spool.run_dirs(runs) if spool.owner_alive(run_dir)]
         if not running:
             return
         owner = spool.read_json(running[0] / spool.OWNER_FILE) or {}
@@ -248,13 +248,6 @@ def _no_rerun_left_in(workdir: Path, notify: Notify) -> None:
                    "in the worktree")  # fmt: skip
             told = True
         time.sleep(0.2)
-
-
-def _run_dirs(runs: Path) -> list[Path]:
-    try:
-        return [Path(entry.path) for entry in os.scandir(runs) if entry.is_dir() and entry.name[0] != "."]
-    except OSError:  # no run there (yet)
-        return []
 
 
 def _steps_a_killed_run_ran(store: RunStore, manifest: Manifest) -> tuple[int | None, TraceRecords | None]:

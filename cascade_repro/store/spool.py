@@ -258,17 +258,21 @@ def scan_all(runs_dirs: list[Path]) -> list[SpoolEntry]:
     return [entry for runs_dir in runs_dirs for entry in scan(runs_dir)]
 
 
-def scan(runs_dir: Path) -> list[SpoolEntry]:
-    """Run directories whose parent is gone: one directory listing, a lock try and a read or two each."""
+def run_dirs(runs_dir: Path) -> list[Path]:
+    """The run directories in `runs_dir`, by name (none being made: those are hidden until locked)."""
     try:
         names = sorted(
             entry.name for entry in os.scandir(runs_dir) if entry.is_dir() and entry.name[0] != "."
         )
-    except OSError:
+    except OSError:  # no run there (yet)
         return []
+    return [runs_dir / name for name in names]
+
+
+def scan(runs_dir: Path) -> list[SpoolEntry]:
+    """Run directories whose parent is gone: one directory listing, a lock try and a read or two each."""
     found = []
-    for name in names:
-        path = runs_dir / name
+    for path in run_dirs(runs_dir):
         state = classify(path)
         if state is not None:
             found.append(SpoolEntry(path, state, Ledger.load(path).run_id))
