@@ -566,6 +566,7 @@ def _recorded_params(manifest: Manifest) -> ResolvedParams:
 def _restore_environ(plan: RestorePlan, settings: Settings, dump: StepsToSave | None) -> dict[str, str]:
     """This machine's environment with the record's allow-listed variables, writing to this store."""
     from cascade_repro.child import protocol
+    from cascade_repro.child.restored_code import restored_code_value
 
     environ = dict(os.environ)
     for name, value in plan.environment.items():
@@ -584,4 +585,7 @@ def _restore_environ(plan: RestorePlan, settings: Settings, dump: StepsToSave | 
         environ[protocol.ENV_TRACE_DUMP] = f"{dump[0]}:{dump[1]}:{dump[2]}"
     if plan.num_threads:
         environ[protocol.ENV_NUM_THREADS] = str(plan.num_threads)
+    # the project's own modules, where an editable install or PYTHONPATH finds them in this checkout
+    environ[protocol.ENV_RESTORED_CODE] = restored_code_value(str(settings.root), str(plan.workdir),
+                                                                  str(settings.paths.own))
     return environ

@@ -27,6 +27,7 @@ from cascade_repro.child import (
     parent_watch,
     parsed_args,
     protocol,
+    restored_code,
     runtime,
     seeding,
     usage_errors,
@@ -165,6 +166,7 @@ def main(argv: list[str]) -> None:
             **script_seeds.import_hooks(),
         },
     )
+    restored_code.install(os.environ, sys.stderr.write)  # (before the hooks: they come first, it second)
     hooks.install()
 
     # (SIGHUP keeps its default: a script stuck in C code dies of a closed terminal, with nobody left to

@@ -27,6 +27,9 @@ ENV_TRACE_DUMP = "CASCADE_TRACE_DUMP"  # `verify --replay`: "FIRST:LAST:DIR", th
 ENV_PARENT_PID = "CASCADE_PARENT_PID"  # the child stops (SIGTERM) when this process dies
 ENV_MLFLOW_RUN_ID = "CASCADE_MLFLOW_RUN_ID"  # the child's own note of the run id its MLflow hook logs to
 ENV_ROOT = "CASCADE_ROOT"  # the repository root: files opened under it are noted in FILES_FILE
+# `cascade restore`: {"checkout", "worktree", "own"}: modules found in the checkout are imported from the
+# worktree (child/restored_code.py)
+ENV_RESTORED_CODE = "CASCADE_RESTORED_CODE"
 DUMP_FILE = "tensors.pt"  # DIR/stepN/: {"params_before"|"grads"|"params_after": {name: tensor}}
 
 # Files inside the run directory.

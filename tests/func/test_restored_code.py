@@ -1,0 +1,135 @@
+"""A restore's re-run imports the project's own modules from the restored code, where an editable
+install (`pip install -e .`, real, in a venv of the test's own) or an absolute PYTHONPATH would
+find them in the checkout at today's commit (child/restored_code.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.plugin import Project
+
+pytestmark = pytest.mark.slow
+
+PYPROJECT = """[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+[project]
+name = "mylib"
+version = "0.1"
+"""
+
+TRAIN = """import torch
+import mylib
+from mylib import losses
+
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(64, 8), torch.randn(64, 1)
+for step in range(10):
+    opt.zero_grad()
+    loss = losses.mse(model(x) * mylib.SCALE * mylib.generated.FACTOR, y)
+    loss.backward()
+    opt.step()
+print("mylib from", mylib.__file__)
+"""
+
+
+def _library(project: Project, package: str) -> None:
+    """mylib, whose SCALE the training uses, with a submodule and a module git ignores (generated
+    in place: the restored code does not have it)."""
+    project.write(f"{package}/__init__.py", "from mylib import generated\nSCALE = 1.0\n")
+    project.write(f"{package}/losses.py", "def mse(a, b):\n    return ((a - b) ** 2).mean()\n")
+    project.write(f"{package}/generated.py", "FACTOR = 0.5\n")
+    project.write(".gitignore", (project.root / ".gitignore").read_text() + f"{package}/generated.py\n")
+
+
+def _venv_with_editable_install(project: Project, tmp_path: Path) -> Path:
+    """A venv that sees this suite's packages (torch, cascade) and has the project installed in
+    editable mode, offline (this suite's setuptools builds it)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = Path(sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"])
+    ours = sysconfig.get_paths()["purelib"]
+    (site / "_suite.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+    python = venv / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e",
+                    str(project.root)], check=True, capture_output=True)  # fmt: skip
+    return python
+
+
+def _cascade(project: Project, python: Path | str, *args: str,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    return subprocess.run([str(python), "-m", "cascade_repro.cli", *args], cwd=project.root, text=True,
+                          capture_output=True, timeout=300, env={**os.environ, **(env or {})})  # fmt: skip
+
+
+def _record_then_move_on(project: Project, python: Path | str, env: dict[str, str] | None = None) -> None:
+    """v1 with SCALE 1.0, then the library changes in a new commit (and the ignored file stays)."""
+    run = _cascade(project, python, "run", "--tag", "v1", *_script(project), env=env)
+    assert run.returncode == 0, run.stderr
+    init = next(project.root.glob("**/mylib/__init__.py"))
+    init.write_text(init.read_text().replace("1.0", "3.0"))
+    project.commit("library: another scale")
+
+
+def _script(project: Project) -> list[str]:
+    return ["scripts/train.py"] if (project.root / "scripts").exists() else ["train.py"]
+
+
+def _restored(project: Project, python: Path | str,
+              env: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:  # fmt: skip
+    result = _cascade(project, python, "restore", "v1", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)["data"], result.stderr
+
+
+@pytest.mark.parametrize("layout", ["src", "flat"])
+def test_an_editable_install_of_the_project_restores_the_recorded_library_code(
+    project: Project, tmp_path: Path, layout: str
+) -> None:
+    """src layout: setuptools' editable install is a .pth naming src/; flat layout with the script in
+    a subdirectory: setuptools' own meta-path finder maps mylib to the checkout."""
+    if layout == "src":
+        project.write("pyproject.toml", PYPROJECT + '[tool.setuptools.packages.find]\nwhere = ["src"]\n')
+        _library(project, "src/mylib")
+        project.write("train.py", TRAIN)
+    else:
+        project.write("pyproject.toml", PYPROJECT + '[tool.setuptools]\npackages = ["mylib"]\n')
+        _library(project, "mylib")
+        project.write("scripts/train.py", TRAIN)
+    project.commit("mylib")
+    python = _venv_with_editable_install(project, tmp_path)
+    _record_then_move_on(project, python)
+
+    data, stderr = _restored(project, python)
+
+    # before: the re-run trained with the checkout's SCALE 3.0 and DIVERGED at step 0 on the loss
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL", data["verdict"]
+    moved = "src/mylib" if layout == "src" else "mylib"
+    assert f"imports mylib from the restored code ({moved})" in stderr
+    worktree = Path(data["plan"]["workdir"])
+    assert f"mylib from {worktree / moved / '__init__.py'}" in stderr
+
+
+def test_an_absolute_pythonpath_into_the_checkout_restores_the_recorded_code(project: Project) -> None:
+    project.write("pyproject.toml", PYPROJECT)
+    _library(project, "src/mylib")
+    project.write("train.py", TRAIN)
+    project.commit("mylib")
+    ours = os.environ.get("PYTHONPATH")  # (where the suite's cascade may come from)
+    env = {"PYTHONPATH": os.pathsep.join([str(project.root / "src"), *([ours] if ours else [])])}
+    _record_then_move_on(project, sys.executable, env)
+
+    data, stderr = _restored(project, sys.executable, env)
+
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL", data["verdict"]
+    assert "imports mylib from the restored code (src/mylib)" in stderr

@@ -1,0 +1,71 @@
+"""child/restored_code.py: which modules a restore's re-run takes from the worktree, in a fresh
+interpreter each (imports are process-wide)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from cascade_repro.child import protocol
+from cascade_repro.child.restored_code import restored_code_value
+
+PROBE = """
+import sys
+from cascade_repro.child import restored_code
+restored_code.install(__import__("os").environ, sys.stderr.write)
+import json, single, ns.part, only_in_checkout, pkg, pkg.sub
+print(json.dumps({name: sys.modules[name].__file__ for name in
+                  ["json", "single", "ns.part", "only_in_checkout", "pkg", "pkg.sub", "pkg.ignored"]}))
+"""
+
+
+def _tree(base: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (base / rel).parent.mkdir(parents=True, exist_ok=True)
+        (base / rel).write_text(text)
+
+
+def _probe(checkout: Path, worktree: Path, *paths: Path) -> tuple[dict[str, str], str]:
+    given = restored_code_value(str(checkout), str(worktree), str(checkout / ".cascade"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, paths), *sys.path[1:]]),
+           protocol.ENV_RESTORED_CODE: given}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout), done.stderr
+
+
+def test_modules_found_in_the_checkout_come_from_the_worktree_where_it_has_them(tmp_path: Path) -> None:
+    checkout = tmp_path / "proj"
+    worktree = checkout / ".cascade" / "restore" / "v1"  # where restore puts it: inside the checkout
+    _tree(checkout, {"src/single.py": "", "src/pkg/__init__.py": "from pkg import ignored\n",
+                     "src/pkg/sub.py": "", "src/pkg/ignored.py": "", "src/only_in_checkout.py": "",
+                     "ns/part.py": ""})  # fmt: skip
+    _tree(worktree, {"src/single.py": "", "src/pkg/__init__.py": "from pkg import ignored\n",
+                     "src/pkg/sub.py": "", "ns/part.py": ""})  # fmt: skip
+
+    found, said = _probe(checkout, worktree, checkout / "src", checkout)
+
+    assert found["single"] == str(worktree / "src/single.py")
+    assert found["pkg"] == str(worktree / "src/pkg/__init__.py")
+    assert found["pkg.sub"] == str(worktree / "src/pkg/sub.py")  # a submodule follows its package
+    assert found["ns.part"] == str(worktree / "ns/part.py")  # a namespace package's directories too
+    # what the restored code lacks is read from the checkout: an ignored file, a module of its own
+    assert found["pkg.ignored"] == str(checkout / "src/pkg/ignored.py")
+    assert found["only_in_checkout"] == str(checkout / "src/only_in_checkout.py")
+    assert found["json"] != "" and not found["json"].startswith(str(tmp_path))  # elsewhere: untouched
+    assert "imports pkg from the restored code (src/pkg)" in said
+    assert "imports single from the restored code (src/single.py)" in said
+    assert f"only_in_checkout is not in the restored code: imported from this checkout ({checkout}" in said
+
+
+def test_the_worktree_s_own_modules_are_left_as_found(tmp_path: Path) -> None:
+    checkout, worktree = tmp_path / "proj", tmp_path / "proj" / ".cascade" / "restore" / "v1"
+    _tree(worktree, {"src/single.py": "", "src/pkg/__init__.py": "from pkg import ignored\n",
+                     "src/pkg/sub.py": "", "src/pkg/ignored.py": "", "src/only_in_checkout.py": "",
+                     "ns/part.py": ""})  # fmt: skip
+
+    found, said = _probe(checkout, worktree, worktree / "src", worktree)
+
+    assert found["pkg"] == str(worktree / "src/pkg/__init__.py") and said == ""
