@@ -351,6 +351,9 @@ _ORIGINAL_REPLACE = os.replace
 _SUPPORTS = ("supports_dir_fd", "supports_fd", "supports_follow_symlinks", "supports_effective_ids")
 MAX_OUTSIDE = 100  # files read outside the repository, named (the record holds fewer)
 CODE = (".py", ".pyc", ".pyi", ".so", ".pth")  # a library's source (a traceback, a warning reads it): no data
+# an installed distribution's metadata (`importlib.metadata` reads it, torch's scan of entry points for
+# every distribution on sys.path), wherever it is installed (PYTHONPATH, a `.pth`'s site directory)
+METADATA_DIRS = (".dist-info" + os.sep, ".egg-info" + os.sep)
 # Where files read are the system's, a library's or a cache of compiled code, not the run's data.
 SYSTEM_DIRS = ("/usr/", "/lib/", "/lib64/", "/bin/", "/sbin/", "/etc/", "/proc/", "/sys/", "/dev/", "/run/",
                "/var/", "/snap/")  # fmt: skip
@@ -374,7 +377,7 @@ def _through_pathlib_accessor() -> None:
 def library_or_system(path: str, system: tuple[str, ...] = SYSTEM_DIRS) -> bool:
     """Whether a file read outside the repository is no data: a library's code, or under `system`
     (the system's directories; in the child, its Python's prefixes and caches too)."""
-    return path.startswith(system) or path.endswith(CODE)
+    return path.startswith(system) or path.endswith(CODE) or any(part in path for part in METADATA_DIRS)
 
 
 def _system_prefixes() -> tuple[str, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import io
 import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -306,3 +307,28 @@ def test_a_file_read_then_truncated_by_path_keeps_its_bytes_as_read(
     assert (run_dir / "read_before_write" / "data" / "cache.bin").read_bytes() == data
     assert (root / "data" / "cache.bin").read_bytes() == data[:3]
     assert "data/cache.bin" in opened["written"]
+
+
+def test_package_metadata_read_outside_the_repository_is_not_named(
+    watched: tuple[FileAccess, Path], tmp_path: Path
+) -> None:
+    """A package installed outside the interpreter's prefix (on PYTHONPATH, a `.pth`'s site directory):
+    torch's scan of entry points reads every distribution's metadata there. It is no run's data (it
+    was named as a likely cause of a divergence, before the weights' own difference)."""
+    import importlib.metadata
+
+    access, _ = watched
+    site = tmp_path / "packages"
+    for dist, metadata in (("gymnasium-1.4.0.dist-info", "METADATA"), ("old_one.egg-info", "PKG-INFO")):
+        (site / dist).mkdir(parents=True)  # written by another process: not the run's own files
+        subprocess.run(["sh", "-c", f"printf 'Name: x\\nVersion: 1\\n' > {metadata} && "
+                        "printf '[console_scripts]\\nx = x:main\\n' > entry_points.txt"],
+                       cwd=site / dist, check=True)  # fmt: skip
+    found = [d.metadata["Name"] for d in importlib.metadata.distributions(path=[str(site)])]
+    assert found == ["x", "x"]
+    with open(site / "gymnasium-1.4.0.dist-info" / "entry_points.txt", "rb"):
+        pass
+    assert list(access.outside) == []
+    with open(tmp_path / "outside.txt", "rb"):  # data beside them still is
+        pass
+    assert list(access.outside) == [str(tmp_path / "outside.txt")]
