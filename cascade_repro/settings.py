@@ -49,6 +49,7 @@ DEFAULT_ENV_PREFIXES = (
     "CUDA_", "CUBLAS_", "CUDNN_", "NCCL_", "NVIDIA_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "KMP_",
     "OPENBLAS_", "ATEN_", "PYTHONHASHSEED", "CASCADE_", "MLFLOW_", "HF_", "XLA_", "LD_PRELOAD",
     "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_",
+    "PYTHONPATH",  # where packages outside the environment came from: recorded, never set by a restore
 )  # fmt: skip
 
 

@@ -212,7 +212,8 @@ def recorded_environment(recorded: Mapping[str, str], environ: Mapping[str, str]
                          read: Mapping[str, str | None] | None = None) -> dict[str, str | None]:  # fmt: skip
     """The allow-listed variables and those the script read, as recorded: set what differs, unset what
     the run did not have. Redacted values cannot be restored; the variable is left as it is here.
-    What no honest run records, or what loads code, is never set (`held_back`)."""
+    What no honest run records, or what loads code, is never set (`held_back`); what loads code is
+    never unset either (PYTHONPATH: the re-run finds its packages as this shell does)."""
     changes: dict[str, str | None] = {}
     for names, is_read in ((read or {}, True), (recorded, False)):
         for name, value in names.items():
@@ -223,6 +224,7 @@ def recorded_environment(recorded: Mapping[str, str], environ: Mapping[str, str]
             name.startswith(allow_prefixes)
             and not name.startswith(NOT_RESTORED_PREFIXES)
             and name not in recorded
+            and not loads_code(name)
         ) and name != "PYTHONHASHSEED":
             changes[name] = None
     return changes

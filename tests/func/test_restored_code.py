@@ -133,3 +133,29 @@ def test_an_absolute_pythonpath_into_the_checkout_restores_the_recorded_code(pro
 
     assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL", data["verdict"]
     assert "imports mylib from the restored code (src/mylib)" in stderr
+
+
+def test_the_pythonpath_a_run_had_is_recorded_and_a_restore_without_it_names_it(
+    project: Project, tmp_path: Path
+) -> None:
+    """Packages on PYTHONPATH outside the environment (`pip install --target DIR`): the record did not
+    hold PYTHONPATH, so a restore from a shell without it failed on an import the plan never named."""
+    packages = tmp_path / "packages"
+    (packages / "extra").mkdir(parents=True)
+    (packages / "extra" / "__init__.py").write_text("SCALE = 2.0\n")
+    project.write("train.py", TRAIN.replace("import mylib\nfrom mylib import losses\n", "import extra\n")
+                  .replace("losses.mse(model(x) * mylib.SCALE * mylib.generated.FACTOR, y)",
+                           "((model(x) * extra.SCALE - y) ** 2).mean()")
+                  .replace('print("mylib from", mylib.__file__)', ""))  # fmt: skip
+    project.commit("extra")
+    ours = os.environ.get("PYTHONPATH")
+    with_packages = os.pathsep.join([str(packages), *([ours] if ours else [])])
+    run_id = project.record("--tag", "v1", "train.py", env={"PYTHONPATH": with_packages})
+    assert project.manifest(run_id)["environment"]["PYTHONPATH"] == with_packages
+
+    without = project.cascade("restore", "v1", env={"PYTHONPATH": ours or ""})
+
+    assert "No module named 'extra'" in without.stderr  # (the re-run cannot import it)
+    assert "not set from the record: PYTHONPATH" in without.stdout + without.stderr
+    again = project.cascade("restore", "v1", env={"PYTHONPATH": with_packages})
+    assert again.returncode == 0 and "BITWISE_IDENTICAL" in again.stdout, again.stderr

@@ -200,3 +200,12 @@ def test_a_killed_restores_rerun_that_does_not_stop_is_waited_for_then_named(
     finally:
         rerun.kill()
         rerun.wait()
+
+
+def test_a_restore_leaves_pythonpath_as_this_shell_has_it() -> None:
+    """Recorded (where packages outside the environment came from), never set from a record (it loads
+    code), and never unset where the record has none: the re-run imports as this shell does."""
+    allowed = ("TORCH", "PYTHONPATH")
+    assert recorded_environment({"PYTHONPATH": "/elsewhere"}, {"PYTHONPATH": "/here"}, allowed) == {}
+    here = {"PYTHONPATH": "/here", "TORCH_HOME": "/t"}
+    assert recorded_environment({}, here, allowed) == {"TORCH_HOME": None}
