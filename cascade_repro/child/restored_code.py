@@ -10,7 +10,10 @@ the same path inside the worktree, where the restored code has it. A package's s
 looked for in the worktree first, then in the checkout: a file git ignores (a compiled extension
 built in place, generated code) is not in the restored code, and the recorded run read it from the
 checkout too. A module the restored code does not have at all is imported as it would be, from the
-checkout. Each module moved, or left in the checkout, is said once on stderr.
+checkout. Each module moved, or left in the checkout, is said once on stderr. The directories of
+sys.path inside the checkout get their worktree's in front, for processes `multiprocessing` spawns
+(they get the sys.path, not the finder): with a `.pth` or PYTHONPATH, DataLoader workers import the
+restored code too.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class RestoredCode(importlib.abc.MetaPathFinder):
         self._say = say
         self._local = threading.local()
         self._said: set[str] = set()
+        self._inserted: set[str] = set()  # the worktree's directories put on sys.path (`restored_path`)
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:  # fmt: skip
@@ -60,25 +64,63 @@ class RestoredCode(importlib.abc.MetaPathFinder):
         locations = list(spec.submodule_search_locations or [])
         origin = spec.origin if spec.has_location else None
         if origin is None:  # a namespace package: its directories in the worktree come first
-            mapped = [moved for moved in map(self._in_worktree, locations) if moved and os.path.isdir(moved)]
-            if mapped:
-                spec.submodule_search_locations = [*mapped, *locations]
-                self._tell(fullname, mapped[0])
+            joined = self._search(locations)
+            if joined != locations:
+                spec.submodule_search_locations = joined
+                if _under(joined[0], self.worktree):
+                    self._tell(fullname, joined[0])
             return spec
-        moved = self._in_worktree(origin)
-        if moved is None:
-            return spec  # not the checkout's: a package installed elsewhere, or already the worktree's
-        if not os.path.isfile(moved):
-            self._tell(fullname, None, origin)
-            return spec
-        search = None
-        if locations:
-            search = [m for m in map(self._in_worktree, locations) if m and os.path.isdir(m)] + locations
-        new = importlib.util.spec_from_file_location(fullname, moved, submodule_search_locations=search)
-        if new is None:
-            return spec
-        self._tell(fullname, os.path.dirname(moved) if search is not None else moved)
-        return new
+        real = os.path.realpath(origin)
+        if _under(real, self.worktree):  # found there (sys.path has the worktree's directories first)
+            restored, told = real, any(_under(real, where) for where in self._inserted)
+        else:
+            moved = self._in_worktree(origin)
+            if moved is None:
+                return spec  # not the checkout's: a package installed elsewhere
+            if not os.path.isfile(moved):
+                self._tell(fullname, None, origin)
+                return spec
+            restored, told = moved, True
+        search: list[str] | None = self._search(locations) if locations else None
+        if restored != real or (search is not None and search != locations):
+            new = importlib.util.spec_from_file_location(fullname, restored,
+                                                         submodule_search_locations=search)  # fmt: skip
+            spec = new if new is not None else spec
+        if told:
+            self._tell(fullname, os.path.dirname(restored) if search is not None else restored)
+        return spec
+
+    def _search(self, locations: list[str]) -> list[str]:
+        """A package's directories: the worktree's, then the checkout's (what the restored code lacks,
+        a file git ignores), then any other, each once."""
+        restored, checkout, other = [], [], []
+        for where in locations:
+            real = os.path.realpath(where)
+            if _under(real, self.worktree):
+                restored.append(real)
+                back = os.path.normpath(os.path.join(self.checkout, os.path.relpath(real, self.worktree)))
+                if os.path.isdir(back):
+                    checkout.append(back)
+            elif (moved := self._in_worktree(real)) is not None:
+                if os.path.isdir(moved):
+                    restored.append(moved)
+                checkout.append(real)
+            else:
+                other.append(where)
+        return list(dict.fromkeys([*restored, *checkout, *other]))
+
+    def restored_path(self, entries: list[str]) -> list[str]:
+        """sys.path with each directory inside the checkout preceded by the same one in the worktree,
+        where it has it: what `multiprocessing`'s spawned processes (DataLoader workers) are given
+        as their sys.path, without this finder."""
+        out = []
+        for entry in entries:
+            moved = self._in_worktree(entry) if entry else None
+            if moved is not None and os.path.isdir(moved):
+                out.append(moved)
+                self._inserted.add(moved)
+            out.append(entry)
+        return out
 
     def _in_worktree(self, path: str) -> str | None:
         """The same path inside the worktree, for one inside the checkout (not in cascade's own
@@ -86,7 +128,7 @@ class RestoredCode(importlib.abc.MetaPathFinder):
         real = os.path.realpath(path)
         if _under(real, self.worktree) or _under(real, self.own) or not _under(real, self.checkout):
             return None
-        return os.path.join(self.worktree, os.path.relpath(real, self.checkout))
+        return os.path.normpath(os.path.join(self.worktree, os.path.relpath(real, self.checkout)))
 
     def _tell(self, fullname: str, moved: str | None, origin: str | None = None) -> None:
         if fullname in self._said:
@@ -133,4 +175,5 @@ def install(environ: Mapping[str, str], say: Callable[[str], object]) -> Restore
         return None
     finder = RestoredCode(checkout, worktree, own, say)
     sys.meta_path.insert(0, finder)
+    sys.path[1:] = finder.restored_path(sys.path[1:])  # ([0]: the script's directory, set apart)
     return finder

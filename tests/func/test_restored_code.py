@@ -159,3 +159,46 @@ def test_the_pythonpath_a_run_had_is_recorded_and_a_restore_without_it_names_it(
     assert "not set from the record: PYTHONPATH" in without.stdout + without.stderr
     again = project.cascade("restore", "v1", env={"PYTHONPATH": with_packages})
     assert again.returncode == 0 and "BITWISE_IDENTICAL" in again.stdout, again.stderr
+
+
+def test_dataloader_workers_spawned_in_a_restore_import_the_restored_code(project: Project) -> None:
+    """Spawned processes get the parent's sys.path, not its finders: they unpickled the dataset from
+    the checkout's library (the batches differed at step 0)."""
+    project.write("src/mylib/__init__.py", """import torch
+SCALE = 1.0
+
+
+class Data(torch.utils.data.Dataset):
+    def __init__(self):
+        generator = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(64, 8, generator=generator), torch.randn(64, 1, generator=generator)
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return self.x[i] * SCALE, self.y[i]
+""")
+    project.write("train.py", """import torch
+import mylib
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(mylib.Data(), batch_size=16, num_workers=2,
+                                         multiprocessing_context="spawn")
+    for x, y in loader:
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+""")
+    project.commit("mylib")
+    ours = os.environ.get("PYTHONPATH")
+    env = {"PYTHONPATH": os.pathsep.join([str(project.root / "src"), *([ours] if ours else [])])}
+    _record_then_move_on(project, sys.executable, env)
+
+    data, _ = _restored(project, sys.executable, env)
+
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL", data["verdict"]
+    assert data["verdict"]["steps"]["compared"] == 4

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from cascade_repro.child import protocol
 from cascade_repro.child.restored_code import restored_code_value
@@ -17,8 +18,9 @@ import sys
 from cascade_repro.child import restored_code
 restored_code.install(__import__("os").environ, sys.stderr.write)
 import json, single, ns.part, only_in_checkout, pkg, pkg.sub
-print(json.dumps({name: sys.modules[name].__file__ for name in
-                  ["json", "single", "ns.part", "only_in_checkout", "pkg", "pkg.sub", "pkg.ignored"]}))
+found = {name: sys.modules[name].__file__ for name in
+         ["json", "single", "ns.part", "only_in_checkout", "pkg", "pkg.sub", "pkg.ignored"]}
+print(json.dumps({**found, "sys.path": sys.path}))
 """
 
 
@@ -28,7 +30,7 @@ def _tree(base: Path, files: dict[str, str]) -> None:
         (base / rel).write_text(text)
 
 
-def _probe(checkout: Path, worktree: Path, *paths: Path) -> tuple[dict[str, str], str]:
+def _probe(checkout: Path, worktree: Path, *paths: Path) -> tuple[dict[str, Any], str]:
     given = restored_code_value(str(checkout), str(worktree), str(checkout / ".cascade"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, paths), *sys.path[1:]]),
            protocol.ENV_RESTORED_CODE: given}  # fmt: skip
@@ -58,6 +60,9 @@ def test_modules_found_in_the_checkout_come_from_the_worktree_where_it_has_them(
     assert "imports pkg from the restored code (src/pkg)" in said
     assert "imports single from the restored code (src/single.py)" in said
     assert f"only_in_checkout is not in the restored code: imported from this checkout ({checkout}" in said
+    # what processes multiprocessing spawns are given (no finder there): the worktree's directories first
+    first = [str(worktree / "src"), str(checkout / "src"), str(worktree), str(checkout)]
+    assert found["sys.path"][1:5] == first
 
 
 def test_the_worktree_s_own_modules_are_left_as_found(tmp_path: Path) -> None:
