@@ -306,7 +306,7 @@ def run_record(record: RunRecord) -> None:
     if record.trace is not None:
         _trace_summary(console, record.trace, record.status == "RUNNING")
     elif m.trace:
-        console.print(f"trace: {_trace_count(m.trace)} (cascade show --trace for the loss curve)")
+        console.print(f"trace: {_trace_count(m.trace)} ({_trace_more(m.trace, record.status)})")
     _metrics(console, m.metrics.get("keys") or {}, record.metrics)
 
 
@@ -417,6 +417,14 @@ def _trace_summary(console: Any, t: Any, running: bool = False) -> None:
     if t.nonfinite_losses:
         parts.append(f"{t.nonfinite_losses} non-finite")
     console.print("  " + ", ".join(parts))
+
+
+def _trace_more(section: dict[str, Any], status: str) -> str:
+    """Where to look next: the loss curve, or why a finished run has no step (`verify` would say it)."""
+    if section.get("steps") == 0 and status == "FINISHED":
+        return ("the script's own process ran no optimizer step or backward(); training in processes it "
+                "started is not traced, torchrun's ranks are: `cascade run --nproc-per-node N`")  # fmt: skip
+    return "cascade show --trace for the loss curve"
 
 
 def _trace_count(section: dict[str, Any]) -> str:

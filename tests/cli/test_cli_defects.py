@@ -186,3 +186,33 @@ def test_unresolved_refs_name_the_fix() -> None:
     assert close is not None and close.hint is not None and "did you mean dup" not in close.hint
     assert "5c5f0a1b0000" in close.hint
     assert unresolved("5c5f", runs) is None  # a unique prefix: found before it gets here
+
+
+def test_show_says_why_a_finished_run_has_no_traced_step(project: Project) -> None:
+    """Training in processes the script started (torch.multiprocessing, pytorch/examples' mnist_hogwild):
+    `show` said "trace: 0 steps (cascade show --trace for the loss curve)"; only `verify` said why."""
+    project.write("spawner.py", """import torch.multiprocessing as mp
+import torch
+
+
+def train(model):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(torch.ones(1, 4)).sum().backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    model = torch.nn.Linear(4, 1)
+    model.share_memory()
+    worker = mp.get_context("spawn").Process(target=train, args=(model,))
+    worker.start()
+    worker.join()
+""")
+    project.commit("spawner")
+    run_id = project.record("spawner.py")
+    assert project.manifest(run_id)["trace"]["steps"] == 0
+    shown = project.invoke("show", run_id[:8], check=True).stdout
+    assert "trace: 0 steps (the script's own process ran no optimizer step or backward()" in shown
+    assert "cascade run --nproc-per-node N" in shown
