@@ -42,7 +42,7 @@ class ImportHooks(importlib.abc.MetaPathFinder):
             return None
         self._local.busy = True
         try:
-            spec = _find_with_others(self, fullname, path, target)
+            spec = find_with_others(self, fullname, path, target)
         finally:
             self._local.busy = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
@@ -70,7 +70,7 @@ class ImportHooks(importlib.abc.MetaPathFinder):
         sys.meta_path.insert(0, self)
 
 
-def _find_with_others(
+def find_with_others(
     skip: object, fullname: str, path: Sequence[str] | None, target: ModuleType | None
 ) -> importlib.machinery.ModuleSpec | None:
     for finder in sys.meta_path:

@@ -6,11 +6,12 @@ restore` runs in, at whatever commit that is now, not from the worktree that hol
 commit: the re-run would train with today's library code and diverge for no recorded reason.
 
 While a restore re-runs, `RestoredCode` moves each top-level module found inside the checkout to
-the same path inside the worktree, where the restored code has it. A package's submodules are
-looked for in the worktree first, then in the checkout: a file git ignores (a compiled extension
-built in place, generated code) is not in the restored code, and the recorded run read it from the
-checkout too. A module the restored code does not have at all is imported as it would be, from the
-checkout. Each module moved, or left in the checkout, is said once on stderr. The directories of
+the same path inside the worktree, where the restored code has it (a module it does not have at all
+is imported as found, from the checkout, and said). A module that the worktree lacks (a restored
+package's, or one beside the script) is read from the checkout where git does not track it there (a
+compiled extension built in place, a generated `_version.py`: the recorded run read it from the
+checkout too); one git tracks is newer than the recorded commit and is not found, as it was not
+then. Each module moved, or left in the checkout, is said once on stderr. The directories of
 sys.path inside the checkout get their worktree's in front, for processes `multiprocessing` spawns
 (they get the sys.path, not the finder): with a `.pth` or PYTHONPATH, DataLoader workers import the
 restored code too.
@@ -25,10 +26,12 @@ import json
 import os
 import sys
 import threading
+from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from cascade_repro.child import protocol
+from cascade_repro.child.hooks import find_with_others
 
 
 class RestoredCode(importlib.abc.MetaPathFinder):
@@ -43,71 +46,80 @@ class RestoredCode(importlib.abc.MetaPathFinder):
         self._local = threading.local()
         self._said: set[str] = set()
         self._inserted: set[str] = set()  # the worktree's directories put on sys.path (`restored_path`)
+        self._in_checkout: dict[tuple[str, ...], list[str]] = {}  # a path: its worktree dirs' checkout twins
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:  # fmt: skip
-        if path is not None or getattr(self._local, "busy", False):  # a submodule: its package's path
+        if getattr(self._local, "busy", False):
             return None
         self._local.busy = True
         try:
-            spec = _find_with_others(self, fullname, target)
+            spec = find_with_others(self, fullname, path, target)
         finally:
             self._local.busy = False
-        if spec is None:
-            return None
         try:
-            return self._moved(fullname, spec)
+            if spec is None:  # what the restored code lacks: a file git does not track in the checkout?
+                return self._untracked(fullname, sys.path if path is None else path)
+            return self._moved(fullname, spec) if path is None else spec
         except (OSError, ValueError, ImportError):  # a path that cannot be read: imported as found
             return spec
 
     def _moved(self, fullname: str, spec: importlib.machinery.ModuleSpec) -> importlib.machinery.ModuleSpec:
+        """A top-level module found inside the checkout, from the same path in the worktree."""
         locations = list(spec.submodule_search_locations or [])
         origin = spec.origin if spec.has_location else None
-        if origin is None:  # a namespace package: its directories in the worktree come first
-            joined = self._search(locations)
-            if joined != locations:
-                spec.submodule_search_locations = joined
-                if _under(joined[0], self.worktree):
-                    self._tell(fullname, joined[0])
+        if origin is None:  # a namespace package: its directories in the worktree instead
+            restored = [self._in_worktree(where) or where for where in locations]
+            if restored != locations:
+                spec.submodule_search_locations = list(dict.fromkeys(restored))
+                self._tell(fullname, next(where for where in restored if _under(where, self.worktree)))
             return spec
         real = os.path.realpath(origin)
-        if _under(real, self.worktree):  # found there (sys.path has the worktree's directories first)
-            restored, told = real, any(_under(real, where) for where in self._inserted)
-        else:
-            moved = self._in_worktree(origin)
-            if moved is None:
-                return spec  # not the checkout's: a package installed elsewhere
-            if not os.path.isfile(moved):
-                self._tell(fullname, None, origin)
-                return spec
-            restored, told = moved, True
-        search: list[str] | None = self._search(locations) if locations else None
-        if restored != real or (search is not None and search != locations):
-            new = importlib.util.spec_from_file_location(fullname, restored,
-                                                         submodule_search_locations=search)  # fmt: skip
-            spec = new if new is not None else spec
-        if told:
-            self._tell(fullname, os.path.dirname(restored) if search is not None else restored)
+        if _under(real, self.worktree):  # found there: sys.path has the worktree's directories first
+            if any(_under(real, where) for where in self._inserted):
+                self._tell(fullname, os.path.dirname(real) if locations else real)
+            return spec
+        moved = self._in_worktree(real)
+        if moved is None:
+            return spec  # not the checkout's: a package installed elsewhere
+        if not os.path.isfile(moved):
+            self._tell(fullname, None, origin)
+            return spec
+        search = [self._in_worktree(where) or where for where in locations] if locations else None
+        new = importlib.util.spec_from_file_location(fullname, moved, submodule_search_locations=search)
+        if new is None:
+            return spec
+        self._tell(fullname, os.path.dirname(moved) if locations else moved)
+        return new
+
+    def _untracked(self, fullname: str, path: Sequence[str]) -> importlib.machinery.ModuleSpec | None:
+        """A module that the worktree's directories in `path` lack (a restored package's, or
+        sys.path's): the checkout's, where git does not track that file there (a compiled extension
+        built in place, a generated `_version.py`: the recorded run read it from the checkout too).
+        One git tracks is newer than the recorded commit: it is not found, as it was not then."""
+        key = tuple(path)
+        back = self._in_checkout.get(key)
+        if back is None:  # (kept per path: probes of optional packages miss sys.path again and again)
+            back = self._in_checkout[key] = [
+                os.path.normpath(os.path.join(self.checkout, os.path.relpath(real, self.worktree)))
+                for real in map(os.path.realpath, path) if _under(real, self.worktree)
+            ]  # fmt: skip
+        if not back:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, back)
+        if spec is None or not spec.has_location or spec.origin is None or self._tracked(spec.origin):
+            return None
+        self._tell(fullname, None, spec.origin)
         return spec
 
-    def _search(self, locations: list[str]) -> list[str]:
-        """A package's directories: the worktree's, then the checkout's (what the restored code lacks,
-        a file git ignores), then any other, each once."""
-        restored, checkout, other = [], [], []
-        for where in locations:
-            real = os.path.realpath(where)
-            if _under(real, self.worktree):
-                restored.append(real)
-                back = os.path.normpath(os.path.join(self.checkout, os.path.relpath(real, self.worktree)))
-                if os.path.isdir(back):
-                    checkout.append(back)
-            elif (moved := self._in_worktree(real)) is not None:
-                if os.path.isdir(moved):
-                    restored.append(moved)
-                checkout.append(real)
-            else:
-                other.append(where)
-        return list(dict.fromkeys([*restored, *checkout, *other]))
+    def _tracked(self, path: str) -> bool:
+        """Whether the checkout's git tracks the file (an error, git missing: taken as tracked)."""
+        from cascade_repro.store import git_repo  # (rarely: the script's start stays light)
+
+        try:
+            return git_repo.succeeds(Path(self.checkout), "ls-files", "--error-unmatch", "--", path)
+        except Exception:  # (git missing: a CascadeError)
+            return True
 
     def restored_path(self, entries: list[str]) -> list[str]:
         """sys.path with each directory inside the checkout preceded by the same one in the worktree,
@@ -140,21 +152,11 @@ class RestoredCode(importlib.abc.MetaPathFinder):
                       "this checkout, where it is installed (editable, or on PYTHONPATH)\n")  # fmt: skip
         else:
             self._say(f"cascade: {fullname} is not in the restored code: imported from this checkout "
-                      f"({origin}), as found now\n")  # fmt: skip
+                      f"({origin}), as found now (git does not track it there)\n")  # fmt: skip
 
 
 def _under(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
-
-
-def _find_with_others(skip: object, fullname: str, target: ModuleType | None) -> Any:
-    for finder in sys.meta_path:
-        if finder is skip or not hasattr(finder, "find_spec"):
-            continue
-        spec = finder.find_spec(fullname, None, target)
-        if spec is not None:
-            return spec
-    return None
 
 
 def restored_code_value(checkout: str, worktree: str, own: str) -> str:
