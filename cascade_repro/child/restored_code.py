@@ -82,8 +82,8 @@ class RestoredCode(importlib.abc.MetaPathFinder):
         moved = self._in_worktree(real)
         if moved is None:
             return spec  # not the checkout's: a package installed elsewhere
-        if not os.path.isfile(moved):
-            self._tell(fullname, None, origin)
+        if not os.path.isfile(moved):  # (imported all the same: a top-level import cannot be refused here)
+            self._tell(fullname, None, origin, tracked=self._tracked(real))
             return spec
         search = [self._in_worktree(where) or where for where in locations] if locations else None
         new = importlib.util.spec_from_file_location(fullname, moved, submodule_search_locations=search)
@@ -142,7 +142,8 @@ class RestoredCode(importlib.abc.MetaPathFinder):
             return None
         return os.path.normpath(os.path.join(self.worktree, os.path.relpath(real, self.checkout)))
 
-    def _tell(self, fullname: str, moved: str | None, origin: str | None = None) -> None:
+    def _tell(self, fullname: str, moved: str | None, origin: str | None = None,
+              tracked: bool = False) -> None:  # fmt: skip
         if fullname in self._said:
             return
         self._said.add(fullname)
@@ -151,8 +152,9 @@ class RestoredCode(importlib.abc.MetaPathFinder):
             self._say(f"cascade: the re-run imports {fullname} from the restored code ({where}), not from "
                       "this checkout, where it is installed (editable, or on PYTHONPATH)\n")  # fmt: skip
         else:
+            why = "the recorded commit does not have it" if tracked else "git does not track it there"
             self._say(f"cascade: {fullname} is not in the restored code: imported from this checkout "
-                      f"({origin}), as found now (git does not track it there)\n")  # fmt: skip
+                      f"({origin}), as found now ({why})\n")  # fmt: skip
 
 
 def _under(path: str, directory: str) -> bool:

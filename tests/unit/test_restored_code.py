@@ -70,6 +70,7 @@ def test_modules_found_in_the_checkout_come_from_the_worktree_where_it_has_them(
     assert "imports pkg from the restored code (src/pkg)" in said
     assert "imports single from the restored code (src/single.py)" in said
     assert f"only_in_checkout is not in the restored code: imported from this checkout ({checkout}" in said
+    assert "src/only_in_checkout.py), as found now (the recorded commit does not have it)" in said
     # what processes multiprocessing spawns are given (no finder there): the worktree's directories first
     first = [str(worktree / "src"), str(checkout / "src"), str(worktree), str(checkout)]
     assert f"pkg.ignored is not in the restored code: imported from this checkout ({checkout}" in said
