@@ -40,11 +40,7 @@ class ImportHooks(importlib.abc.MetaPathFinder):
             before()
         if fullname not in self._after:
             return None
-        self._local.busy = True
-        try:
-            spec = find_with_others(self, fullname, path, target)
-        finally:
-            self._local.busy = False
+        spec = find_while_busy(self, self._local, fullname, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         spec.loader = _with_callback(spec.loader, lambda module: self._run_after(fullname, module))
@@ -68,6 +64,17 @@ class ImportHooks(importlib.abc.MetaPathFinder):
             if module is not None:
                 self._after.pop(name)(module)
         sys.meta_path.insert(0, self)
+
+
+def find_while_busy(finder: object, local: threading.local, fullname: str, path: Sequence[str] | None,
+                    target: ModuleType | None) -> importlib.machinery.ModuleSpec | None:  # fmt: skip
+    """`find_with_others`, with `local.busy` set meanwhile: the others may ask `finder` again through
+    sys.meta_path (two such finders, each looking with the others), and it answers None while busy."""
+    local.busy = True
+    try:
+        return find_with_others(finder, fullname, path, target)
+    finally:
+        local.busy = False
 
 
 def find_with_others(

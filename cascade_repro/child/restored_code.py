@@ -31,7 +31,7 @@ from types import ModuleType
 from typing import Callable, Mapping, Sequence
 
 from cascade_repro.child import protocol
-from cascade_repro.child.hooks import find_with_others
+from cascade_repro.child.hooks import find_while_busy
 
 
 class RestoredCode(importlib.abc.MetaPathFinder):
@@ -52,11 +52,7 @@ class RestoredCode(importlib.abc.MetaPathFinder):
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:  # fmt: skip
         if getattr(self._local, "busy", False):
             return None
-        self._local.busy = True
-        try:
-            spec = find_with_others(self, fullname, path, target)
-        finally:
-            self._local.busy = False
+        spec = find_while_busy(self, self._local, fullname, path, target)
         try:
             if spec is None:  # what the restored code lacks: a file git does not track in the checkout?
                 return self._untracked(fullname, sys.path if path is None else path)
