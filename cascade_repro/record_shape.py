@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Mapping, NoReturn
 
+from cascade_repro import run_target
 from cascade_repro.child.protocol import DETERMINISM_MODES
 from cascade_repro.distributed import check_section as check_distributed
 from cascade_repro.errors import CascadeError
@@ -95,6 +96,9 @@ def _check_command(data: Mapping[str, Any], refuse: Refuse) -> None:
     script = command.get("script")
     if command and (not isinstance(script, str) or script[:1] in ("", "-") or "\0" in script):
         refuse("command.script", script, "the path of the script that ran (a string, not an option)")
+    module = command.get("module")
+    if module is not None and not run_target.is_module_name(module):
+        refuse("command.module", module, "the dotted name of the module that ran (`-m NAME`)")
     commit = git.get("commit")
     if commit is not None and not any(_hex(commit, length) for length in _COMMIT_LENGTHS):
         refuse("git.commit", commit, "a commit id: 40 or 64 lowercase hex digits")

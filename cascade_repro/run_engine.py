@@ -111,7 +111,7 @@ def follow_rank(plan: RunPlan, layout: Distributed, notify: Notify) -> RunResult
     env = {**child_environment(plan, job_dir), protocol.ENV_PARENT_PID: str(os.getpid())}
     log.debug("rank %d of %d: files in %s", layout.rank, layout.world_size, follower.own)
     output = RunOutput(follower.own / protocol.OUTPUT_LOG, follower.own, progress=False)
-    child = Child([sys.executable, "-m", "cascade_repro.child.bootstrap", str(plan.script), *plan.args],
+    child = Child([sys.executable, "-m", "cascade_repro.child.bootstrap", *plan.target, *plan.args],
                   env, plan.cwd, output, output.wrap(notify))  # fmt: skip
     try:
         ended = child.wait()
@@ -152,7 +152,7 @@ def _start_recording(plan: RunPlan, notify: Notify, child: RunningChild, env: di
     from cascade_repro.store.checkpoint_keeper import CheckpointKeeper
     from cascade_repro.store.dvc_store import Cache
 
-    log.debug("child pid %d: %s %s (cwd %s)", child.pid, plan.script_rel, " ".join(redact_argv(plan.args)),
+    log.debug("child pid %d: %s %s (cwd %s)", child.pid, plan.shown, " ".join(redact_argv(plan.args)),
               plan.cwd)  # fmt: skip
     log.debug("child environment adds %s", {k: env[k] for k in sorted(set(env) - set(plan.environ))})
     settings = plan.settings
@@ -185,10 +185,10 @@ def _start_recording(plan: RunPlan, notify: Notify, child: RunningChild, env: di
 
 def _start_child(plan: RunPlan, env: dict[str, str], run_dir: Path, output: RunOutput,
                  notify: Notify) -> RunningChild:  # fmt: skip
-    bootstrap = ["-m", "cascade_repro.child.bootstrap", str(plan.script), *plan.args]
+    bootstrap = ["-m", "cascade_repro.child.bootstrap", *plan.target, *plan.args]
     layout = plan.distributed
     if layout is not None and layout.launcher == distributed.LAUNCHED:  # torchrun starts the ranks
-        bootstrap = ["-m", "cascade_repro.child.launch_ranks", str(layout.nproc_per_node), str(plan.script),
+        bootstrap = ["-m", "cascade_repro.child.launch_ranks", str(layout.nproc_per_node), *plan.target,
                      *plan.args]  # fmt: skip
     if plan.container is None:
         env = {**env, protocol.ENV_PARENT_PID: str(os.getpid())}  # the child stops if we die

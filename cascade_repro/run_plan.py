@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from cascade_repro import run_target
 from cascade_repro.distributed import Distributed
 from cascade_repro.errors import EXIT_INCOMPLETE
 from cascade_repro.manifest import Manifest
@@ -23,7 +24,7 @@ class RunPlan:
     """Everything decided before the child starts (cheap checks only; see api.run)."""
 
     settings: Settings
-    script: Path  # absolute
+    script: Path  # absolute (`-m MODULE`: the module's file)
     script_rel: str  # relative to the repo root
     args: tuple[str, ...]
     cwd: Path
@@ -40,6 +41,17 @@ class RunPlan:
     trace_records: tuple[tuple[int, int], ...] | None = None  # restore: the recorded steps with a record
     track_inputs: bool = False  # `--track-inputs`: read files git and DVC cannot see go to the DVC cache
     distributed: Distributed | None = None  # a torchrun job: `--nproc-per-node`, or rank 0 of the user's
+    module: str | None = None  # `cascade run -m MODULE`: run by its name (run_target.py)
+
+    @property
+    def target(self) -> list[str]:
+        """What follows `python` (or the bootstrap) to run it: `-m MODULE`, else the script's path."""
+        return run_target.words(str(self.script), self.module)
+
+    @property
+    def shown(self) -> str:
+        """It as the user would type it: `-m MODULE`, else the script relative to the repository."""
+        return " ".join(run_target.words(self.script_rel, self.module))
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ def build_manifest(plan: RunPlan, opened: OpenedRun | None, start_ms: int, run_d
         cascade_version=__version__,
         command={
             "script": plan.script_rel,
+            **({"module": plan.module} if plan.module else {}),
             "argv": redact_argv(plan.args),
             "cwd": _relative(plan.cwd, plan.settings.root),
             "interpreter": sys.executable,
@@ -152,7 +153,7 @@ def _user() -> str:
 def _note(plan: RunPlan) -> str:
     args = " ".join(redact_argv(plan.args))
     return (
-        f"`cascade run {plan.script_rel} {args}`".replace(" `", "`")
+        f"`cascade run {plan.shown} {args}`".replace(" `", "`")
         + f"\n\nseed {plan.params.seed}, determinism {plan.determinism}, commit {plan.commit[:12]}. "
         "The full record is the artifact cascade/run.json."
     )

@@ -21,10 +21,11 @@ from cascade_repro.distributed import NodesLaunch, job_name
 from cascade_repro.run_plan import Notify
 
 
-def run_on_nodes(launch: NodesLaunch, script: str, script_rel: str, args: Sequence[str], commit: str,
-                 rank_options: Sequence[str], rdzv_id: str | None, cwd: Path,
+def run_on_nodes(launch: NodesLaunch, target: Sequence[str], script_rel: str, args: Sequence[str],
+                 commit: str, rank_options: Sequence[str], rdzv_id: str | None, cwd: Path,
                  notify: Notify) -> int:  # fmt: skip
-    """This node's part of the job, until its ranks end: their exit code (see launch_ranks)."""
+    """This node's part of the job (`target`: the script, or `-m MODULE`), until its ranks end: their
+    exit code (see launch_ranks)."""
     from cascade_repro.child.launch_ranks import run_torchrun
 
     job = job_name(rdzv_id) if rdzv_id else default_rdzv_id(launch, commit, script_rel, args)
@@ -35,7 +36,7 @@ def run_on_nodes(launch: NodesLaunch, script: str, script_rel: str, args: Sequen
     return run_torchrun([
         f"--nnodes={launch.nnodes}", f"--nproc-per-node={launch.nproc_per_node}", "--rdzv-backend=c10d",
         f"--rdzv-endpoint={launch.endpoint}", f"--rdzv-id={job}",
-        "--module", "cascade_repro.cli", "run", *rank_options, script, *args,
+        "--module", "cascade_repro.cli", "run", *rank_options, *target, *args,
     ])  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
+from cascade_repro import run_target
 from cascade_repro.api.compare import machine_record
 from cascade_repro.api.data import fetch_files, not_restorable
 from cascade_repro.api.judging import judge_runs, record_verdict
@@ -87,8 +88,8 @@ class RestoreResult:
             escaped = word.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
             return f'"{escaped}"' if "${CASCADE_SECRET_" in word else shell_word(word)
 
-        words = ["cascade", "run", "--seed", str(plan.seed), "--deterministic", plan.determinism, plan.script,
-                 *argv]  # fmt: skip
+        words = ["cascade", "run", "--seed", str(plan.seed), "--deterministic", plan.determinism,
+                 *run_target.words(plan.script, plan.module), *argv]  # fmt: skip
         where = [f"MLFLOW_TRACKING_URI={shlex.quote(self.store[0])}",
                  f"CASCADE_EXPERIMENT={shlex.quote(self.store[1])}"] if self.store else []  # fmt: skip
         return f"cd {shell_word(str(self.worktree.path / plan.cwd))} && " + " ".join(
@@ -173,7 +174,7 @@ def restore(
             tags = {**(request.extra_tags or {}), **_image_tags(image, drift)}
             request = replace(request, docker=True, gpus=gpus, image=image, shm_size=shm_size,
                               extra_tags=tags)
-        notify(f"re-running {' '.join((plan.script, *plan.argv))} in {tree.path}")
+        notify(f"re-running {' '.join((plan.shown, *plan.argv))} in {tree.path}")
         restoring.write_marker(tree.path, plan, rerun="started")  # killed during it: reusable still
         result = run(request, notify)
         restoring.write_marker(tree.path, plan, rerun="ended")  # its outputs: the state reuse expects
@@ -352,6 +353,7 @@ def _rerun_request(plan: RestorePlan, manifest: Manifest, tree: Path, settings: 
     """The recorded command, run in the worktree with the recorded params, environment and world size."""
     return RunRequest(
         script=str(tree / plan.script),
+        module=plan.module,
         args=tuple(fill_argv(plan.argv, os.environ)[0]),
         cwd=tree / plan.cwd,
         determinism=plan.determinism,

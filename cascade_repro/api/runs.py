@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from cascade_repro import __version__, distributed
+from cascade_repro import __version__, distributed, run_target
 from cascade_repro.api.spooled import finish_dead_runs
 from cascade_repro.capture.git import is_dirty
 from cascade_repro.errors import CascadeError, DirtyTreeRefused, UsageError
@@ -44,17 +45,18 @@ def init(cwd: Path | None = None) -> InitResult:
 class RunRequest:
     """What `cascade run` was asked to do; `run()` turns it into a plan and records the run.
 
-    The script and its arguments (`script`, `args`); its hyperparameters (`params_file`, overrides
-    `sets` and `adds` as KEY=VALUE, `seed`, `restored_params` when restore replays a record);
-    how it runs (`determinism` mode, `trace_interval`, `cwd`, `environ`, `nproc_per_node` for
-    torchrun, `nnodes`, `rdzv_endpoint` and `rdzv_id` for a job over several machines, and in a
-    container: `docker`, `gpus`, `shm_size`, `image`, `no_cache`); what is
-    recorded (`run_name`, `experiment`, `extra_tags`, `log_checkpoints`, `track_inputs`,
-    `require_clean`); and the label given once it finished (`version`, `force_version`, `git_tag`).
+    The script and its arguments (`script`, `args`; `module`, one run by its name); its hyperparameters
+    (`params_file`, overrides `sets` and `adds` as KEY=VALUE, `seed`, `restored_params` when restore
+    replays a record); how it runs (`determinism` mode, `trace_interval`, `cwd`, `environ`,
+    `nproc_per_node` for torchrun, `nnodes`, `rdzv_endpoint` and `rdzv_id` for a job over several
+    machines, and in a container: `docker`, `gpus`, `shm_size`, `image`, `no_cache`); what is recorded
+    (`run_name`, `experiment`, `extra_tags`, `log_checkpoints`, `track_inputs`, `require_clean`); and
+    the label given once it finished (`version`, `force_version`, `git_tag`).
     """
 
-    script: str
+    script: str  # its path; with `module`: "" (found from the name), or the module's file (a restore)
     args: Sequence[str] = ()
+    module: str | None = None  # `cascade run -m MODULE`: run by its name, as `python -m MODULE`
     params_file: str | None = None
     sets: Sequence[str] = ()
     adds: Sequence[str] = ()
@@ -112,7 +114,10 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
     environ = dict(os.environ if request.environ is None else request.environ)
     root = find_repo_root(cwd)
     settings = _settings_for(request, root, environ)
-    script, script_rel = _script_in_repository(request.script, root, cwd)
+    if request.module is not None and not request.script:
+        script, script_rel = _module_in_repository(request.module, root, cwd)
+    else:
+        script, script_rel = _script_in_repository(request.script, root, cwd)
     commit = head_commit(root)
     nodes = distributed.nodes_launch(request.nnodes, request.nproc_per_node, request.rdzv_endpoint, environ)
     if nodes is not None:  # this machine is one node of the job: its torchrun, a `cascade run` per rank
@@ -147,13 +152,14 @@ def run(request: RunRequest, notify: Notify = lambda message: None) -> RunResult
         run_name=request.run_name,
         environ=environ,
         exclude=exclude,
-        invocation=("cascade", "run", *_invocation_options(request), request.script, *request.args),
+        invocation=_invocation(request, script_rel),
         extra_tags=dict(request.extra_tags or {}),
         container=container,
         track_inputs=request.track_inputs,
         trace_schedule=request.trace_schedule,
         trace_records=request.trace_records,
         distributed=layout,
+        module=request.module,
     )
     if layout is not None and layout.rank > 0:  # the user's torchrun: rank 0's `cascade run` records
         return follow_rank(plan, layout, notify)
@@ -188,8 +194,8 @@ def _run_as_node(request: RunRequest, nodes: distributed.NodesLaunch, settings: 
                "they reach the same one (a shared filesystem); a tracking server is the usual way: "
                "MLFLOW_TRACKING_URI=http://HOST:5000")  # fmt: skip
     options = _rank_options(replace(request, seed=one_seed(request.seed)))  # one node: drawn once here
-    code = run_on_nodes(nodes, request.script, script_rel, request.args, commit, options, request.rdzv_id,
-                        cwd, notify)  # fmt: skip
+    code = run_on_nodes(nodes, _target(request, request.script), script_rel, request.args, commit, options,
+                        request.rdzv_id, cwd, notify)  # fmt: skip
     status = "FINISHED" if code == 0 else "FAILED"
     manifest = Manifest.outcome_only("", settings.experiment, __version__,
                                      {"status": status, "exit_code": code})  # fmt: skip
@@ -227,6 +233,42 @@ def _script_in_repository(given: str, root: Path, cwd: Path) -> tuple[Path, str]
         raise UsageError(
             f"{given} is outside the git repository {root}",
             hint="cascade records code through git: move the script into the repository",
+        ) from None
+
+
+def _invocation(request: RunRequest, script_rel: str) -> tuple[str, ...]:
+    """The `cascade run` command as typed (the script relative to the repository root)."""
+    return ("cascade", "run", *_invocation_options(request), *_target(request, script_rel), *request.args)
+
+
+def _target(request: RunRequest, script: str) -> list[str]:
+    """The script (as given) or `-m MODULE`, for a command line."""
+    return run_target.words(script, request.module)
+
+
+def _module_in_repository(name: str, root: Path, cwd: Path) -> tuple[Path, str]:
+    """`-m NAME`: the module's file as `python -m` finds it from `cwd`, and relative to the repository
+    root; a name that is none, is not found, or is found outside the repository is refused."""
+    if not run_target.is_module_name(name):
+        raise UsageError(f"-m {name}: not a module name", hint="give a dotted module name, as to `python -m` "
+                         "(`cascade run -m mypkg.train`)")  # fmt: skip
+    try:
+        found = run_target.module_file(name, cwd)
+    except run_target.NotRunnable as exc:
+        if not exc.missing:
+            raise UsageError(f"-m {name}: {exc}", hint="give the module that trains, as to `python -m` "
+                             "(`cascade run -m mypkg.train`)") from None  # fmt: skip
+        raise UsageError(f"-m {name}: {exc} (looked in {cwd}, as `python -m` does, then in the path of "
+                         f"{sys.executable})",
+                         hint="run it from the directory that holds its package, or install your project "
+                         "into this environment (`pip install -e .`)") from None  # fmt: skip
+    try:
+        return found, found.relative_to(root).as_posix()
+    except ValueError:
+        raise UsageError(
+            f"-m {name} runs {found}, outside the git repository {root}",
+            hint="cascade records code through git: run a module of the repository (an installed "
+            "library's is not recorded code)",
         ) from None
 
 

@@ -1,8 +1,9 @@
-"""Entry point of the child: `python -m cascade_repro.child.bootstrap SCRIPT [ARGS]...`.
+"""Entry point of the child: `python -m cascade_repro.child.bootstrap SCRIPT|-m MODULE [ARGS]...`.
 
 Seeds, installs the import hooks, then runs the script as `__main__` with its own argv, exactly as
-`python SCRIPT ARGS` would, and exits with the script's own code. What it learns (flags applied,
-the torch stack, an uncaught exception, peak GPU memory) goes to `child.json` in the run directory.
+`python SCRIPT ARGS` (or `python -m MODULE ARGS`) would, and exits with the script's own code. What it
+learns (flags applied, the torch stack, an uncaught exception, peak GPU memory) goes to `child.json` in
+the run directory.
 """
 
 from __future__ import annotations
@@ -116,10 +117,11 @@ def _schedule(given: str | None) -> list[tuple[int, int]] | None:
 
 
 def main(argv: list[str]) -> None:
-    if not argv:
-        sys.stderr.write("usage: python -m cascade_repro.child.bootstrap SCRIPT [ARGS]...\n")
+    module = argv[1] if argv[:1] == ["-m"] and len(argv) > 1 else None
+    if not argv or argv == ["-m"]:
+        sys.stderr.write("usage: python -m cascade_repro.child.bootstrap SCRIPT|-m MODULE [ARGS]...\n")
         raise SystemExit(2)
-    script, args = argv[0], argv[1:]
+    script, args = (module, argv[2:]) if module else (argv[0], argv[1:])
     parent_watch.stop_with_parent()
     job_dir = Path(os.environ[protocol.ENV_RUN_DIR])
     run_dir = _own_directory(job_dir)
@@ -182,9 +184,10 @@ def main(argv: list[str]) -> None:
     file_access.install(os.environ.get(protocol.ENV_ROOT), str(run_dir / protocol.FILES_FILE))
     atexit.register(_record_at_exit, facts, reads)
 
-    sys.argv = [script, *args]
-    sys.path[0] = str(Path(script).resolve().parent)
-    _run_script(script, interrupted, facts)
+    sys.argv = [script, *args]  # (a module's: its file, once runpy has found it)
+    if module is None:  # (`-m`: the working directory stays first, as `python -m` puts it)
+        sys.path[0] = str(Path(script).resolve().parent)
+    _run_script(script, module is not None, interrupted, facts)
 
 
 def _note_globals(facts: Facts, namespace: dict[str, Any]) -> None:
@@ -194,12 +197,16 @@ def _note_globals(facts: Facts, namespace: dict[str, Any]) -> None:
         facts.update(globals=simple_globals(namespace))
 
 
-def _run_script(script: str, interrupted: list[bool], facts: Facts) -> None:
-    """The script as `__main__`; a Ctrl-C ends it as Ctrl-C (130), also where the script turned it
-    into another error (an import it cut half-way fails the next time it runs). A script that never
-    began training has its globals noted as it ended (child/script_globals.py)."""
+def _run_script(script: str, module: bool, interrupted: list[bool], facts: Facts) -> None:
+    """The script (or, with `module`, the module of that name) as `__main__`; a Ctrl-C ends it as Ctrl-C
+    (130), also where the script turned it into another error (an import it cut half-way fails the next
+    time it runs). A script that never began training has its globals noted as it ended
+    (child/script_globals.py)."""
     try:
-        namespace = runpy.run_path(script, run_name="__main__")
+        if module:
+            namespace = runpy.run_module(script, run_name="__main__", alter_sys=True)
+        else:
+            namespace = runpy.run_path(script, run_name="__main__")
         try:
             _note_globals(facts, namespace)
         except Exception:  # observing must never change how the script ends

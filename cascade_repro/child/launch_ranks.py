@@ -1,6 +1,6 @@
 """`cascade run --nproc-per-node N`: torchrun, started by cascade, every rank a bootstrap.
 
-    python -m cascade_repro.child.launch_ranks N SCRIPT [ARGS]...
+    python -m cascade_repro.child.launch_ranks N SCRIPT|-m MODULE [ARGS]...
 
 torchrun's own launcher (`torch.distributed.run`, in this process: it is the agent) starts N copies of
 `python -m cascade_repro.child.bootstrap SCRIPT ARGS` with RANK, WORLD_SIZE, MASTER_ADDR/PORT set, over

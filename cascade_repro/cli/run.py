@@ -16,6 +16,7 @@ from cascade_repro.cli.base import _guard, main
 )
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("-m", "module", is_flag=True, help="SCRIPT is a module's name: run it as `python -m` does.")
 @click.option("--params", "params_file", metavar="FILE", help="Params file (default: hyperparameters.yaml).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a param (YAML-typed).")
 @click.option("--add", "adds", multiple=True, metavar="KEY=VALUE", help="Add a param not in the file.")
@@ -77,17 +78,19 @@ from cascade_repro.cli.base import _guard, main
 @click.option("--shm-size", metavar="SIZE", help="With --docker: shared memory, e.g. 8g (default: 1g).")
 @click.option("--rebuild", "no_cache", is_flag=True, help="With --docker: build even if already built.")
 @click.pass_context
-def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options: Any) -> None:
+def run(ctx: click.Context, script: str, script_args: tuple[str, ...], module: bool, **options: Any) -> None:
     """Run SCRIPT with ARGS and record everything about it.
 
-    Options go before SCRIPT; everything after SCRIPT is passed to it untouched. Exits with the
-    script's own exit code; 130 where Ctrl-C ended it (also where the script then failed another
-    way); 4 where the script succeeded but the record is incomplete or still pending (a full disk,
-    the store out of reach: `cascade show RUN` names what is missing, `cascade sync` delivers it).
+    Options go before SCRIPT; everything after SCRIPT is passed to it untouched. With -m, SCRIPT is a
+    module of the repository, run by its name as `python -m` runs it (`cascade run -m mypkg.train`).
+    Exits with the script's own exit code; 130 where Ctrl-C ended it (also where the script then failed
+    another way); 4 where the script succeeded but the record is incomplete or still pending (a full
+    disk, the store out of reach: `cascade show RUN` names what is missing, `cascade sync` delivers it).
 
     \b
     cascade run train.py --epochs 3
     cascade run --set optimizer.lr=1e-3 --seed 7 train.py
+    cascade run --seed 7 -m mypkg.train --epochs 3   a module, as `python -m mypkg.train --epochs 3`
     cascade run --docker --gpus all train.py     in the project's image (templates/Dockerfile.j2)
     cascade run --nproc-per-node 2 train_ddp.py   torchrun, 2 ranks, one run
     torchrun --nproc-per-node 2 --no-python cascade run train_ddp.py   the same, torchrun yours
@@ -97,13 +100,15 @@ def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options
     def body() -> int:
         from cascade_repro import api, render
 
-        _refuse_script(script)
+        _refuse_script(script, module)
         git_tag = not options.pop("no_git_tag")
-        request = api.RunRequest(script=script, args=script_args, git_tag=git_tag, **options)
+        request = api.RunRequest(script="" if module else script, module=script if module else None,
+                                 args=script_args, git_tag=git_tag, **options)  # fmt: skip
         result = api.run(request, notify=render.notice)
         render.run_result(result)
         if result.usage_error:
-            misplaced = _misplaced_options(script, script_args, result.usage_error)
+            misplaced = _misplaced_options(["-m", script] if module else [script], script_args,
+                                           result.usage_error)  # fmt: skip
             if misplaced:
                 render.misplaced_options(misplaced.options, misplaced.command)
         from cascade_repro.api.runs import note_redirected_logs
@@ -116,9 +121,9 @@ def run(ctx: click.Context, script: str, script_args: tuple[str, ...], **options
     _guard(body, ctx, fast_exit=True)
 
 
-def _refuse_script(script: str) -> None:
+def _refuse_script(script: str, module: bool) -> None:
     """What click took for SCRIPT but is not one: an unknown option of cascade run's own (everything
-    before SCRIPT is cascade's), or a directory."""
+    before SCRIPT is cascade's), or a directory (not with -m: a package is one)."""
     from pathlib import Path
 
     from cascade_repro.errors import UsageError
@@ -133,7 +138,7 @@ def _refuse_script(script: str) -> None:
         raise UsageError(f"no such option: {name}" + (f"; did you mean {close[0]}?" if close else ""),
                          hint="`cascade run --help` lists its options; the script's own go after the script "
                          "(`cascade run train.py --epochs 3`)")  # fmt: skip
-    if Path(script).is_dir():
+    if not module and Path(script).is_dir():
         inside = sorted(str(path) for path in Path(script).glob("*.py"))[:3]
         raise UsageError(
             f"{script} is a directory, not a script",
@@ -147,7 +152,8 @@ class _Misplaced:
     command: str  # the command in the right order: `cascade run --seed 7 train.py`
 
 
-def _misplaced_options(script: str, script_args: tuple[str, ...], usage_error: str) -> _Misplaced | None:
+def _misplaced_options(target: list[str], script_args: tuple[str, ...],
+                       usage_error: str) -> _Misplaced | None:  # fmt: skip
     """`cascade run train.py --seed 7`: the script's argparse refused `--seed`, an option of `cascade run`
     that went to the script because it came after it. None when it refused none of cascade's."""
     import re
@@ -173,4 +179,4 @@ def _misplaced_options(script: str, script_args: tuple[str, ...], usage_error: s
     if not moved:
         return None
     names = list(dict.fromkeys(t.split("=", 1)[0] for t in moved if t.split("=", 1)[0] in ours))
-    return _Misplaced(names, shlex.join(["cascade", "run", *moved, script, *kept]))
+    return _Misplaced(names, shlex.join(["cascade", "run", *moved, *target, *kept]))

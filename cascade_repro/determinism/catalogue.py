@@ -46,6 +46,7 @@ FIELDS: tuple[Field, ...] = (
     Field("code", "commit", "B", "code", "git.commit", "hash"),
     Field("code", "patch", "B", "code", "git.patch.sha256", "hash"),
     Field("code", "script", "B", "command", "command.script"),
+    Field("code", "module", "B", "command", "command.module (`-m NAME`; none: a script)"),
     Field("code", "argv", "B", "command", "command.argv"),
     Field("code", "untracked:*", "B", "code", "git.untracked[].sha256", "hash"),
     Field("params", "*", "B", "params", "params.values, flattened (the seed is the seed section's)"),

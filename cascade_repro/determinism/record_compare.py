@@ -164,7 +164,8 @@ def _code(a: Manifest, b: Manifest) -> Section:
     def view(m: Manifest) -> dict[str, Any]:
         out: dict[str, Any] = {"commit": m.git.commit, "patch": m.git.patch_sha256}
         if both_have_commands:
-            out.update(script=m.command.get("script"), argv=m.command.get("argv"))
+            command = m.command
+            out.update(script=command.get("script"), module=command.get("module"), argv=command.get("argv"))
         for item in m.git.untracked:
             out[f"untracked:{item.path}"] = item.sha256
         return out

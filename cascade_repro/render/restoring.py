@@ -35,7 +35,7 @@ def restore_plan(plan: RestorePlan) -> None:
         named = ", ".join(plan.read_outside[:5]) + (f" and {more} more" if more > 0 else "")
         notice(f"  outside    {plan.read_outside_count} file(s) read outside the repository, not recorded: "
                f"the re-run reads them as they are here: {named}")  # fmt: skip
-    command = " ".join((plan.script, *plan.argv))
+    command = " ".join((plan.shown, *plan.argv))
     notice(f"  command    {command} (cwd {plan.cwd}), seed {plan.seed}, determinism {plan.determinism}"
            + (f", first {plan.steps} steps" if plan.steps else ""))  # fmt: skip
     if plan.num_threads:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from cascade_repro import confined
+from cascade_repro import confined, run_target
 from cascade_repro.determinism.explain import Difference
 from cascade_repro.determinism.record_compare import compare_records
 from cascade_repro.distributed import MAX_NPROC_PER_NODE, is_launcher_variable
@@ -64,6 +64,12 @@ class RestorePlan:
     # files the run read outside the repository: named in the record, never hashed (the first 20)
     read_outside: tuple[str, ...] = ()
     read_outside_count: int = 0
+    module: str | None = None  # a run of `-m MODULE`: run by its name again (`script` is its file)
+
+    @property
+    def shown(self) -> str:
+        """What it runs, as typed: `-m MODULE`, else the script."""
+        return " ".join(run_target.words(self.script, self.module))
 
     def written_paths(self) -> list[tuple[str, str]]:
         """Every file this restore may write: (path, what it is)."""
@@ -106,6 +112,10 @@ def plan_restore(manifest: Manifest, version: str | None, workdir: Path, steps: 
     if len(commit) not in (40, 64) or any(c not in "0123456789abcdef" for c in commit):  # SHA-1, SHA-256
         raise RestoreRefused(f"run {manifest.run_id} records no usable git commit ({commit!r})")
     script = safe_path(str(command.get("script") or ""), "the script")
+    module = command.get("module")
+    if module is not None and not run_target.is_module_name(module):
+        raise RestoreRefused(f"run {manifest.run_id} records {str(module)[:80]!r} as the module it ran: "
+                             "not a module name")  # fmt: skip
     cwd = safe_path(str(command.get("cwd") or "."), "the working directory", allow_dot=True)
     stored, unavailable = [], []
     for item in git.untracked:
@@ -129,6 +139,7 @@ def plan_restore(manifest: Manifest, version: str | None, workdir: Path, steps: 
         data=manifest.data,
         checkpoints=manifest.checkpoints,
         script=script,
+        module=module,
         argv=tuple(str(a) for a in command.get("argv") or ()),
         cwd=cwd,
         seed=int(manifest.params.get("seed", 0)),

@@ -150,3 +150,21 @@ def test_a_rank_that_fails_fails_the_run_and_is_named(project: Project) -> None:
     assert rank1["error"] == {"type": "RuntimeError", "message": "rank 1 gave up at step 1"}
     assert rank1["trace"]["steps"] == 2  # steps 0 and 1, then it raised
     assert len(_trace(project, run.info.run_id, "cascade/ranks/1/trace.jsonl")) == 2
+
+
+def test_a_module_run_by_name_under_torchrun_is_the_same_training(project: Project) -> None:
+    """`cascade run --nproc-per-node 2 -m jobs.train_ddp`: every rank runs the module by its name."""
+    _ddp_project(project)
+    project.write("jobs/__init__.py", "")
+    project.write("jobs/train_ddp.py", (SCRIPTS / "frameworks" / "train_ddp.py").read_text())
+    project.commit("the DDP script as a module")
+
+    by_name = project.record("--nproc-per-node", "2", "-m", "jobs.train_ddp", "--steps", str(STEPS))
+
+    manifest = project.manifest(by_name)
+    command = manifest["command"]
+    assert (command["module"], command["script"]) == ("jobs.train_ddp", "jobs/train_ddp.py")
+    assert manifest["distributed"]["ranks"][0]["trace"]["steps"] == manifest["trace"]["steps"] == STEPS
+    as_script = project.record("--nproc-per-node", "2", "train_ddp.py", "--steps", str(STEPS))
+    verdict = _verify(project, by_name, as_script)
+    assert verdict["verdict"] == "BITWISE_IDENTICAL", verdict["summary"]

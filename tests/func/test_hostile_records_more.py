@@ -154,6 +154,8 @@ def test_fields_the_rerun_acts_on_are_refused_before_anything_is_written(recorde
         (edit("trace", "interval", "1"), "trace.interval"),
         (edit("command", "script", "-c"), "command.script"),
         (edit("command", "script", _MISSING), "command.script"),
+        (edit("command", "module", "os; rm -rf x"), "command.module"),  # run as `-m NAME`: a name only
+        (edit("command", "module", ["mypkg"]), "command.module"),
         (edit("determinism", "mode", "bogus"), "determinism.mode"),
     )
     for record, named in cases:

@@ -72,9 +72,10 @@ def _cascade(project: Project, python: Path | str, *args: str,
                           capture_output=True, timeout=300, env={**os.environ, **(env or {})})  # fmt: skip
 
 
-def _record_then_move_on(project: Project, python: Path | str, env: dict[str, str] | None = None) -> None:
+def _record_then_move_on(project: Project, python: Path | str, env: dict[str, str] | None = None,
+                         target: tuple[str, ...] = ()) -> None:  # fmt: skip
     """v1 with SCALE 1.0, then the library changes in a new commit (and the ignored file stays)."""
-    run = _cascade(project, python, "run", "--tag", "v1", *_script(project), env=env)
+    run = _cascade(project, python, "run", "--tag", "v1", *(target or _script(project)), env=env)
     assert run.returncode == 0, run.stderr
     init = next(project.root.glob("**/mylib/__init__.py"))
     init.write_text(init.read_text().replace("1.0", "3.0"))
@@ -118,6 +119,27 @@ def test_an_editable_install_of_the_project_restores_the_recorded_library_code(
     assert f"imports mylib from the restored code ({moved})" in stderr
     worktree = Path(data["plan"]["workdir"])
     assert f"mylib from {worktree / moved / '__init__.py'}" in stderr
+
+
+def test_a_module_of_an_editable_install_run_by_name_restores_the_recorded_code(
+    project: Project, tmp_path: Path
+) -> None:
+    """`cascade run -m mylib.train`, src layout: the module is found through the editable install's
+    .pth in the checkout, recorded as src/mylib/train.py, and re-run by its name from the worktree."""
+    project.write("pyproject.toml", PYPROJECT + '[tool.setuptools.packages.find]\nwhere = ["src"]\n')
+    _library(project, "src/mylib")
+    project.write("src/mylib/train.py", TRAIN)
+    project.commit("mylib")
+    python = _venv_with_editable_install(project, tmp_path)
+    _record_then_move_on(project, python, target=("-m", "mylib.train"))
+    (run_id,) = [r.info.run_id for r in project.runs()]
+    assert project.manifest(run_id)["command"]["script"] == "src/mylib/train.py"
+
+    data, stderr = _restored(project, python)
+
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL", data["verdict"]
+    worktree = Path(data["plan"]["workdir"])
+    assert f"mylib from {worktree / 'src' / 'mylib' / '__init__.py'}" in stderr
 
 
 def test_an_absolute_pythonpath_into_the_checkout_restores_the_recorded_code(project: Project) -> None:

@@ -82,12 +82,12 @@ def test_watch_survives_a_failing_note(fresh_argparse: Any) -> None:
 )  # fmt: skip
 def test_misplaced_options_move_before_the_script(args: tuple[str, ...], message: str, options: list[str],
                                                   command: str) -> None:  # fmt: skip
-    found = _misplaced_options("t.py", args, f"t.py: error: {message}")
+    found = _misplaced_options(["t.py"], args, f"t.py: error: {message}")
     assert found is not None and found.options == options and found.command == command
 
 
 def test_options_the_script_did_not_refuse_stay_with_it() -> None:
     assert (
-        _misplaced_options("t.py", ("--name", "x", "--bad"), "t.py: error: unrecognized arguments: --bad")
+        _misplaced_options(["t.py"], ("--name", "x", "--bad"), "t.py: error: unrecognized arguments: --bad")
         is None
     )

@@ -86,6 +86,7 @@ CATALOGUE = [
     (_set("git.patch", {"sha256": "p2"}), "code", "patch", "B", "code"),
     (_set("git.untracked", [{"path": "n.txt", "sha256": "u2"}]), "code", "untracked:n.txt", "B", "code"),
     (_set("command.script", "other.py"), "code", "script", "B", "command"),
+    (_set("command.module", "pkg.train"), "code", "module", "B", "command"),
     (_set("command.argv", []), "code", "argv", "B", "command"),
     (_set("params.values.optimizer.lr", 0.05), "params", "optimizer.lr", "B", "params"),
     (_set("params.seed", 7), "seed", "seed", "B", "seed"),
