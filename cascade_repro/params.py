@@ -334,11 +334,11 @@ def resolved_dict(resolved: ResolvedParams) -> dict[str, Any]:
 
 
 def used_params(resolved: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[str, Any]:
-    """The record's `params` section: what the script used, from the resolved params file and what
-    the child noted (`params_read`: it called `cascade_repro.params()`; `argparse`: its namespace;
-    `hydra`: the config Hydra composed for it, with dotted keys; `globals`: its module's simple
-    globals as training began, child/script_globals.py, the params of a script with none of the
-    others).
+    """The record's `params` section: what the script used, from the resolved params file and what the child
+    noted (`params_read`: it called `cascade_repro.params()`; `argparse`: its namespace; `jsonargparse`:
+    the config a jsonargparse parser (LightningCLI's) made of it, with dotted keys; `hydra`: the config
+    Hydra composed for it, with dotted keys; `globals`: its module's simple globals as training began,
+    child/script_globals.py, the params of a script with none of the others).
 
     `values` holds the file's values only when the script read them, and the argparse namespace and
     Hydra's config (a name the file also has goes under `args.` or `hydra.`, so neither value hides
@@ -351,7 +351,7 @@ def used_params(resolved: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[s
     sources = [str(resolved.get("source"))] if read and resolved.get("source") else []
     section: dict[str, Any] = {}
     taken = set(flatten(values)) | set(values)
-    for source, prefix in (("argparse", ARGS_PREFIX), ("hydra", HYDRA_PREFIX)):
+    for source, prefix in (("argparse", ARGS_PREFIX), ("jsonargparse", ARGS_PREFIX), ("hydra", HYDRA_PREFIX)):
         parsed = facts.get(source)
         if isinstance(parsed, Mapping):
             section[source] = _redacted(parsed)

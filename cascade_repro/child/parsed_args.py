@@ -1,4 +1,5 @@
-"""The params the script parsed, noted for the parent: its argparse namespace, or Hydra's config.
+"""The params the script parsed, noted for the parent: its argparse namespace, jsonargparse's config
+(LightningCLI's), or Hydra's config.
 
 A script configured by `argparse` never calls `cascade_repro.params()`; its configuration is the
 namespace its parser returns. Installed on the script's `import argparse` (child/hooks.py), this
@@ -9,6 +10,13 @@ left over (`parse_known_args`' second value). timm's two stages are one configur
 parser takes `-c FILE` from the command line, the file becomes the defaults, and the real parser is
 given the rest; what is noted is the union of their namespaces (a later parse's value of a name
 stands). A parse that only repeats what is noted changes nothing.
+
+jsonargparse (LightningCLI's parser) subclasses argparse's but parses in its own `parse_args`, never
+through `parse_known_args`: its top-level parses of the command line are noted on their own, the
+nested config (the --config files merged with the options typed) flattened to dotted keys as its
+options are typed (`model.lr`); a subcommand's (`fit`) values as the top level's, beside
+`subcommand`; its paths as given (not the absolute path they resolve to: a restore's differs).
+jsonargparse is never imported here: hooked once the script imports it.
 
 A Hydra app's command line is Hydra's (`--config-name`, `--multirun`, overrides): its parser is not
 the script's, and what the script used is the config Hydra composed and hands to the task function
@@ -154,6 +162,55 @@ def _own_command_line(args: Sequence[str] | None, left_over: list[Any]) -> bool:
         return False
 
 
+def jsonargparse_hooks(note: Note) -> dict[str, Callable[[ModuleType], None]]:
+    """For the child's ImportHooks: `note` called with the config of each top-level parse of the
+    command line by a jsonargparse parser."""
+    return {"jsonargparse": lambda module: _guarded(lambda: _watch_jsonargparse(module, note))}
+
+
+def _watch_jsonargparse(module: Any, note: Note) -> None:
+    parser_class = module.ArgumentParser
+    original = parser_class.parse_args
+    if getattr(original, "_cascade_parsed_args", False):
+        return
+    state = threading.local()
+    path_type = getattr(module, "Path", None)
+
+    @functools.wraps(original)
+    def parse_args(self: Any, args: Sequence[str] | None = None, *more: Any, **kwargs: Any) -> Any:
+        depth = getattr(state, "depth", 0)
+        state.depth = depth + 1
+        try:
+            result = original(self, args, *more, **kwargs)
+        finally:
+            state.depth = depth
+        if depth == 0 and not getattr(self, NOT_THE_SCRIPTS, False) and _own_command_line(args, []):
+            _guarded(lambda: note(configured(result.as_dict(), path_type)))
+        return result
+
+    parse_args._cascade_parsed_args = True  # type: ignore[attr-defined]
+    parser_class.parse_args = parse_args
+
+
+def configured(tree: dict[str, Any], path_type: Any = None) -> dict[str, Any]:
+    """jsonargparse's config as JSON-safe params with dotted keys: a subcommand's values at the top
+    (`model.lr`, not `fit.model.lr`), its paths (`--config` files) as given."""
+    subcommand = tree.get("subcommand")
+    if isinstance(subcommand, str) and isinstance(tree.get(subcommand), dict):
+        tree = {"subcommand": subcommand, **tree[subcommand]}
+
+    def as_given(value: Any) -> Any:
+        if path_type is not None and isinstance(value, path_type):
+            return str(value)  # (its repr holds the working directory)
+        if isinstance(value, list):
+            return [as_given(item) for item in value]
+        return value
+
+    flat: dict[str, Any] = {}
+    _flatten(tree, "", flat, as_given)
+    return flat
+
+
 def hydra_hooks(note: Note) -> dict[str, Callable[[ModuleType], None]]:
     """For the child's ImportHooks: Hydra's own parser marked as not the script's, and `note` called
     with the config of the first job Hydra runs, as its task function gets it."""
@@ -220,15 +277,15 @@ def composed(cfg: Any) -> dict[str, Any]:
     return flat
 
 
-def _flatten(node: Any, prefix: str, flat: dict[str, Any]) -> None:
+def _flatten(node: Any, prefix: str, flat: dict[str, Any], leaf: Callable[[Any], Any] = lambda v: v) -> None:
     for key, value in node.items():
         if len(flat) >= MAX_VALUES:
             return
         name = f"{prefix}{key}"
         if isinstance(value, dict) and value:
-            _flatten(value, f"{name}.", flat)
+            _flatten(value, f"{name}.", flat, leaf)
         else:
-            flat[name] = {} if isinstance(value, dict) else safe_value(value)
+            flat[name] = {} if isinstance(value, dict) else safe_value(leaf(value))
 
 
 def _guarded(action: Callable[[], Any]) -> None:

@@ -9,6 +9,7 @@ Real `cascade run`s in real git repositories with a real MLflow store.
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 
@@ -42,13 +43,15 @@ print("used", args.lr, args.epochs, args.model, args_config.config, flush=True)
 """
 
 
-def _params(project: Project, script: str, text: str, *args: str,
+def _params(project: Project, script: str, text: str, *args: str, run: tuple[str, ...] = (),
             **files: str) -> tuple[dict[str, str], dict]:  # fmt: skip
+    """`cascade run SCRIPT ARGS` (or `cascade run RUN`) of `text` with `files`: the run's MLflow params,
+    and its record's params section with the output beside them."""
     project.write(script, text)
     for name, content in files.items():
         project.write(name.replace("__", "/"), content)
     project.commit(f"add {script}")
-    result = project.cascade("run", script, *args, check=True)
+    result = project.cascade("run", *(run or (script, *args)), check=True)
     run = project.runs()[0]
     record = project.manifest(run.info.run_id)["params"]
     return dict(run.data.params), {**record, "output": result.stdout + result.stderr}
@@ -106,3 +109,84 @@ def test_a_hydra_app_records_its_composed_config_not_hydras_flags(project: Proje
     assert params == {"optimizer.lr": "0.01", "optimizer.momentum": "0.9", "optimizer.batch": "16",
                       "train.steps": "8", "train.batch": "16", "seed": "7",
                       "cascade.seed": "3"}  # the seed cascade applied, beside the app's own  # fmt: skip
+
+
+LIGHTNING_CLI = """\
+import torch
+import lightning as L
+from lightning.pytorch.cli import LightningCLI
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Model(L.LightningModule):
+    def __init__(self, hidden: int = 16, lr: float = 0.1):
+        super().__init__()
+        self.save_hyperparameters()
+        layers = [torch.nn.Linear(8, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1)]
+        self.net = torch.nn.Sequential(*layers)
+
+    def training_step(self, batch, index):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        print("used", self.hparams.hidden, self.hparams.lr, flush=True)
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+class Data(L.LightningDataModule):
+    def __init__(self, batch_size: int = 32):
+        super().__init__()
+        self.batch_size = batch_size
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(128, 8, generator=g), torch.randn(128, 1, generator=g)
+        return DataLoader(TensorDataset(x, y), batch_size=self.batch_size, shuffle=True)
+
+
+if __name__ == "__main__":
+    LightningCLI(Model, Data, seed_everything_default=42, save_config_callback=None)
+"""
+
+FIT_CONFIG = """\
+trainer:
+  max_epochs: 1
+  logger: false
+  enable_checkpointing: false
+  enable_progress_bar: false
+  enable_model_summary: false
+model:
+  hidden: 32
+  lr: 0.05
+data:
+  batch_size: 16
+"""
+
+
+@pytest.mark.skipif(not all(importlib.util.find_spec(name) for name in ("jsonargparse", "lightning")),
+                    reason="lightning and jsonargparse[signatures] are test extras")  # fmt: skip
+def test_a_lightning_cli_records_the_config_it_parsed_and_restores_it(project: Project) -> None:
+    """LightningCLI's parser (jsonargparse) parses in its own parse_args, never argparse's
+    parse_known_args: before, the run recorded no params at all. Run as a module, `-m trainer.cli`."""
+    project.write("trainer/__init__.py", "")
+    command = ("-m", "trainer.cli", "fit", "--config", "configs/fit.yaml", "--model.lr", "0.02")
+    params, record = _params(project, "trainer/cli.py", LIGHTNING_CLI, run=command,
+                             **{"configs__fit.yaml": FIT_CONFIG})  # fmt: skip
+    assert "used 32 0.02" in record["output"]
+    parsed = record["jsonargparse"]
+    # the config file merged with the option typed, the subcommand's values at the top, the config
+    # file as given (its repr would hold the working directory: a restore's differs)
+    assert (parsed["model.lr"], parsed["model.hidden"], parsed["data.batch_size"]) == (0.02, 32, 16)
+    assert (parsed["trainer.max_epochs"], parsed["seed_everything"]) == (1, 42)
+    assert (parsed["subcommand"], parsed["config"]) == ("fit", ["configs/fit.yaml"])
+    assert record["source"] == "jsonargparse" and record["values"] == parsed
+    assert (params["model.lr"], params["model.hidden"]) == ("0.02", "32")
+
+    (run,) = project.runs()
+    project.cascade("tag", run.info.run_id, "v1", check=True)
+    restored = project.cascade("restore", "v1", "--json")
+    assert restored.returncode == 0, restored.stderr
+    data = json.loads(restored.stdout)["data"]
+    assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL", data["verdict"]
+    assert project.manifest(data["run"]["run_id"])["params"]["jsonargparse"] == parsed
