@@ -246,9 +246,17 @@ def _target(request: RunRequest, script: str) -> list[str]:
     return run_target.words(script, request.module)
 
 
+LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")
+
+
 def _module_in_repository(name: str, root: Path, cwd: Path) -> tuple[Path, str]:
     """`-m NAME`: the module's file as `python -m` finds it from `cwd`, and relative to the repository
     root; a name that is none, is not found, or is found outside the repository is refused."""
+    if name in LAUNCHERS:  # (torchrun's module: a launcher, not the training)
+        raise UsageError(f"-m {name} is torchrun, not a training module: cascade starts torchrun itself",
+                         hint="cascade run --nproc-per-node N train.py (or -m mypkg.train), or your "
+                         "torchrun around it: torchrun --nproc-per-node N --no-python cascade run "
+                         "train.py")  # fmt: skip
     if not run_target.is_module_name(name):
         raise UsageError(f"-m {name}: not a module name", hint="give a dotted module name, as to `python -m` "
                          "(`cascade run -m mypkg.train`)")  # fmt: skip

@@ -87,6 +87,7 @@ def test_a_module_run_by_name_is_recorded_and_restored_by_name(project: Project)
         ("mypkg.model.deeper", "mypkg.model is a module, not a package"),
         ("json.tool", "runs "),  # the standard library's: outside the repository
         ("my pkg", "not a module name"),
+        ("torch.distributed.run", "is torchrun, not a training module"),  # the hint: --nproc-per-node
     ],
 )
 def test_a_module_that_cannot_run_here_is_refused_before_anything_runs(
