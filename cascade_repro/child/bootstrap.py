@@ -165,6 +165,7 @@ def main(argv: list[str]) -> None:
             "numpy": after_numpy,
             "argparse": lambda module: _watch_argparse(module, facts),
             **parsed_args.jsonargparse_hooks(lambda values: facts.update(jsonargparse=values)),
+            **parsed_args.hf_argparser_hooks(),
             **parsed_args.hydra_hooks(lambda values: facts.update(hydra=values)),
             **script_seeds.import_hooks(),
         },

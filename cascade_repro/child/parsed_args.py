@@ -18,6 +18,10 @@ options are typed (`model.lr`); a subcommand's (`fit`) values as the top level's
 `subcommand`; its paths as given (not the absolute path they resolve to: a restore's differs).
 jsonargparse is never imported here: hooked once the script imports it.
 
+Hugging Face's HfArgumentParser parses the command line through argparse's `parse_known_args`; the
+dataclasses it makes from a dict instead (`parse_json_file`, `parse_yaml_file`: the examples'
+`run_clm.py args.json`) are noted beside those parses, field by field.
+
 A Hydra app's command line is Hydra's (`--config-name`, `--multirun`, overrides): its parser is not
 the script's, and what the script used is the config Hydra composed and hands to the task function
 (`hydra.core.utils.run_job`), noted flattened to dotted keys (`optimizer.lr`), interpolations
@@ -75,7 +79,11 @@ def watch(argparse: ModuleType, note: Note) -> None:
                 pass
         return result
 
+    def add(made: dict[str, Any]) -> None:  # values a parser made without parsing (`_watch_parse_dict`)
+        _merge(noted, made, note)
+
     parse_known_args._cascade_parsed_args = True  # type: ignore[attr-defined]
+    parse_known_args._cascade_add = add  # type: ignore[attr-defined]
     parser_class.parse_known_args = parse_known_args
 
 
@@ -85,7 +93,12 @@ def _note(parser: Any, result: Any, noted: dict[str, Any], left_over: list[Any],
     if isinstance(rest, list) and len(left_over) < MAX_LINES:
         left_over.append(rest)  # the script may hand it to its next parser (timm)
     made = _defaults_made_for_this_run(parser, namespace, dropped)
-    merged = {**noted, **{name: value for name, value in values(namespace).items() if name not in made}}
+    _merge(noted, {name: value for name, value in values(namespace).items() if name not in made}, note)
+
+
+def _merge(noted: dict[str, Any], new: dict[str, Any], note: Note) -> None:
+    """The values noted so far with `new` over them; `note` told where that changes them."""
+    merged = {**noted, **new}
     if merged != noted:
         noted.clear()
         noted.update(list(merged.items())[:MAX_VALUES])
@@ -160,6 +173,54 @@ def _own_command_line(args: Sequence[str] | None, left_over: list[Any]) -> bool:
         return given == sys.argv[1:] or any(args is rest or (rest and given == rest) for rest in left_over)
     except TypeError:
         return False
+
+
+def hf_argparser_hooks() -> dict[str, Callable[[ModuleType], None]]:
+    """For the child's ImportHooks: the dataclasses Hugging Face's HfArgumentParser makes from a dict
+    (`parse_json_file`, `parse_yaml_file`: the examples' `run_clm.py args.json`) noted as its parses
+    of the command line are, beside them. It never parses a command line then."""
+    return {"transformers.hf_argparser": lambda module: _guarded(lambda: _watch_parse_dict(module))}
+
+
+def _watch_parse_dict(module: Any) -> None:
+    parser_class = module.HfArgumentParser
+    original = parser_class.parse_dict
+    if getattr(original, "_cascade_parsed_args", False):
+        return
+    state = threading.local()
+
+    @functools.wraps(original)
+    def parse_dict(self: Any, *args: Any, **kwargs: Any) -> Any:
+        depth = getattr(state, "depth", 0)
+        state.depth = depth + 1
+        try:
+            outputs = original(self, *args, **kwargs)
+        finally:
+            state.depth = depth
+        if depth == 0:
+            _guarded(lambda: _add_dataclasses(outputs))
+        return outputs
+
+    parse_dict._cascade_parsed_args = True  # type: ignore[attr-defined]
+    parser_class.parse_dict = parse_dict
+
+
+def _add_dataclasses(outputs: Any) -> None:
+    """The fields of the dataclasses a parser made, among the values noted of argparse's parses (the
+    parser is an argparse one: `watch` ran on its import), but those made for this run alone."""
+    import dataclasses
+
+    add = getattr(sys.modules["argparse"].ArgumentParser.parse_known_args, "_cascade_add", None)
+    if add is None:
+        return
+    made: dict[str, Any] = {}
+    for output in list(outputs)[:MAX_ITEMS]:
+        if dataclasses.is_dataclass(output) and not isinstance(output, type):
+            made.update({f.name: getattr(output, f.name, None) for f in dataclasses.fields(output) if f.init})
+    from cascade_repro.child.script_globals import made_for_this_run  # (it imports this module)
+
+    this_run = made_for_this_run(made)
+    add({name: safe_value(value) for name, value in list(made.items())[:MAX_VALUES] if name not in this_run})
 
 
 def jsonargparse_hooks(note: Note) -> dict[str, Callable[[ModuleType], None]]:

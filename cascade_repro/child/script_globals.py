@@ -17,8 +17,9 @@ that never began one (an evaluation, no torch, the trace off), as it ended (boot
   (up to MAX_OBJECTS of them): an instance of a dataclass the script defines (modded-nanogpt's
   `args = Hyperparameters()`, whose values are class attributes), a `SimpleNamespace`, or an
   instance of a class the script defines with a configuration's name (`TrainConfig`, `HParams`), or
-  such a class itself where it has no instance (`class CFG:`); of classes the script defines on no
-  library's base (not a model, not a dataset).
+  such a class itself where it has no instance (`class CFG:`), but a dataclass itself (its
+  attributes are the defaults of instances made elsewhere: HF's `ModelArguments`, filled inside
+  `main()`); of classes the script defines on no library's base (not a model, not a dataset).
 
 Never a value made for this run alone, which differs every run and configures nothing (two runs of
 the same code would differ in params, and `verify` would take that for the cause of a divergence):
@@ -169,7 +170,9 @@ def _attributes(value: Any) -> dict[str, Any] | None:
             return _named_tuple_fields(value, kind)  # (a NamedTuple, a class on a namedtuple())
         if kind.__module__ != "__main__" or any(c.__module__ != "__main__" for c in kind.__mro__[:-1]):
             return None  # (not the script's own, or on a library's base: a model, a dataset)
-        dataclass = hasattr(kind, "__dataclass_fields__") and kind is not value  # (is_dataclass's test)
+        if hasattr(kind, "__dataclass_fields__") and kind is value:  # (is_dataclass's test)
+            return None  # a dataclass itself: its attributes are the defaults of instances made elsewhere
+        dataclass = hasattr(kind, "__dataclass_fields__")
         if not dataclass and not re.search(_CONFIGURATION_NAME, kind.__name__):
             return None
         attributes: dict[str, Any] = {}

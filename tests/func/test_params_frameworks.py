@@ -190,3 +190,41 @@ def test_a_lightning_cli_records_the_config_it_parsed_and_restores_it(project: P
     data = json.loads(restored.stdout)["data"]
     assert data["verdict"]["verdict"] == "BITWISE_IDENTICAL", data["verdict"]
     assert project.manifest(data["run"]["run_id"])["params"]["jsonargparse"] == parsed
+
+
+HF_EXAMPLE = """\
+import sys
+from dataclasses import dataclass
+
+from transformers import HfArgumentParser, TrainingArguments
+
+
+@dataclass
+class ModelArguments:
+    n_layer: int = 1
+    model_type: str = "gpt2"
+
+
+parser = HfArgumentParser((ModelArguments, TrainingArguments))
+if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
+    model_args, training_args = parser.parse_json_file(json_file=sys.argv[1])
+else:
+    model_args, training_args = parser.parse_args_into_dataclasses()
+print("used", model_args.n_layer, training_args.learning_rate, flush=True)
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is a test extra")
+def test_hf_arguments_from_a_json_file_are_recorded_as_the_script_used_them(project: Project) -> None:
+    """The Hugging Face examples' `run_clm.py args.json`: HfArgumentParser makes its dataclasses from
+    the file, never parsing a command line. Before, the record held the dataclass's defaults, taken
+    from the globals (`ModelArguments.n_layer 1`), where the script used 2 layers."""
+    args = '{"output_dir": "out", "n_layer": 2, "learning_rate": 0.003, "report_to": []}'
+    params, record = _params(project, "run_lm.py", HF_EXAMPLE, "args.json", **{"args.json": args})
+
+    assert "used 2 0.003" in record["output"]
+    parsed = record["argparse"]
+    assert (parsed["n_layer"], parsed["model_type"], parsed["learning_rate"]) == (2, "gpt2", 0.003)
+    assert parsed["output_dir"] == "out" and record["source"] == "argparse"
+    assert "globals" not in record and "ModelArguments.n_layer" not in record["values"]
+    assert (params["n_layer"], params["learning_rate"]) == ("2", "0.003")

@@ -124,6 +124,21 @@ def test_configuration_objects_are_read_and_other_objects_are_not() -> None:
     assert simple_globals(namespace) == expected
 
 
+def test_a_dataclass_itself_is_no_configuration_its_instances_are() -> None:
+    """HF's examples: `ModelArguments` is defined among the globals, its instance made inside main()
+    from a JSON file. Its class attributes are the defaults, not what the run used (before: recorded
+    as `ModelArguments.n_layer 1` where the run trained 2 layers)."""
+
+    @dataclasses.dataclass
+    class ModelArguments:
+        n_layer: int = 1
+
+    ModelArguments.__module__ = "__main__"
+    assert simple_globals({"ModelArguments": ModelArguments, "steps": 3}) == {"steps": 3}
+    args = ModelArguments(n_layer=2)
+    assert simple_globals({"ModelArguments": ModelArguments, "args": args}) == {"args.n_layer": 2}
+
+
 def test_a_named_tuple_configuration_is_read() -> None:
     """Left from the last stop: `class Hyperparameters(NamedTuple)` was not read (its `tuple` base
     counted as a library's). Its fields are read, an instance's values or the class's defaults; a
