@@ -333,10 +333,17 @@ def resolved_dict(resolved: ResolvedParams) -> dict[str, Any]:
             "seed": resolved.seed, "seed_source": resolved.seed_source}  # fmt: skip
 
 
+# what the child notes of the script's parses of its command line (child/parsed_args.py), and the prefix
+# of a name the params file also has
+PARSED_SOURCES = (("argparse", ARGS_PREFIX), ("jsonargparse", ARGS_PREFIX), ("click", ARGS_PREFIX),
+                  ("hydra", HYDRA_PREFIX))  # fmt: skip
+
+
 def used_params(resolved: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[str, Any]:
     """The record's `params` section: what the script used, from the resolved params file and what the child
     noted (`params_read`: it called `cascade_repro.params()`; `argparse`: its namespace; `jsonargparse`:
-    the config a jsonargparse parser (LightningCLI's) made of it, with dotted keys; `hydra`: the config
+    the config a jsonargparse parser (LightningCLI's) made of it, with dotted keys; `click`: a click
+    command's params; `hydra`: the config
     Hydra composed for it, with dotted keys; `globals`: its module's simple globals as training began,
     child/script_globals.py, the params of a script with none of the others).
 
@@ -351,7 +358,7 @@ def used_params(resolved: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[s
     sources = [str(resolved.get("source"))] if read and resolved.get("source") else []
     section: dict[str, Any] = {}
     taken = set(flatten(values)) | set(values)
-    for source, prefix in (("argparse", ARGS_PREFIX), ("jsonargparse", ARGS_PREFIX), ("hydra", HYDRA_PREFIX)):
+    for source, prefix in PARSED_SOURCES:
         parsed = facts.get(source)
         if isinstance(parsed, Mapping):
             section[source] = _redacted(parsed)

@@ -166,6 +166,7 @@ def main(argv: list[str]) -> None:
             "argparse": lambda module: _watch_argparse(module, facts),
             **parsed_args.jsonargparse_hooks(lambda values: facts.update(jsonargparse=values)),
             **parsed_args.hf_argparser_hooks(),
+            **parsed_args.click_hooks(lambda values: facts.update(click=values)),
             **parsed_args.hydra_hooks(lambda values: facts.update(hydra=values)),
             **script_seeds.import_hooks(),
         },

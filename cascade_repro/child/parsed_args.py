@@ -1,5 +1,5 @@
 """The params the script parsed, noted for the parent: its argparse namespace, jsonargparse's config
-(LightningCLI's), or Hydra's config.
+(LightningCLI's), a click command's params, or Hydra's config.
 
 A script configured by `argparse` never calls `cascade_repro.params()`; its configuration is the
 namespace its parser returns. Installed on the script's `import argparse` (child/hooks.py), this
@@ -21,6 +21,9 @@ jsonargparse is never imported here: hooked once the script imports it.
 Hugging Face's HfArgumentParser parses the command line through argparse's `parse_known_args`; the
 dataclasses it makes from a dict instead (`parse_json_file`, `parse_yaml_file`: the examples'
 `run_clm.py args.json`) are noted beside those parses, field by field.
+
+A click (or Typer) command parses the command line in its own `make_context`: the params of the
+context made of the script's own command line are noted, and those of its subcommands' contexts.
 
 A Hydra app's command line is Hydra's (`--config-name`, `--multirun`, overrides): its parser is not
 the script's, and what the script used is the config Hydra composed and hands to the task function
@@ -221,6 +224,43 @@ def _add_dataclasses(outputs: Any) -> None:
 
     this_run = made_for_this_run(made)
     add({name: safe_value(value) for name, value in list(made.items())[:MAX_VALUES] if name not in this_run})
+
+
+def click_hooks(note: Note) -> dict[str, Callable[[ModuleType], None]]:
+    """For the child's ImportHooks: `note` called with the params a click (or Typer) command parsed
+    from the script's own command line, its subcommands' beside its own (a later one's value of a
+    name stands), as the command function gets them (StyleGAN's and EDM's `train.py`)."""
+    return {"click.core": lambda module: _guarded(lambda: _watch_click(module, note))}
+
+
+def _watch_click(module: Any, note: Note) -> None:
+    command_class = module.Command
+    original = command_class.make_context
+    if getattr(original, "_cascade_parsed_args", False):
+        return
+    noted: dict[str, Any] = {}
+    roots: list[Any] = []  # the top-level contexts made of the script's own command line
+
+    @functools.wraps(original)
+    def make_context(self: Any, info_name: Any, args: Any, parent: Any = None, **extra: Any) -> Any:
+        own = parent is None and _own_command_line(args, [])  # (before the parse takes from the list)
+        context = original(self, info_name, args, parent=parent, **extra)
+        if own or (parent is not None and any(context.find_root() is root for root in roots)):
+            if own and len(roots) < MAX_LINES:
+                roots.append(context)
+            _guarded(lambda: _note_click(context, noted, note))
+        return context
+
+    make_context._cascade_parsed_args = True  # type: ignore[attr-defined]
+    command_class.make_context = make_context
+
+
+def _note_click(context: Any, noted: dict[str, Any], note: Note) -> None:
+    from cascade_repro.child.script_globals import made_for_this_run  # (it imports this module)
+
+    params = dict(list(context.params.items())[:MAX_VALUES])
+    this_run = made_for_this_run(params)
+    _merge(noted, {str(name): safe_value(v) for name, v in params.items() if name not in this_run}, note)
 
 
 def jsonargparse_hooks(note: Note) -> dict[str, Callable[[ModuleType], None]]:

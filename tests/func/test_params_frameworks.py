@@ -228,3 +228,43 @@ def test_hf_arguments_from_a_json_file_are_recorded_as_the_script_used_them(proj
     assert parsed["output_dir"] == "out" and record["source"] == "argparse"
     assert "globals" not in record and "ModelArguments.n_layer" not in record["values"]
     assert (params["n_layer"], params["learning_rate"]) == ("2", "0.003")
+
+
+CLICK_SCRIPT = """\
+import click
+
+
+@click.group()
+@click.option("--outdir", default="runs")
+def cli(outdir):
+    pass
+
+
+@cli.command()
+@click.option("--lr", type=float, default=0.1)
+@click.option("--kimg", type=int, default=25)
+@click.option("--mirror", is_flag=True)
+def train(lr, kimg, mirror):
+    print("used", lr, kimg, mirror, flush=True)
+
+
+@click.command()
+@click.option("--depth", default=4)
+def other(depth):
+    pass
+
+
+other.main(["--depth", "9"], standalone_mode=False)  # a command given another list: not the script's
+cli()
+"""
+
+
+def test_a_click_command_records_the_params_it_parsed(project: Project) -> None:
+    """StyleGAN's and EDM's `train.py` are click commands: click parses the command line itself, never
+    through argparse. Before, such a run recorded no params but its globals."""
+    params, record = _params(project, "train_click.py", CLICK_SCRIPT, "--outdir", "out", "train", "--lr",
+                             "0.02", "--mirror")  # fmt: skip
+    assert "used 0.02 25 True" in record["output"]
+    assert record["click"] == {"outdir": "out", "lr": 0.02, "kimg": 25, "mirror": True}
+    assert record["source"] == "click" and record["values"] == record["click"]
+    assert (params["lr"], params["kimg"], params["outdir"]) == ("0.02", "25", "out")
