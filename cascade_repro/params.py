@@ -336,14 +336,14 @@ def resolved_dict(resolved: ResolvedParams) -> dict[str, Any]:
 # what the child notes of the script's parses of its command line (child/parsed_args.py), and the prefix
 # of a name the params file also has
 PARSED_SOURCES = (("argparse", ARGS_PREFIX), ("jsonargparse", ARGS_PREFIX), ("click", ARGS_PREFIX),
-                  ("hydra", HYDRA_PREFIX))  # fmt: skip
+                  ("fire", ARGS_PREFIX), ("hydra", HYDRA_PREFIX))  # fmt: skip
 
 
 def used_params(resolved: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[str, Any]:
     """The record's `params` section: what the script used, from the resolved params file and what the child
     noted (`params_read`: it called `cascade_repro.params()`; `argparse`: its namespace; `jsonargparse`:
     the config a jsonargparse parser (LightningCLI's) made of it, with dotted keys; `click`: a click
-    command's params; `hydra`: the config
+    command's params; `fire`: the arguments Python Fire called it with; `hydra`: the config
     Hydra composed for it, with dotted keys; `globals`: its module's simple globals as training began,
     child/script_globals.py, the params of a script with none of the others).
 

@@ -167,6 +167,7 @@ def main(argv: list[str]) -> None:
             **parsed_args.jsonargparse_hooks(lambda values: facts.update(jsonargparse=values)),
             **parsed_args.hf_argparser_hooks(),
             **parsed_args.click_hooks(lambda values: facts.update(click=values)),
+            **parsed_args.fire_hooks(lambda values: facts.update(fire=values)),
             **parsed_args.hydra_hooks(lambda values: facts.update(hydra=values)),
             **script_seeds.import_hooks(),
         },

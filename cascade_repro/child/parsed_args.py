@@ -1,5 +1,6 @@
 """The params the script parsed, noted for the parent: its argparse namespace, jsonargparse's config
-(LightningCLI's), a click command's params, or Hydra's config.
+(LightningCLI's), a click command's params, the arguments Python Fire called it with, or Hydra's
+config.
 
 A script configured by `argparse` never calls `cascade_repro.params()`; its configuration is the
 namespace its parser returns. Installed on the script's `import argparse` (child/hooks.py), this
@@ -24,6 +25,9 @@ dataclasses it makes from a dict instead (`parse_json_file`, `parse_yaml_file`: 
 
 A click (or Typer) command parses the command line in its own `make_context`: the params of the
 context made of the script's own command line are noted, and those of its subcommands' contexts.
+
+Python Fire parses the command line itself: the arguments it calls the script's function with are
+noted (`fire_hooks`).
 
 A Hydra app's command line is Hydra's (`--config-name`, `--multirun`, overrides): its parser is not
 the script's, and what the script used is the config Hydra composed and hands to the task function
@@ -261,6 +265,73 @@ def _note_click(context: Any, noted: dict[str, Any], note: Note) -> None:
     params = dict(list(context.params.items())[:MAX_VALUES])
     this_run = made_for_this_run(params)
     _merge(noted, {str(name): safe_value(v) for name, v in params.items() if name not in this_run}, note)
+
+
+def fire_hooks(note: Note) -> dict[str, Callable[[ModuleType], None]]:
+    """For the child's ImportHooks: `note` called with the arguments Python Fire calls the script's
+    function (or class, then method) with, parsed from the script's own command line, defaults
+    included and a `**kwargs` parameter's items by their names (`fire.Fire(train)`: alpaca-lora's,
+    llama-recipes' fine-tuning)."""
+    return {"fire.core": lambda module: _guarded(lambda: _watch_fire(module, note))}
+
+
+def _watch_fire(module: Any, note: Note) -> None:
+    """`Fire(component, command=None)` parses `sys.argv[1:]`; each call it makes is parsed by a
+    function `_MakeParseFn(fn, metadata)` returns (Fire's own, private: where it is gone, nothing is
+    noted): wrapped to note what it parsed while such a `Fire` runs."""
+    fire, make_parse_fn = module.Fire, module._MakeParseFn
+    if getattr(fire, "_cascade_parsed_args", False):
+        return
+    noted: dict[str, Any] = {}
+    state = threading.local()
+
+    @functools.wraps(fire)
+    def fire_on_command_line(component: Any = None, command: Any = None, *args: Any, **kwargs: Any) -> Any:
+        own = getattr(state, "own", False)
+        state.own = command is None and not own  # (not a Fire inside the script's function)
+        try:
+            return fire(component, command, *args, **kwargs)
+        finally:
+            state.own = own
+
+    @functools.wraps(make_parse_fn)
+    def noting_make_parse_fn(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        parse = make_parse_fn(fn, *args, **kwargs)
+        if not getattr(state, "own", False):
+            return parse
+
+        @functools.wraps(parse)
+        def noting_parse(*parse_args: Any, **parse_kwargs: Any) -> Any:
+            parsed = parse(*parse_args, **parse_kwargs)
+            _guarded(lambda: _note_call(fn, parsed[0], noted, note))
+            return parsed
+
+        return noting_parse
+
+    fire_on_command_line._cascade_parsed_args = True  # type: ignore[attr-defined]
+    module.Fire = fire_on_command_line
+    module._MakeParseFn = noting_make_parse_fn  # (before fire/__init__ takes `Fire` from here)
+
+
+def _note_call(fn: Any, call: Any, noted: dict[str, Any], note: Note) -> None:
+    """The arguments of one call Fire makes, bound to `fn`'s parameters with their defaults."""
+    import inspect
+
+    varargs, kwargs = call
+    bound = inspect.signature(fn).bind_partial(*varargs, **kwargs)
+    bound.apply_defaults()
+    made: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        kind = bound.signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD and isinstance(value, dict):
+            made.update(value)
+        elif name not in ("self", "cls"):
+            made[name] = value
+    from cascade_repro.child.script_globals import made_for_this_run  # (it imports this module)
+
+    made = dict(list(made.items())[:MAX_VALUES])
+    this_run = made_for_this_run(made)
+    _merge(noted, {str(name): safe_value(v) for name, v in made.items() if name not in this_run}, note)
 
 
 def jsonargparse_hooks(note: Note) -> dict[str, Callable[[ModuleType], None]]:

@@ -268,3 +268,30 @@ def test_a_click_command_records_the_params_it_parsed(project: Project) -> None:
     assert record["click"] == {"outdir": "out", "lr": 0.02, "kimg": 25, "mirror": True}
     assert record["source"] == "click" and record["values"] == record["click"]
     assert (params["lr"], params["kimg"], params["outdir"]) == ("0.02", "25", "out")
+
+
+FIRE_SCRIPT = """\
+import fire
+
+
+def train(base_model: str = "tiny", learning_rate: float = 3e-4, batch_size: int = 8, **kwargs):
+    print("used", base_model, learning_rate, batch_size, kwargs, flush=True)
+
+
+if __name__ == "__main__":
+    fire.Fire(lambda **_: None, command=["--unused", "1"])  # another command line: not the script's
+    fire.Fire(train)
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fire") is None, reason="fire is a test extra")
+def test_a_python_fire_script_records_the_arguments_its_function_got(project: Project) -> None:
+    """alpaca-lora's and llama-recipes' fine-tuning scripts are `fire.Fire(train)`: Fire parses the
+    command line itself. Before, such a run recorded no params but its globals."""
+    params, record = _params(project, "finetune.py", FIRE_SCRIPT, "--learning_rate", "0.001", "--lora_r",
+                             "16")  # fmt: skip
+    assert "used tiny 0.001 8 {'lora_r': 16}" in record["output"]
+    # the defaults too, and a **kwargs parameter's items by their names
+    assert record["fire"] == {"base_model": "tiny", "learning_rate": 0.001, "batch_size": 8, "lora_r": 16}
+    assert record["source"] == "fire" and record["values"] == record["fire"]
+    assert (params["learning_rate"], params["lora_r"]) == ("0.001", "16")
