@@ -23,6 +23,7 @@ from typing import Any, Callable
 from cascade_repro.child import (
     env_reads,
     file_access,
+    framework_args,
     framework_checkpoints,
     framework_logging,
     parent_watch,
@@ -164,11 +165,7 @@ def main(argv: list[str]) -> None:
             "torch": after_torch,
             "numpy": after_numpy,
             "argparse": lambda module: _watch_argparse(module, facts),
-            **parsed_args.jsonargparse_hooks(lambda values: facts.update(jsonargparse=values)),
-            **parsed_args.hf_argparser_hooks(),
-            **parsed_args.click_hooks(lambda values: facts.update(click=values)),
-            **parsed_args.fire_hooks(lambda values: facts.update(fire=values)),
-            **parsed_args.hydra_hooks(lambda values: facts.update(hydra=values)),
+            **framework_args.import_hooks(lambda source, values: facts.update(**{source: values})),
             **script_seeds.import_hooks(),
         },
     )
