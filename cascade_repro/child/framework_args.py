@@ -28,7 +28,7 @@ import functools
 import sys
 import threading
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from cascade_repro.child.parsed_args import (
     MAX_ITEMS,
@@ -61,31 +61,45 @@ def import_hooks(note: NoteSource) -> dict[str, Callable[[ModuleType], None]]:
 def jsonargparse_hooks(note: Note) -> dict[str, Callable[[ModuleType], None]]:
     """For the child's ImportHooks: `note` called with the config of each top-level parse of the
     command line by a jsonargparse parser."""
-    return {"jsonargparse": lambda module: guarded(lambda: _watch_jsonargparse(module, note))}
+
+    def watch(module: Any) -> None:
+        path_type = getattr(module, "Path", None)
+
+        def parsed(parser: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+            given = args[0] if args else kwargs.get("args")
+            if not getattr(parser, NOT_THE_SCRIPTS, False) and own_command_line(given, []):
+                note(configured(result.as_dict(), path_type))
+
+        _after_outermost(module.ArgumentParser, "parse_args", parsed)
+
+    return {"jsonargparse": lambda module: guarded(lambda: watch(module))}
 
 
-def _watch_jsonargparse(module: Any, note: Note) -> None:
-    parser_class = module.ArgumentParser
-    original = parser_class.parse_args
+After = Callable[[Any, tuple[Any, ...], dict[str, Any], Any], None]  # (self, args, kwargs, result)
+
+
+def _after_outermost(owner: Any, name: str, after: After) -> None:
+    """The method `owner.name` wrapped, once, to call `after(self, args, kwargs, result)` when a call
+    of it returns that ran inside no other (a parser's nested parses, on this thread)."""
+    original = getattr(owner, name)
     if getattr(original, "_cascade_parsed_args", False):
         return
     state = threading.local()
-    path_type = getattr(module, "Path", None)
 
     @functools.wraps(original)
-    def parse_args(self: Any, args: Sequence[str] | None = None, *more: Any, **kwargs: Any) -> Any:
+    def outermost(self: Any, *args: Any, **kwargs: Any) -> Any:
         depth = getattr(state, "depth", 0)
         state.depth = depth + 1
         try:
-            result = original(self, args, *more, **kwargs)
+            result = original(self, *args, **kwargs)
         finally:
             state.depth = depth
-        if depth == 0 and not getattr(self, NOT_THE_SCRIPTS, False) and own_command_line(args, []):
-            guarded(lambda: note(configured(result.as_dict(), path_type)))
+        if depth == 0:
+            guarded(lambda: after(self, args, kwargs, result))
         return result
 
-    parse_args._cascade_parsed_args = True  # type: ignore[attr-defined]
-    parser_class.parse_args = parse_args
+    outermost._cascade_parsed_args = True  # type: ignore[attr-defined]
+    setattr(owner, name, outermost)
 
 
 def configured(tree: dict[str, Any], path_type: Any = None) -> dict[str, Any]:
@@ -111,30 +125,11 @@ def hf_argparser_hooks() -> dict[str, Callable[[ModuleType], None]]:
     """For the child's ImportHooks: the dataclasses Hugging Face's HfArgumentParser makes from a dict
     (`parse_json_file`, `parse_yaml_file`: the examples' `run_clm.py args.json`) noted as its parses
     of the command line are, beside them. It never parses a command line then."""
-    return {"transformers.hf_argparser": lambda module: guarded(lambda: _watch_parse_dict(module))}
+    def made(parser: Any, args: tuple[Any, ...], kwargs: dict[str, Any], outputs: Any) -> None:
+        _add_dataclasses(outputs)
 
-
-def _watch_parse_dict(module: Any) -> None:
-    parser_class = module.HfArgumentParser
-    original = parser_class.parse_dict
-    if getattr(original, "_cascade_parsed_args", False):
-        return
-    state = threading.local()
-
-    @functools.wraps(original)
-    def parse_dict(self: Any, *args: Any, **kwargs: Any) -> Any:
-        depth = getattr(state, "depth", 0)
-        state.depth = depth + 1
-        try:
-            outputs = original(self, *args, **kwargs)
-        finally:
-            state.depth = depth
-        if depth == 0:
-            guarded(lambda: _add_dataclasses(outputs))
-        return outputs
-
-    parse_dict._cascade_parsed_args = True  # type: ignore[attr-defined]
-    parser_class.parse_dict = parse_dict
+    return {"transformers.hf_argparser": lambda module: guarded(
+        lambda: _after_outermost(module.HfArgumentParser, "parse_dict", made))}  # fmt: skip
 
 
 def _add_dataclasses(outputs: Any) -> None:
