@@ -165,6 +165,7 @@ def restore(
         tree = _materialize(plan, manifest, settings, store, execute, notify)
         if not execute:
             return RestoreResult(plan, tree, None, None, store=(settings.tracking_uri, plan.experiment))
+        _refuse_another_module(plan, tree.path, root)
         image, drift = (
             (None, []) if not docker else _restore_image(store, manifest, plan, tree.path, settings, notify)
         )
@@ -337,6 +338,27 @@ def _materialize(plan: RestorePlan, manifest: Manifest, settings: Settings, stor
     if copied:
         notify(f"copied {len(copied)} input file(s) from your checkout into the worktree, sha256-verified")
     return tree
+
+
+def _refuse_another_module(plan: RestorePlan, tree: Path, root: Path) -> None:
+    """A run of `-m NAME` re-runs by its name: what `python -m NAME` finds from the worktree must be
+    the file the record names (in the worktree, or at the same path in the checkout: an editable
+    install, which the re-run maps to the worktree). A record from elsewhere that names another
+    module (`pip`, with its arguments) would have the restore run code that is not the project's."""
+    if plan.module is None:
+        return
+    try:
+        found = run_target.module_file(plan.module, tree / plan.cwd)
+    except run_target.NotRunnable as exc:
+        raise RestoreRefused(f"run {plan.run_id[:12]} ran `-m {plan.module}`, which the restored code cannot "
+                             f"run: {exc}") from None  # fmt: skip
+    if found not in {(tree / plan.script).resolve(), (root / plan.script).resolve()}:
+        raise RestoreRefused(
+            f"run {plan.run_id[:12]} records `-m {plan.module}` as {plan.script}, but from the restored code "
+            f"it runs {found}: that is not the project's code, and is not run",
+            hint="restore only records made by `cascade run`; `cascade show RUN` shows the command it "
+            "records",
+        )
 
 
 def _image_tags(image: PreparedImage | None, drift: Sequence[PackageChange]) -> dict[str, str]:

@@ -170,6 +170,23 @@ def test_fields_the_rerun_acts_on_are_refused_before_anything_is_written(recorde
 _MISSING = object()
 
 
+def test_a_module_the_record_names_that_is_not_the_recorded_script_is_not_run(recorded: Recorded) -> None:
+    """`command.module` is a name: `python -m pip install ...` from a record would run pip, not the
+    project. The name must find the recorded script in the restored code, or nothing runs."""
+    record = recorded.edited()
+    record["command"].update(module="pip", argv=["--version"])  # (script: still train.py)
+    recorded.store(record)
+    before = len(recorded.project.runs())
+
+    result = recorded.project.cascade("restore", "v1")
+
+    assert result.returncode == 1, result.stderr
+    assert "records `-m pip` as train.py, but from the restored code it runs" in result.stderr
+    assert "pip/__main__.py" in result.stderr and "is not run" in result.stderr
+    assert "pip " not in result.stdout  # (`pip --version` prints "pip X.Y from ...")
+    assert len(recorded.project.runs()) == before  # no re-run was recorded
+
+
 # -- D: a record that is not JSON, or not text -------------------------------------------------------
 
 
