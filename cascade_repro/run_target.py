@@ -21,6 +21,12 @@ def is_module_name(name: object) -> bool:
     return isinstance(name, str) and len(name) <= 500 and _MODULE_NAME.fullmatch(name) is not None
 
 
+def may_be_its_file(name: str, script: str) -> bool:
+    """Whether `script` (a path) can be the file of the module `name`: `train.py` for `pkg.train`,
+    `__main__.py` for a package (its directories may differ: a src layout, a linked directory)."""
+    return script.rsplit("/", 1)[-1] in (f"{name.rsplit('.', 1)[-1]}.py", "__main__.py")
+
+
 def words(script: str, module: str | None) -> list[str]:
     """What follows `python` to run it: `-m MODULE`, else the script's path."""
     return ["-m", module] if module else [script]

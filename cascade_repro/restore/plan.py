@@ -116,6 +116,9 @@ def plan_restore(manifest: Manifest, version: str | None, workdir: Path, steps: 
     if module is not None and not run_target.is_module_name(module):
         raise RestoreRefused(f"run {manifest.run_id} records {str(module)[:80]!r} as the module it ran: "
                              "not a module name")  # fmt: skip
+    if module is not None and not run_target.may_be_its_file(module, script):  # (checked again once written)
+        raise RestoreRefused(f"run {manifest.run_id} records `-m {module}` as the script {script}, which is "
+                             "not that module's file: it is not run")  # fmt: skip
     cwd = safe_path(str(command.get("cwd") or "."), "the working directory", allow_dot=True)
     stored, unavailable = [], []
     for item in git.untracked:

@@ -173,17 +173,26 @@ _MISSING = object()
 def test_a_module_the_record_names_that_is_not_the_recorded_script_is_not_run(recorded: Recorded) -> None:
     """`command.module` is a name: `python -m pip install ...` from a record would run pip, not the
     project. The name must find the recorded script in the restored code, or nothing runs."""
+    before = len(recorded.project.runs())
     record = recorded.edited()
     record["command"].update(module="pip", argv=["--version"])  # (script: still train.py)
     recorded.store(record)
-    before = len(recorded.project.runs())
 
-    result = recorded.project.cascade("restore", "v1")
+    refused = recorded.project.cascade("restore", "v1")
 
-    assert result.returncode == 1, result.stderr
-    assert "records `-m pip` as train.py, but from the restored code it runs" in result.stderr
-    assert "pip/__main__.py" in result.stderr and "is not run" in result.stderr
-    assert "pip " not in result.stdout  # (`pip --version` prints "pip X.Y from ...")
+    assert refused.returncode == 1, refused.stderr
+    assert "records `-m pip` as the script train.py, which is not that module's file" in refused.stderr
+    assert not recorded.restore_dir.exists()  # refused before anything was written
+    # a name and a file that agree, where the restored code has no such file: python -m finds pip
+    record["command"]["script"] = "pip/__main__.py"
+    recorded.store(record)
+
+    refused = recorded.project.cascade("restore", "v1")
+
+    assert refused.returncode == 1, refused.stderr
+    assert "records `-m pip` as pip/__main__.py, but from the restored code it runs" in refused.stderr
+    assert "is not run" in refused.stderr
+    assert "pip " not in refused.stdout  # (`pip --version` prints "pip X.Y from ...")
     assert len(recorded.project.runs()) == before  # no re-run was recorded
 
 
