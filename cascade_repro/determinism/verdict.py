@@ -103,6 +103,11 @@ class RankVerdict:
         return {"rank": self.rank, "verdict": self.verdict, "summary": self.summary, "steps": self.steps}
 
 
+# why a run that ran to its end has no step in its trace (`verify`'s INCOMPARABLE, `show`'s trace line)
+NO_STEP_TRACED = ("the script's own process never called backward() or an optimizer's step (training in "
+                  "processes it started, such as torch.multiprocessing.spawn's or a subprocess's, is not "
+                  "traced; torchrun's ranks are: `cascade run --nproc-per-node N`)")  # fmt: skip
+
 def judge_ranks(
     manifest_a: Manifest,
     manifest_b: Manifest,
@@ -151,10 +156,7 @@ def _incomparable(manifest_a: Manifest, manifest_b: Manifest, traced_a: bool,
             return f"run {missing[:12]} {ended} before its first traced step"
         if not record.trace_header:
             return f"run {missing[:12]} has no step trace (recorded with --trace-interval 0)"
-        return (f"run {missing[:12]} recorded no training step: its script's own process never called "
-                "backward() or an optimizer's step (training in processes it started, such as "
-                "torch.multiprocessing.spawn's or a subprocess's, is not traced; torchrun's ranks are: "
-                "`cascade run --nproc-per-node N`)")  # fmt: skip
+        return f"run {missing[:12]} recorded no training step: {NO_STEP_TRACED}"
     header_a, header_b = manifest_a.trace_header, manifest_b.trace_header
     for key in ("algorithm", "interval"):
         if header_a.get(key) != header_b.get(key):

@@ -422,8 +422,9 @@ def _trace_summary(console: Any, t: Any, running: bool = False) -> None:
 def _trace_more(section: dict[str, Any], status: str) -> str:
     """Where to look next: the loss curve, or why a finished run has no step (`verify` would say it)."""
     if section.get("steps") == 0 and status == "FINISHED":
-        return ("the script's own process ran no optimizer step or backward(); training in processes it "
-                "started is not traced, torchrun's ranks are: `cascade run --nproc-per-node N`")  # fmt: skip
+        from cascade_repro.determinism.verdict import NO_STEP_TRACED
+
+        return NO_STEP_TRACED
     return "cascade show --trace for the loss curve"
 
 

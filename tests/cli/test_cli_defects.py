@@ -214,5 +214,5 @@ if __name__ == "__main__":
     run_id = project.record("spawner.py")
     assert project.manifest(run_id)["trace"]["steps"] == 0
     shown = project.invoke("show", run_id[:8], check=True).stdout
-    assert "trace: 0 steps (the script's own process ran no optimizer step or backward()" in shown
+    assert "trace: 0 steps (the script's own process never called backward() or an optimizer's step" in shown
     assert "cascade run --nproc-per-node N" in shown
