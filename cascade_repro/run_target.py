@@ -8,6 +8,7 @@ restore runs the module by its name again, from the recorded working directory i
 
 from __future__ import annotations
 
+import difflib
 import re
 import sys
 from importlib.machinery import ModuleSpec, PathFinder
@@ -48,15 +49,18 @@ def module_file(name: str, cwd: Path) -> Path:
     editable install's among them). Raises NotRunnable where it finds no Python source to run."""
     parts = name.split(".")
     spec = _top_level(parts[0], cwd)
-    for depth in range(2, len(parts) + 1):
-        if spec is None:
-            break
+    searched, depth = [str(cwd)], 1  # where parts[depth - 1] was looked for
+    while spec is not None and depth < len(parts):
         if spec.submodule_search_locations is None:
-            raise NotRunnable(f"{'.'.join(parts[:depth - 1])} is a module, not a package: it has no "
-                              f"{'.'.join(parts[:depth])}")  # fmt: skip
-        spec = PathFinder.find_spec(".".join(parts[:depth]), list(spec.submodule_search_locations))
+            raise NotRunnable(f"{'.'.join(parts[:depth])} is a module, not a package: it has no "
+                              f"{'.'.join(parts[:depth + 1])}")  # fmt: skip
+        searched, depth = list(spec.submodule_search_locations), depth + 1
+        spec = PathFinder.find_spec(".".join(parts[:depth]), searched)
     if spec is None:
-        raise NotRunnable(f"no module named {name}", missing=True)
+        close = difflib.get_close_matches(parts[depth - 1], _modules_in(searched), n=1, cutoff=0.75)
+        guess = ".".join([*parts[: depth - 1], close[0], *parts[depth:]]) if close else None
+        said = f"no module named {name}" + (f"; did you mean {guess}?" if guess else "")
+        raise NotRunnable(said, missing=True)
     if spec.submodule_search_locations is not None:  # a package runs its __main__
         spec = PathFinder.find_spec(f"{name}.__main__", list(spec.submodule_search_locations))
         if spec is None:
@@ -65,6 +69,19 @@ def module_file(name: str, cwd: Path) -> Path:
     if not spec.has_location or not spec.origin or not spec.origin.endswith(".py"):
         raise NotRunnable(f"{name} is not Python source ({spec.origin}): cascade records the source that ran")
     return Path(spec.origin).resolve()
+
+
+def _modules_in(directories: list[str]) -> list[str]:
+    """The names of the modules and packages in these directories (a typo's suggestions)."""
+    names = []
+    for directory in directories[:8]:
+        try:
+            entries = sorted(Path(directory).iterdir())[:2000]
+        except OSError:
+            continue
+        names += [entry.stem if entry.suffix == ".py" else entry.name for entry in entries
+                  if entry.suffix == ".py" or (entry / "__init__.py").is_file()]  # fmt: skip
+    return names
 
 
 def _top_level(name: str, cwd: Path) -> ModuleSpec | None:

@@ -83,6 +83,8 @@ def test_a_module_run_by_name_is_recorded_and_restored_by_name(project: Project)
     ("name", "said"),
     [
         ("mypkg.nosuch", "no module named mypkg.nosuch (looked in"),
+        ("mypkg.trian", "no module named mypkg.trian; did you mean mypkg.train?"),
+        ("mypgk.train", "no module named mypgk.train; did you mean mypkg.train?"),
         ("mypkg", "mypkg is a package without a __main__.py"),
         ("mypkg.model.deeper", "mypkg.model is a module, not a package"),
         ("json.tool", "runs "),  # the standard library's: outside the repository
