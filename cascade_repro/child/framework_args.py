@@ -125,6 +125,7 @@ def hf_argparser_hooks() -> dict[str, Callable[[ModuleType], None]]:
     """For the child's ImportHooks: the dataclasses Hugging Face's HfArgumentParser makes from a dict
     (`parse_json_file`, `parse_yaml_file`: the examples' `run_clm.py args.json`) noted as its parses
     of the command line are, beside them. It never parses a command line then."""
+
     def made(parser: Any, args: tuple[Any, ...], kwargs: dict[str, Any], outputs: Any) -> None:
         _add_dataclasses(outputs)
 
@@ -150,8 +151,12 @@ def _add_dataclasses(outputs: Any) -> None:
 def click_hooks(note: Note) -> dict[str, Callable[[ModuleType], None]]:
     """For the child's ImportHooks: `note` called with the params a click (or Typer) command parsed
     from the script's own command line, its subcommands' beside its own (a later one's value of a
-    name stands), as the command function gets them (StyleGAN's and EDM's `train.py`)."""
-    return {"click.core": lambda module: guarded(lambda: _watch_click(module, note))}
+    name stands), as the command function gets them (StyleGAN's and EDM's `train.py`). Typer's own
+    copy of click (`typer._click`, from Typer 0.22 on) is watched the same way."""
+    return {name: lambda module: guarded(lambda: _watch_click(module, note)) for name in CLICK_CORES}
+
+
+CLICK_CORES = ("click.core", "typer._click.core")
 
 
 def _watch_click(module: Any, note: Note) -> None:

@@ -295,3 +295,26 @@ def test_a_python_fire_script_records_the_arguments_its_function_got(project: Pr
     assert record["fire"] == {"base_model": "tiny", "learning_rate": 0.001, "batch_size": 8, "lora_r": 16}
     assert record["source"] == "fire" and record["values"] == record["fire"]
     assert (params["learning_rate"], params["lora_r"]) == ("0.001", "16")
+
+
+TYPER_SCRIPT = """\
+import typer
+
+
+def main(lr: float = 0.1, epochs: int = 3, name: str = "base"):
+    print("used", lr, epochs, name, flush=True)
+
+
+if __name__ == "__main__":
+    typer.run(main)
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("typer") is None, reason="typer is a test extra")
+def test_a_typer_command_records_the_params_it_parsed(project: Project) -> None:
+    """Typer parses with click, from 0.22 on with its own copy of it (`typer._click`): before, such a
+    run recorded no params at all."""
+    params, record = _params(project, "train_typer.py", TYPER_SCRIPT, "--lr", "0.02", "--name", "x")
+    assert "used 0.02 3 x" in record["output"]
+    assert record["click"] == {"lr": 0.02, "epochs": 3, "name": "x"}
+    assert record["source"] == "click" and (params["lr"], params["epochs"]) == ("0.02", "3")
