@@ -87,7 +87,7 @@ def test_a_module_run_by_name_is_recorded_and_restored_by_name(project: Project)
         ("mypgk.train", "no module named mypgk.train; did you mean mypkg.train?"),
         ("mypkg", "mypkg is a package without a __main__.py"),
         ("mypkg.model.deeper", "mypkg.model is a module, not a package"),
-        ("json.tool", "runs "),  # the standard library's: outside the repository
+        ("json.tool", "json/tool.py, outside the git repository"),  # the standard library's
         ("my pkg", "not a module name"),
         ("torch.distributed.run", "is torchrun, not a training module"),  # the hint: --nproc-per-node
     ],
