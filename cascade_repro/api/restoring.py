@@ -256,17 +256,17 @@ def _steps_a_killed_run_ran(store: RunStore, manifest: Manifest) -> tuple[int | 
     """A run stopped from outside (Ctrl-C, SIGTERM, its parent lost) ended at a step nothing in the
     script chose, KILLED or, where the script caught the signal and ended cleanly (pytorch/examples'
     "Exiting from training early"), with the signal recorded: the re-run stops there too, and the
-    verdict is about the steps it ran (its trace's last record's step + 1: a budget may have thinned
-    the records); and its trace, read for that."""
+    verdict is about the steps it ended (a step it was inside, a closure's, is not re-run: its update
+    may not have run); and its trace, read for that."""
     from cascade_repro.api.judging import trace_records
-    from cascade_repro.determinism.trace_file import record_steps
+    from cascade_repro.determinism.trace_file import steps_ended
 
     outcome = manifest.outcome
     stopped = outcome.status == "KILLED" or outcome.signal is not None
     if not stopped or not manifest.trace_header.get("steps"):
         return None, None
     records = trace_records(store, manifest.run_id, manifest.trace_header.get("artifact"))
-    ran = max(record_steps(records), default=-1) + 1
+    ran = steps_ended(records)
     return (ran if ran > 0 else None), records
 
 

@@ -23,6 +23,8 @@ records: the header's "records" schedule). Between two records, once the last on
 tracer coasts: its hooks only count the steps up to the next record (`step_hooks`), a few µs a step
 where the full path took ~15 (benchmarks/bench_trace_floor.py). The last step's weights are always read
 (at exit): where that step has no record, a record of its own holds them ({"step", "params_after"}).
+A run that ends inside an optimizer step (killed while a closure ran, or the optimizer raised) has
+that step's record say "unfinished": its weights are those at exit, not after the step.
 Scripts without an optimizer (below) get every facet every step.
 
 Gradients are hashed "where cheap" by default (child/step_tensors.py).
@@ -313,8 +315,10 @@ class StepTracer:
         """Step k's parameters-after, read when step k+1 begins (or at exit: the final weights, always),
         if step k is sampled; the record is complete then."""
         if self._pending is not None:
-            if final and self.in_step and self._pending["loss"] is None:
-                self._pending["loss"] = self._loss_copy(self._pending["step"])  # a step that never returned
+            if final and self.in_step and self._pending["step"] == self.step:  # a step that never returned
+                self._pending["unfinished"] = True  # (its weights: at exit, not after it; `_final_weights`)
+                if self._pending["loss"] is None:
+                    self._pending["loss"] = self._loss_copy(self._pending["step"])
             if self._pending_sampled or final:
                 self._wait_for_devices()
                 started = time.perf_counter()
@@ -551,8 +555,12 @@ class StepTracer:
     def _final_weights(self, final: int | None = None) -> None:
         """The last step had no record (the budget thinned them): its weights, read now, and its loss (that
         of its last backward, if any) make one. The last step is the last that began: one whose
-        optimizer failed (its step hook never returned) too."""
+        optimizer failed or was interrupted (its step hook never returned) too. Its record says
+        "unfinished": the weights are those at exit, inside the step (before its update, or partway
+        through one: a closure's optimizer is inside its step most of the time), not after it, and the
+        run ended that many steps (`trace_file.steps_ended`: a killed run's restore re-runs those)."""
         last = self._last_optimizer
+        unfinished = final is None and self.in_step
         if final is None:
             final = self.step if self.in_step else self.step - 1
         # (--trace-interval N: records at every Nth step, as it says)
@@ -560,11 +568,13 @@ class StepTracer:
                 or self.interval != 1:  # fmt: skip
             return
         self._wait_for_devices()
-        record = {"step": final, "params_after": self.tensors.params(_params_of(last))}
+        record: dict[str, Any] = {"step": final, "params_after": self.tensors.params(_params_of(last))}
         for step, losses in (self.last_backward, self.backward_before):  # (the last step's backward, or
             if step == final and losses:  # the next's, begun and cut short: Ctrl-C before its optimizer)
                 record["loss"] = step_values.losses_now(self.torch, losses)  # (`show --trace` ends on it)
                 break
+        if unfinished:
+            record["unfinished"] = True
         self._writer.write(record)
 
     def _stop_if_done(self) -> None:

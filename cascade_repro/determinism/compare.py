@@ -16,7 +16,9 @@ and `cascade verify --replay` re-runs both with every facet to pin it. A budget 
 records themselves (steps of a few milliseconds): the traces are then compared at the steps both
 recorded (determinism/verdict.py cuts them to those), and a divergence seen after steps without
 records is bracketed the same way. A facet a record does not hold at all (the weights alone, read
-at exit, for a last step that had no record) is not compared there.
+at exit, for a last step that had no record) is not compared there. Where one run ended inside a
+step (a record that says "unfinished": a killed run's closure), only what that step began with is
+compared there: its loss and weights are not the step's outcome.
 """
 
 from __future__ import annotations
@@ -26,10 +28,17 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-from cascade_repro.determinism.trace_file import TraceRecords, equal_prefix, next_difference, step_of
+from cascade_repro.determinism.trace_file import (
+    TraceRecords,
+    ended_inside,
+    equal_prefix,
+    next_difference,
+    step_of,
+)
 
 FACETS = ("rng", "batch", "params_before", "loss", "grads", "params_after")
 SAMPLED_FACETS = ("grads", "params_after")  # at the steps a trace budget allowed (or every step)
+AFTER_ITS_START = ("loss", "grads", "params_after")  # not the step's where the run ended inside it
 FACET_WORDS = {
     "rng": "RNG state at the step's start",
     "batch": "the batch",
@@ -111,6 +120,9 @@ def compare_traces(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]],
             differences = found
             break
         index += 1
+    # the losses compared in full: a last step one run ended inside (its loss is not the step's) left out
+    last = overlap - 1
+    losses_end = last if overlap and ended_inside(a, last) != ended_inside(b, last) else overlap
     notes: tuple[str, ...] = ()
     if differences and _only_rng_differs(a[first_index:overlap], b[first_index:overlap]):
         streams = ", ".join(differences[0].names)
@@ -127,8 +139,8 @@ def compare_traces(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]],
         step=first,
         differences=tuple(differences),
         # before the first difference every loss is equal (it would be one)
-        loss_max_rel=_loss_max_rel(a[first_index:overlap], b[first_index:overlap]),
-        loss_first_difference=_first_loss_difference(a[first_index:overlap], b[first_index:overlap]),
+        loss_max_rel=_loss_max_rel(a[first_index:losses_end], b[first_index:losses_end]),
+        loss_first_difference=_first_loss_difference(a[first_index:losses_end], b[first_index:losses_end]),
         notes=notes,
     )
 
@@ -195,11 +207,18 @@ def _not_compared(facet: str, x: dict[str, Any], y: dict[str, Any]) -> bool:
     """A facet one of the two records lacks at this step, for a reason other than a difference."""
     if facet != "params_before" and (facet not in x or facet not in y):
         return True  # a record without it at all (the final weights' own record)
+    if facet in AFTER_ITS_START and _ended_apart(x, y):
+        return True  # one run ended inside this step: what it read there is not the step's outcome
     if facet in SAMPLED_FACETS or facet == "batch":
         # not fingerprinted at this step by one of the two (a budget's sampling), or one run's batches
         # not read (recorded before cascade read mappings such as HF's BatchEncoding)
         return x.get(facet) is None or y.get(facet) is None
     return False
+
+
+def _ended_apart(x: dict[str, Any], y: dict[str, Any]) -> bool:
+    """One of the two runs ended inside this step (its optimizer step never returned), the other not."""
+    return (x.get("unfinished") is True) != (y.get("unfinished") is True)
 
 
 def _loss_bits(loss: dict[str, Any] | None) -> Any:

@@ -203,6 +203,24 @@ def record_steps(records: Sequence[dict[str, Any]]) -> list[int]:
     return steps
 
 
+def steps_ended(records: Sequence[dict[str, Any]]) -> int:
+    """How many steps the traced run ended: its last record's step + 1 (a budget may have thinned the
+    records), or that step where the run ended inside it, its optimizer step never returned (the record
+    says "unfinished", child/trace.py)."""
+    steps = record_steps(records)
+    if not steps:
+        return 0
+    return steps[-1] + (0 if ended_inside(records, len(records) - 1) else 1)
+
+
+def ended_inside(records: Sequence[dict[str, Any]], index: int) -> bool:
+    """Whether the run ended inside record `index`'s step ("unfinished"; read from the text where the
+    records are still lines and the word is not there)."""
+    if isinstance(records, TraceRecords) and '"unfinished"' not in records.lines[index]:
+        return False
+    return records[index].get("unfinished") is True
+
+
 def step_of(record: dict[str, Any], index: int) -> int:
     """A record's step (untrusted: its position where it holds no whole number)."""
     step = record.get("step", index)

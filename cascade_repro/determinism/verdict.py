@@ -16,7 +16,7 @@ from cascade_repro.determinism.compare import (
 from cascade_repro.determinism.explain import Cause, Difference, likely_causes, manifest_differences
 from cascade_repro.determinism.magnitude import Magnitude
 from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
-from cascade_repro.determinism.trace_file import has_batches, on_common_steps, record_steps
+from cascade_repro.determinism.trace_file import has_batches, on_common_steps, steps_ended
 from cascade_repro.errors import EXIT_NOT_REPRODUCED, EXIT_OK
 from cascade_repro.manifest import Manifest
 from cascade_repro.record_sections import error_line, single_line
@@ -178,7 +178,7 @@ def judge(
     with a record past them ran them all, whether or not a budget left it a record at the last."""
     ran: tuple[int, int] | None = None
     if steps is not None:
-        ran = (min(_last_step(trace_a) + 1, steps), min(_last_step(trace_b) + 1, steps))
+        ran = (min(steps_ended(trace_a), steps), min(steps_ended(trace_b), steps))
         trace_a = [r for r in trace_a if int(r.get("step", 0)) < steps]
         trace_b = [r for r in trace_b if int(r.get("step", 0)) < steps]
     a_id, b_id = manifest_a.run_id, manifest_b.run_id
@@ -274,10 +274,6 @@ def _compare(trace_a: Sequence[dict[str, Any]], trace_b: Sequence[dict[str, Any]
         return compare_traces(trace_a, trace_b), trace_a, trace_b
     trace_a, trace_b, recorded = on_common_steps(trace_a, trace_b)
     return compare_traces(trace_a, trace_b, ran or recorded, gaps_bracket=True), trace_a, trace_b
-
-
-def _last_step(trace: Sequence[dict[str, Any]]) -> int:
-    return max(record_steps(trace), default=-1)
 
 
 def _saved_tensors_differ(a: Manifest, b: Manifest) -> str | None:

@@ -439,6 +439,8 @@ def _trace_count(section: dict[str, Any]) -> str:
 def _trace_steps(console: Any, t: Any) -> None:
     """How many steps have a record, and which where the budget thinned them."""
     span = f", steps {t.first_step}..{t.last_step}" if t.steps else ""
+    if t.ended_inside_last:
+        span += f" (the run ended inside step {t.last_step}: its weights are those at exit)"
     if not t.records:
         recorded = f"  {t.steps} steps recorded (every {t.interval}, {one_line(str(t.algorithm))}){span}"
         console.print(_styled(("trace", "bold"), recorded))

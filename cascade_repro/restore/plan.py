@@ -109,6 +109,11 @@ def plan_restore(manifest: Manifest, version: str | None, workdir: Path, steps: 
     """Read the record and check every path in it; raises RestoreRefused before anything is written."""
     git, command = manifest.git, manifest.command
     commit = git.commit or ""
+    if not commit and manifest.outcome.status == "KILLED":  # (stopped before the parent's capture ended)
+        raise RestoreRefused(f"run {manifest.run_id} was KILLED before cascade recorded its code: its record "
+                             "holds no git commit, so there is nothing to rebuild",  # fmt: skip
+                             hint=f"`cascade show {manifest.run_id[:12]}` says what the record holds; run "
+                             "the script again for a run that can be restored")  # fmt: skip
     if len(commit) not in (40, 64) or any(c not in "0123456789abcdef" for c in commit):  # SHA-1, SHA-256
         raise RestoreRefused(f"run {manifest.run_id} records no usable git commit ({commit!r})")
     script = safe_path(str(command.get("script") or ""), "the script")

@@ -80,6 +80,16 @@ def test_a_record_without_a_full_commit_is_refused() -> None:
         _plan(_record(commit="abc123"))
 
 
+def test_a_run_killed_before_its_code_was_recorded_is_refused_saying_so() -> None:
+    """Found by `kill -9` of `cascade` seconds after its start: `restore` said "records no usable git
+    commit ('')", as for a record altered by hand."""
+    record = {**_record(commit=None), "outcome": {"status": "KILLED", "exit_code": None}}
+    with pytest.raises(CascadeError) as refused:
+        _plan(record)
+    assert "was KILLED before cascade recorded its code" in refused.value.message
+    assert refused.value.hint is not None and "cascade show" in refused.value.hint
+
+
 def test_recorded_environment_sets_unsets_and_never_touches_the_store_or_secrets() -> None:
     recorded = {"OMP_NUM_THREADS": "2", "HF_TOKEN": "<redacted>", "MLFLOW_RUN_ID": "x", "PYTHONHASHSEED": "3"}
     here = {"OMP_NUM_THREADS": "8", "OMP_PROC_BIND": "true", "HF_TOKEN": "secret", "MLFLOW_TRACKING_URI": "u"}

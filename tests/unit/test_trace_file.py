@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from cascade_repro.determinism.compare import compare_traces
-from cascade_repro.determinism.trace_file import TraceRecords, equal_prefix
+from cascade_repro.determinism.trace_file import TraceRecords, equal_prefix, steps_ended
 from cascade_repro.errors import CascadeError
 
 
@@ -143,3 +143,23 @@ def test_a_loss_too_large_for_float32_is_compared_without_an_ulp_count() -> None
     other[1] = {**other[1], "loss": {"bits": 99, "value": 1e300, "dtype": "float32"}}
     result = compare_traces(records, other)
     assert result.step == 1 and "ulp" not in result.differences[0].detail
+
+
+def test_a_step_one_run_ended_inside_is_compared_on_what_it_began_with() -> None:
+    """A run killed inside step 2's optimizer step (its closure): the weights and loss read there are
+    not the step's outcome, and the steps it ended are 2, not 3. Its RNG state and batch still are."""
+    full = [_step(0, 1.0, "a0"), _step(1, 0.9, "a1"), _step(2, 0.8, "a2")]
+    killed = [_step(0, 1.0, "a0"), _step(1, 0.9, "a1"), {**_step(2, 0.85, "a1"), "unfinished": True}]
+    assert (steps_ended(full), steps_ended(killed), steps_ended([])) == (3, 2, 0)
+    comparison = compare_traces(TraceRecords.from_text(_text(killed)), TraceRecords.from_text(_text(full)))
+    assert comparison.step is None and comparison.loss_first_difference is None, comparison
+    killed[2]["batch"] = "another"
+    comparison = compare_traces(TraceRecords.from_text(_text(killed)), TraceRecords.from_text(_text(full)))
+    assert (comparison.step, comparison.facets()) == (2, ["batch"])
+    # both ended inside it (an optimizer that raised, in both): compared as recorded
+    ended_alike = [*full[:2], {**full[2], "unfinished": True, "params_after": {"w": "other"}}]
+    comparison = compare_traces(TraceRecords.from_text(_text(ended_alike)),
+                                TraceRecords.from_text(_text(killed)))  # fmt: skip
+    assert (comparison.step, comparison.facets()) == (2, ["batch", "loss", "params_after"])
+    # a hostile "unfinished" that is not true counts as the step ended
+    assert steps_ended([*full[:2], {**full[2], "unfinished": "yes"}]) == 3

@@ -231,7 +231,7 @@ def test_an_optimizer_that_fails_leaves_its_weights_as_the_last_step(thinned: An
     # the step's loss: its backward ran before its optimizer failed
     assert records[-1]["loss"] == every_step[fail]["loss"]
     if fail % 2:
-        assert list(records[-1]) == ["step", "params_after", "loss"]  # its own record: the step had none
+        assert list(records[-1]) == ["step", "params_after", "loss", "unfinished"]  # its own record
 
 
 def test_the_next_step_with_a_record_is_the_one_the_schedule_names() -> None:
