@@ -5,7 +5,8 @@ beside argparse's (child/parsed_args.py): each hooked once the script imports it
   never through `parse_known_args`: its top-level parses of the command line are noted, the nested
   config (the --config files merged with the options typed) flattened to dotted keys as its options
   are typed (`model.lr`); a subcommand's (`fit`) values as the top level's, beside `subcommand`; its
-  paths as given (not the absolute path they resolve to: a restore's differs).
+  paths as given (not the absolute path they resolve to: a restore's differs). A LightningCLI given its
+  config as a dict (`args={...}`) parses it with `parse_object`: that config is noted the same way.
 - Hugging Face's HfArgumentParser parses the command line through argparse's `parse_known_args`; the
   dataclasses it makes from a dict instead (`parse_json_file`, `parse_yaml_file`: the examples'
   `run_clm.py args.json`) are noted beside those parses, field by field.
@@ -51,6 +52,7 @@ def import_hooks(note: NoteSource) -> dict[str, Callable[[ModuleType], None]]:
     one of params.PARSED_SOURCES (HfArgumentParser's files: among argparse's)."""
     return {
         **jsonargparse_hooks(lambda values: note("jsonargparse", values)),
+        **lightning_cli_hooks(lambda values: note("jsonargparse", values)),
         **hf_argparser_hooks(),
         **click_hooks(lambda values: note("click", values)),
         **fire_hooks(lambda values: note("fire", values)),
@@ -73,6 +75,27 @@ def jsonargparse_hooks(note: Note) -> dict[str, Callable[[ModuleType], None]]:
         _after_outermost(module.ArgumentParser, "parse_args", parsed)
 
     return {"jsonargparse": lambda module: guarded(lambda: watch(module))}
+
+
+LIGHTNING_CLI_MODULES = ("lightning.pytorch.cli", "pytorch_lightning.cli")
+
+
+def lightning_cli_hooks(note: Note) -> dict[str, Callable[[ModuleType], None]]:
+    """For the child's ImportHooks: `note` called with the config a LightningCLI was given as a dict
+    (`LightningCLI(..., args={...})`, a script's or notebook's own), which it parses with jsonargparse's
+    `parse_object`, not as a command line. (A list of arguments goes through `parse_args`, noted above;
+    `parse_object` alone is not watched: jsonargparse parses a class's init args with it as well.)"""
+
+    def watch(module: Any) -> None:
+        def parsed(cli: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+            given = args[1] if len(args) > 1 else kwargs.get("args")
+            if isinstance(given, dict) or type(given).__name__ == "Namespace":
+                path_type = getattr(sys.modules.get("jsonargparse"), "Path", None)
+                note(configured(cli.config.as_dict(), path_type))
+
+        _after_outermost(module.LightningCLI, "parse_arguments", parsed)
+
+    return dict.fromkeys(LIGHTNING_CLI_MODULES, lambda module: guarded(lambda: watch(module)))
 
 
 After = Callable[[Any, tuple[Any, ...], dict[str, Any], Any], None]  # (self, args, kwargs, result)

@@ -192,6 +192,35 @@ def test_a_lightning_cli_records_the_config_it_parsed_and_restores_it(project: P
     assert project.manifest(data["run"]["run_id"])["params"]["jsonargparse"] == parsed
 
 
+LIGHTNING_CLI_DICT = LIGHTNING_CLI.replace(
+    "    LightningCLI(Model, Data, seed_everything_default=42, save_config_callback=None)",
+    """    config = {
+        "trainer": {"max_epochs": 1, "logger": False, "enable_checkpointing": False,
+                    "enable_progress_bar": False},
+        "model": {"hidden": 24, "lr": 0.03},
+        "data": {"batch_size": 16},
+    }
+    cli = LightningCLI(Model, Data, seed_everything_default=42, save_config_callback=None, run=False,
+                       args=config)
+    cli.trainer.fit(cli.model, cli.datamodule)""",
+)
+
+
+@pytest.mark.skipif(not all(importlib.util.find_spec(name) for name in ("jsonargparse", "lightning")),
+                    reason="lightning and jsonargparse[signatures] are test extras")  # fmt: skip
+def test_a_lightning_cli_given_its_config_as_a_dict_records_it(project: Project) -> None:
+    """`LightningCLI(..., args={...})` (a notebook's, a script's own config) parses the dict with
+    jsonargparse's `parse_object`, not `parse_args`: the run recorded `params (none)`."""
+    assert "args=config" in LIGHTNING_CLI_DICT
+    params, record = _params(project, "cli_dict.py", LIGHTNING_CLI_DICT)
+    assert "used 24 0.03" in record["output"]
+    parsed = record["jsonargparse"]
+    assert (parsed["model.hidden"], parsed["model.lr"], parsed["data.batch_size"]) == (24, 0.03, 16)
+    assert (parsed["trainer.max_epochs"], parsed["seed_everything"]) == (1, 42)
+    assert record["source"] == "jsonargparse"
+    assert (params["model.lr"], params["model.hidden"]) == ("0.03", "24")
+
+
 HF_EXAMPLE = """\
 import sys
 from dataclasses import dataclass
