@@ -204,8 +204,8 @@ def judge(
         return verdict(DIVERGED, summary, comparison, (*causes[:ours], _unseen_state(unseen), *causes[ours:]))
     if comparison.step is None and comparison.same_length:
         scope = (
-            (f"the {comparison.compared} steps both traces recorded in the first {steps} (--steps)"
-             if _thinned(comparison) else f"the first {comparison.compared} steps (--steps)")
+            (f"the {comparison.compared} steps both traces recorded in the first {steps} (those re-run)"
+             if _thinned(comparison) else f"the first {comparison.compared} steps (those re-run)")
             if steps is not None
             else (f"the {comparison.compared} steps both traces recorded (of {comparison.steps_a})"
                   if _thinned(comparison) else f"all {comparison.compared} steps")

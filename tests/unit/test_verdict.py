@@ -480,7 +480,7 @@ def test_a_restore_of_a_prefix_compares_with_a_thinned_original_that_has_no_reco
     a, b = as_record(_manifest("a" * 32)), as_record(_manifest("b" * 32))
     verdict = judge(a, b, original, rerun, steps=10)
     assert verdict.verdict == "BITWISE_IDENTICAL", verdict.summary
-    assert verdict.summary == "the 6 steps both traces recorded in the first 10 (--steps) are bitwise " \
+    assert verdict.summary == "the 6 steps both traces recorded in the first 10 (those re-run) are bitwise " \
         "identical"  # fmt: skip
     changed = copy.deepcopy(rerun)
     changed[-2]["loss"]["bits"] += 1  # step 8
