@@ -131,6 +131,8 @@ class StepTracer:
         self._manual: list[Any] = []
         self._rng_next: dict[str, Any] | None = self._rng
         self.in_step = False  # between an optimizer step's pre- and post-hook
+        self.step_takes_args = False  # the step under way was given arguments (a closure)
+        self._post_hook: Callable[[Any, Any, Any], None] = lambda optimizer, args, kwargs: None
         self._backward_in_step = False  # the step ran a closure: its loss and gradients come after
         self.dump: TensorDump | None = None  # `cascade verify --replay`: steps whose tensors are saved
         # told once, at the first backward() or optimizer step: the training began (not at a first
@@ -151,8 +153,12 @@ class StepTracer:
         # step: its hooks are left out (they counted every iteration twice).
 
         def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-            if self.in_step and optimizer is not self._last_optimizer:
-                return
+            if self.in_step:
+                if optimizer is not self._last_optimizer:
+                    return
+                self.step_never_returned()  # its last step raised, and the script went on
+            # given a closure, most likely (torch hands the optimizer itself as the first argument)
+            self.step_takes_args = bool(kwargs) or len(args) > (1 if args and args[0] is optimizer else 0)
             if self.coasting:
                 self.in_step = True
                 self._last_optimizer = optimizer
@@ -170,7 +176,19 @@ class StepTracer:
                 self.coasting = False  # the next step has a record: this one ends the full way
             after(optimizer, args, kwargs)
 
+        self._post_hook = post_hook
         return pre_hook, post_hook
+
+    def step_never_returned(self) -> None:
+        """The step under way never returned: its optimizer raised, and the script went on (a batch
+        skipped after an out-of-memory error). Told at the next sign of another step (that optimizer's
+        next step, or a backward() outside any closure), it ends then, as if it had returned: one step,
+        its record "unfinished" (as a step a run ended inside: its weights are read when the next
+        begins, as they are then)."""
+        pending = self._pending
+        if pending is not None and pending["step"] == self.step:
+            pending["unfinished"] = True
+        self._post_hook(self._last_optimizer, (), {})
 
     def backward_begins(self, tensors: Any) -> None:
         if self.on_training_begins is not None:  # (before the clock: set-up, no step's cost)

@@ -54,6 +54,8 @@ def _wrap_backward(tracer: StepTracer) -> None:
 
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         # Tensor.backward() calls torch.autograd.backward(), so this sees both spellings.
+        if tracer.in_step and not tracer.step_takes_args:  # not a closure's: the step under way raised
+            tracer.step_never_returned()
         tracer.backwards += 1  # (a loader that yields twice with none between fetches ahead)
         if isinstance(tensors, tensor):
             if tensors.numel() == 1:  # a loss: the step's (no copy; read when the step ends or, if

@@ -1,5 +1,6 @@
-"""A run stopped while inside an optimizer step: a script that steps with a closure (Lightning's
-`training_step` runs inside `optimizer.step`) is there most of the time.
+"""A step that never returned: a run stopped while inside an optimizer step (a script that steps
+with a closure, as Lightning's `training_step` does, is there most of the time), or a step whose
+optimizer raised while the script went on (a batch skipped after an out-of-memory error).
 
 Found on a LightningCLI project: `kill -9` of `cascade` after 25 s, then `restore` re-ran "15216
 steps" and said DIVERGED at step 15215, every loss equal. The weights read at exit were those before
@@ -112,3 +113,37 @@ def test_the_record_of_a_step_that_never_returned_says_so(project: Project, tmp_
         f"steps 0..{HOLD_AT} (the run ended inside step {HOLD_AT}: its weights are those at exit)"
         in " ".join(shown.split())
     ), shown
+
+
+SKIPS_A_BATCH = """\
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(64, 8)
+for step in range(20):
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
+        loss.backward()
+        if step == 5:
+            raise RuntimeError("CUDA out of memory (pretend)")
+        return loss
+    try:
+        opt.step(closure)
+    except RuntimeError:  # fairseq-style: skip the batch that ran out of memory
+        opt.zero_grad()
+"""
+
+
+def test_a_run_that_skipped_a_step_whose_optimizer_raised_restores_bitwise(project: Project) -> None:
+    """Its trace recorded step 5 twice, and `restore` refused it: "the trace ... is damaged at record
+    7: its step 5 does not follow step 5"."""
+    project.write("skips.py", SKIPS_A_BATCH)
+    project.commit("a script that skips a batch its optimizer step failed on")
+    project.cascade("run", "--tag", "v1", "skips.py", check=True)
+    result = project.cascade("restore", "v1", "--json")
+    assert result.returncode == 0, result.stderr
+    verdict = json.loads(result.stdout)["data"]["verdict"]
+    assert verdict["verdict"] == "BITWISE_IDENTICAL" and verdict["steps"]["a"] == 20, verdict
