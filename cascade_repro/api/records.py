@@ -11,7 +11,7 @@ from cascade_repro.api.judging import judge_runs, record_verdict, trace_records
 from cascade_repro.api.loading import load_project
 from cascade_repro.child.trace_budget import parse_budget, parse_cost, parse_schedule
 from cascade_repro.determinism.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
-from cascade_repro.determinism.trace_file import ended_inside
+from cascade_repro.determinism.trace_file import step_of
 from cascade_repro.errors import CascadeError
 from cascade_repro.manifest import Manifest
 from cascade_repro.store.run_store import RunStore, StoredRun
@@ -55,7 +55,9 @@ class TraceSummary:
     cost: dict[str, float] | None = None
     # the steps with a record, [(from step, every)], where a budget thinned them (None: every step)
     records: tuple[tuple[int, int], ...] | None = None
-    ended_inside_last: bool = False  # the run ended inside its last step (a killed closure), not at its end
+    # the steps that never returned: their optimizer raised (the script went on), or the run ended inside
+    # the last (a killed closure)
+    unfinished: tuple[int, ...] = ()
 
 
 def show_run(ref: str, cwd: Path | None = None, trace: bool = False) -> RunRecord:
@@ -92,7 +94,7 @@ def _summarize_trace(records: Sequence[dict[str, Any]], header: Mapping[str, Any
         budget=_budget(header.get("budget")) if header.get("algorithm") else None,
         cost=parse_cost(header.get("cost")),
         records=_thinned(header.get("records")),
-        ended_inside_last=bool(records) and ended_inside(records, len(records) - 1),
+        unfinished=tuple(step_of(r, i) for i, r in enumerate(records) if r.get("unfinished") is True),
     )
 
 

@@ -439,8 +439,13 @@ def _trace_count(section: dict[str, Any]) -> str:
 def _trace_steps(console: Any, t: Any) -> None:
     """How many steps have a record, and which where the budget thinned them."""
     span = f", steps {t.first_step}..{t.last_step}" if t.steps else ""
-    if t.ended_inside_last:
+    failed = list(t.unfinished)
+    if failed and failed[-1] == t.last_step:
+        failed.pop()
         span += f" (the run ended inside step {t.last_step}: its weights are those at exit)"
+    if failed:
+        shown = ", ".join(map(str, failed[:10])) + (", ..." if len(failed) > 10 else "")
+        span += f"; {len(failed)} step(s) did not end, their optimizer raised and the script went on: {shown}"
     if not t.records:
         recorded = f"  {t.steps} steps recorded (every {t.interval}, {one_line(str(t.algorithm))}){span}"
         console.print(_styled(("trace", "bold"), recorded))

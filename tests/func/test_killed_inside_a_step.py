@@ -147,3 +147,6 @@ def test_a_run_that_skipped_a_step_whose_optimizer_raised_restores_bitwise(proje
     assert result.returncode == 0, result.stderr
     verdict = json.loads(result.stdout)["data"]["verdict"]
     assert verdict["verdict"] == "BITWISE_IDENTICAL" and verdict["steps"]["a"] == 20, verdict
+    shown = " ".join(project.cascade("show", "v1", "--trace", check=True).stdout.split())
+    said = "steps 0..19; 1 step(s) did not end, their optimizer raised and the script went on: 5"
+    assert said in shown, shown
