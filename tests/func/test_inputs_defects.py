@@ -107,12 +107,15 @@ def test_a_restore_killed_after_its_rerun_saved_over_the_resume_checkpoint_resto
     project.record("--tag", "r2", "resume.py", "resume")
 
     flag.write_text("")
-    first = subprocess.Popen([*CASCADE, "restore", "r2"], cwd=project.root, text=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    said_first = project.root.parent / "first-restore.err"
+    with said_first.open("w") as stderr:
+        first = subprocess.Popen([*CASCADE, "restore", "r2"], cwd=project.root, text=True,
+                                 stdout=subprocess.DEVNULL, stderr=stderr)  # fmt: skip
     held = project.root / ".cascade" / "restore" / "r2" / "out" / "hold"
     deadline = time.monotonic() + 120
     while not (held.exists() and held.read_text()):
-        assert first.poll() is None and time.monotonic() < deadline, "the restore's re-run never held"
+        assert first.poll() is None and time.monotonic() < deadline, \
+            f"the restore's re-run never held:\n{said_first.read_text()}"  # fmt: skip
         time.sleep(0.1)
     os.kill(first.pid, signal.SIGKILL)  # (after the re-run saved over out/ckpt.pt)
     first.wait(timeout=30)
