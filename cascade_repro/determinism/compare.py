@@ -39,6 +39,7 @@ from cascade_repro.determinism.trace_file import (
 FACETS = ("rng", "batch", "params_before", "loss", "grads", "params_after")
 SAMPLED_FACETS = ("grads", "params_after")  # at the steps a trace budget allowed (or every step)
 AFTER_ITS_START = ("loss", "grads", "params_after")  # not the step's where the run ended inside it
+BEGUN_WITH = tuple(facet for facet in FACETS if facet not in AFTER_ITS_START)
 FACET_WORDS = {
     "rng": "RNG state at the step's start",
     "batch": "the batch",
@@ -108,23 +109,26 @@ def compare_traces(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]],
     first_index = overlap
     differences: list[FacetDifference] = []
     same = equal_prefix(a, b, overlap)  # equal text: equal records, every facet and the loss alike
+    # one run ended inside the last step both have (a killed run's): what it read there is not compared.
+    # Only there: an honest trace differs from its re-run on "unfinished" nowhere else (a record from
+    # someone else that says it of every step must not silence the comparison)
+    last = overlap - 1
+    apart_at_last = overlap > 0 and ended_inside(a, last) != ended_inside(b, last)
     index = same
     while index < overlap:
         index = next_difference(a, b, index, overlap)  # text alike but for facets one side sampled
         if index >= overlap:
             break
-        found = _step_differences(a[index], b[index])
+        found = _step_differences(a[index], b[index], ended_apart=apart_at_last and index == last)
         if found:
             first = int(a[index].get("step", index))
             first_index = index
             differences = found
             break
         index += 1
-    # the losses compared in full: a last step one run ended inside (its loss is not the step's) left out
-    last = overlap - 1
-    losses_end = last if overlap and ended_inside(a, last) != ended_inside(b, last) else overlap
+    losses_end = last if apart_at_last else overlap  # (the losses compared in full)
     notes: tuple[str, ...] = ()
-    if differences and _only_rng_differs(a[first_index:overlap], b[first_index:overlap]):
+    if differences and _only_rng_differs(a[first_index:overlap], b[first_index:overlap], apart_at_last):
         streams = ", ".join(differences[0].names)
         notes = (
             f"the RNG state of {streams} differs (first at step {first}), but no batch, loss, gradient or "
@@ -162,8 +166,10 @@ def _bracket_start(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], ind
     return start if start < step else None
 
 
-def _only_rng_differs(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> bool:
-    return not any(d.facet != "rng" for x, y in zip(a, b, strict=False) for d in _step_differences(x, y))
+def _only_rng_differs(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], apart_at_last: bool) -> bool:
+    pairs = list(zip(a, b, strict=False))
+    return not any(d.facet != "rng" for i, (x, y) in enumerate(pairs)
+                   for d in _step_differences(x, y, ended_apart=apart_at_last and i == len(pairs) - 1))
 
 
 def _first_loss_difference(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> LossDifference | None:
@@ -177,11 +183,13 @@ def _first_loss_difference(a: Sequence[dict[str, Any]], b: Sequence[dict[str, An
     return None
 
 
-def _step_differences(x: dict[str, Any], y: dict[str, Any]) -> list[FacetDifference]:
+def _step_differences(x: dict[str, Any], y: dict[str, Any],
+                      ended_apart: bool = False) -> list[FacetDifference]:  # fmt: skip
+    """`ended_apart`: one of the two runs ended inside this step (the last both have), the other not."""
     if x == y:  # (equal records: nothing differs; records parsed because their text was not alike)
         return []
     out: list[FacetDifference] = []
-    for facet in FACETS:
+    for facet in BEGUN_WITH if ended_apart else FACETS:  # (what the step began with, where one ended in it)
         left, right = x.get(facet), y.get(facet)
         if left == right or _not_compared(facet, x, y):  # (an equal facet is no difference whatever it is)
             continue
@@ -207,18 +215,11 @@ def _not_compared(facet: str, x: dict[str, Any], y: dict[str, Any]) -> bool:
     """A facet one of the two records lacks at this step, for a reason other than a difference."""
     if facet != "params_before" and (facet not in x or facet not in y):
         return True  # a record without it at all (the final weights' own record)
-    if facet in AFTER_ITS_START and _ended_apart(x, y):
-        return True  # one run ended inside this step: what it read there is not the step's outcome
     if facet in SAMPLED_FACETS or facet == "batch":
         # not fingerprinted at this step by one of the two (a budget's sampling), or one run's batches
         # not read (recorded before cascade read mappings such as HF's BatchEncoding)
         return x.get(facet) is None or y.get(facet) is None
     return False
-
-
-def _ended_apart(x: dict[str, Any], y: dict[str, Any]) -> bool:
-    """One of the two runs ended inside this step (its optimizer step never returned), the other not."""
-    return (x.get("unfinished") is True) != (y.get("unfinished") is True)
 
 
 def _loss_bits(loss: dict[str, Any] | None) -> Any:

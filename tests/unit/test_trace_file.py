@@ -163,3 +163,15 @@ def test_a_step_one_run_ended_inside_is_compared_on_what_it_began_with() -> None
     assert (comparison.step, comparison.facets()) == (2, ["batch", "loss", "params_after"])
     # a hostile "unfinished" that is not true counts as the step ended
     assert steps_ended([*full[:2], {**full[2], "unfinished": "yes"}]) == 3
+
+
+def test_a_record_from_someone_else_that_calls_every_step_unfinished_hides_no_difference() -> None:
+    """Found by a read of the change: a trace served with `"unfinished": true` on every record and
+    step 1's loss changed was judged BITWISE_IDENTICAL against its honest re-run. Only the last step
+    both have may have ended in one run and not the other."""
+    honest = [_step(0, 1.0, "a0"), _step(1, 0.9, "a1"), _step(2, 0.8, "a2")]
+    forged = [{**r, "unfinished": True} for r in honest]
+    forged[1] = {**forged[1], "loss": {"bits": 1, "value": 0.5, "dtype": "float32"}}
+    comparison = compare_traces(TraceRecords.from_text(_text(forged)), TraceRecords.from_text(_text(honest)))
+    assert (comparison.step, comparison.facets()) == (1, ["loss"])
+    assert comparison.loss_first_difference is not None and comparison.loss_first_difference.step == 1
