@@ -167,6 +167,13 @@ class Project:
         shutil.rmtree(self.root / ".dl")
         return data
 
+    def trace(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's step trace as recorded: a record per line."""
+        local = self.client().download_artifacts(run_id, "cascade/trace.jsonl", str(self.root / ".dl"))
+        lines = Path(local).read_text().splitlines()
+        shutil.rmtree(self.root / ".dl")
+        return [json.loads(line) for line in lines]
+
 
 @pytest.fixture
 def project(tmp_path: Path) -> Project:

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from cascade_repro.child import (
     env_reads,
+    exit_work,
     file_access,
     framework_args,
     framework_checkpoints,
@@ -102,7 +103,7 @@ def _observe_torch(torch: ModuleType, run_dir: Path, facts: Facts, determinism: 
     tracer.on_training_begins = lambda: _note_globals(facts, vars(sys.modules["__main__"]))
     tracer.install()
     script_seeds.step = tracer.reseeded
-    atexit.register(tracer.close)
+    exit_work.at_exit(tracer.close)
     checkpoint_log(run_dir).current_step = tracer.last_step
     facts.update(trace=tracer.header())
 
@@ -183,7 +184,8 @@ def main(argv: list[str]) -> None:
     _record_nondeterministic_ops(facts, determinism)
     reads = env_reads.record_reads()
     file_access.install(os.environ.get(protocol.ENV_ROOT), str(run_dir / protocol.FILES_FILE))
-    atexit.register(_record_at_exit, facts, reads)
+    exit_work.at_exit(_record_at_exit, facts, reads)
+    exit_work.install()
 
     sys.argv = [script, *args]  # (a module's: its file, once runpy has found it)
     if module is None:  # (`-m`: the working directory stays first, as `python -m` puts it)

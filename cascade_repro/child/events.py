@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import collections
 import contextlib
 import json
@@ -13,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from cascade_repro.child import exit_work
 from cascade_repro.child.protocol import open_private
 
 FLUSH_INTERVAL_S = 0.25
@@ -45,7 +45,7 @@ class EventSink:
         self.lost = 0  # points dropped on a full disk: counted to say it once (on stderr)
         self._thread = threading.Thread(target=self._loop, name="cascade-events", daemon=True)
         self._thread.start()
-        atexit.register(self.close)
+        exit_work.at_exit(self.close)
 
     def add(self, metrics: Mapping[str, Any], step: int | None) -> None:
         if step is None:
