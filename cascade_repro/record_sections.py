@@ -100,6 +100,11 @@ class FileEntry(Section):
         return _text(self.raw.get("md5"))
 
     @property
+    def written_by(self) -> str | None:
+        """The run of this checkout that wrote the file the run read (an input: as it left it)."""
+        return _text(self.raw.get("written_by"))
+
+    @property
     def stored(self) -> bool:
         return bool(self.raw.get("stored"))
 

@@ -216,7 +216,7 @@ def _check_hashes(data: Mapping[str, Any], refuse: Refuse) -> None:
         if files is not None and (isinstance(files, bool) or not isinstance(files, int) or files < 0):
             refuse(f"checkpoints[{index}].files", files, "a non-negative integer")
     for index, entry in enumerate(data.get("inputs") or []):
-        for key, length in (("sha256", 64), ("md5", 32)):
+        for key, length in (("sha256", 64), ("md5", 32), ("written_by", 32)):  # (written_by: a run id)
             value = entry.get(key)
             if (key == "sha256" or value is not None) and not _hex(value, length):
                 refuse(f"inputs[{index}].{key}", value, f"{length} hex digits")

@@ -309,6 +309,7 @@ def _files(run_dir: Path, plan: dict[str, Any], record: dict[str, Any], settings
     records them; the hashes are of the files as they are now, which the recoverer says it read, but
     for a file read and then rewritten: the child's hash and copy of its bytes as read, cached as
     finish() caches them); the files read outside the repository are named in the outcome, and said."""
+    from cascade_repro.capture import earlier_outputs
     from cascade_repro.capture.files import read_opened, read_outside, sort_files
     from cascade_repro.run_engine import own_paths
 
@@ -329,6 +330,7 @@ def _files(run_dir: Path, plan: dict[str, Any], record: dict[str, Any], settings
     # (`stopped`: read before this recovery wrote in the run directory, which would move it later)
     track_inputs = plan.get("track_inputs") is True
     _cache_inputs(root, files.inputs, files.kept, notify, stopped if track_inputs else None)
+    earlier_outputs.name_writers(root, files.inputs, str(record.get("run_id")))
     return files.inputs, files.outputs
 
 

@@ -407,7 +407,7 @@ class Recording:
             self._track_inputs(files.inputs, files.kept)
         elif files.kept:  # read, then rewritten: these bytes exist nowhere else
             self._track_inputs([i for i in files.inputs if i["path"] in files.kept], files.kept, quiet=True)
-        self._name_earlier_checkpoints(files.inputs)
+        self._name_earlier_outputs(files.inputs)
         warning = inputs_warning(files.inputs)
         if warning:
             self.warnings.append(warning)
@@ -458,18 +458,18 @@ class Recording:
             how = "as the run read them, before it rewrote them" if quiet else "(--track-inputs)"
             self.notify(f"kept {len(cached)} input file(s) in the DVC cache {how}")
 
-    def _name_earlier_checkpoints(self, inputs: list[dict[str, Any]]) -> None:
-        """An input that is an earlier run's checkpoint, unchanged (a resume), has its bytes in the DVC
-        cache already: its md5 goes into the record, so a restore takes it from there once a later run
-        has saved over it. Nothing is copied: an earlier output the cache lacks stays as it is."""
-        cache = self.keeper.cache
-        candidates = [i for i in inputs if not i.get("md5")]
-        if cache is None or not candidates:
-            return
-        for path in sorted(_earlier_outputs_read(self.plan.settings.root, candidates)):
-            item = next(i for i in candidates if i["path"] == path)
+    def _name_earlier_outputs(self, inputs: list[dict[str, Any]]) -> None:
+        """An input an earlier run of this checkout wrote names that run (`written_by`: show and restore
+        say where it came from). Where it is a checkpoint in the DVC cache already (a resume), its md5
+        goes into the record too, so a restore takes it from there once a later run has saved over it.
+        Nothing is copied: an earlier output the cache lacks stays as it is."""
+        assert self.opened is not None
+        root, cache = self.plan.settings.root, self.keeper.cache
+        for item in earlier_outputs.name_writers(root, inputs, self.opened.run_id):
+            if cache is None or item.get("md5"):
+                continue
             try:
-                stored = cache.add(self.plan.settings.root / path, present_only=True)
+                stored = cache.add(root / str(item["path"]), present_only=True)
             except Exception:  # (DataError, OSError: the input stays recorded by its hash)
                 continue
             if stored is not None and stored.size == item.get("size"):
@@ -506,12 +506,3 @@ def _vm_hwm_mb(pid: int) -> float:
     except (OSError, ValueError):
         return 0.0
     return 0.0
-
-
-def _earlier_outputs_read(root: Path, inputs: list[dict[str, Any]]) -> set[str]:
-    """The inputs that are files an earlier run wrote, unchanged since (capture/earlier_outputs.py)."""
-    from cascade_repro.capture import earlier_outputs
-
-    index = earlier_outputs.load(root)
-    paths = [str(i["path"]) for i in inputs]
-    return {p for p in paths if p in index and earlier_outputs.unchanged(root, p, index[p])}

@@ -98,13 +98,13 @@ def check(ref: str | None = None, cwd: Path | None = None) -> CheckReport:
     settings = load_project(cwd)
     if ref is None:
         return check_machine(_machine_probes(settings))
-    from cascade_repro.restore.inputs import input_sources, missing_inputs_said, unavailable_inputs
+    from cascade_repro.restore.inputs import input_sources, missing_inputs_said
 
     store = RunStore.open(settings)
     record = store.record(store.resolve(ref).run_id)
-    not_here = unavailable_inputs(record.inputs, input_sources(record.inputs, settings.root))
+    not_here = missing_inputs_said(record.inputs, input_sources(record.inputs, settings.root))
     # (inputs restore would refuse to re-run without: not runnable here either)
-    more = [Finding("not_runnable", *missing_inputs_said(not_here))] if not_here else []
+    more = [Finding("not_runnable", *not_here)] if not_here is not None else []
     return check_against(record, current_record(settings), more)
 
 

@@ -287,9 +287,9 @@ def _refuse_what_cannot_run(plan: RestorePlan, execute: bool) -> None:
             f"the record names untracked files it did not keep: {', '.join(plan.unavailable[:5])}",
             hint="they were larger than untracked_max_bytes; track such files with `dvc add` next time",
         )
-    not_here = restoring.inputs_not_here(plan)
-    if not_here:  # a re-run without them would only crash
-        message, fix = restoring.missing_inputs_said(not_here)
+    not_here = restoring.missing_inputs_said(plan.inputs, plan.input_sources)
+    if not_here is not None:  # a re-run without them would only crash
+        message, fix = not_here
         raise RestoreRefused(message, hint=fix)
     if execute and plan.secrets_missing:
         raise RestoreRefused(

@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ MAX_ENTRIES = 20_000  # files; a repository with more keeps the newest runs' out
 MAX_INDEX_BYTES = 8 << 20  # about 300 bytes an entry at most: a larger file was not written here
 MAX_DIR_FILES = 10_000  # files under one directory checkpoint (save_pretrained and the like)
 _RUN_ID_CHARS = 128
+_RUN_ID = re.compile(r"[0-9a-f]{32}")  # what an input's `written_by` may name
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,22 @@ def unchanged(root: Path, rel: str, written: Written) -> bool:
     except OSError:
         return False
     return stat.S_ISREG(now.st_mode) and _stat_of(now, written.run_id) == written
+
+
+def name_writers(root: Path, inputs: list[dict[str, Any]], own_run_id: str | None) -> list[dict[str, Any]]:
+    """Each input (a record's entry) that is a file an earlier run of this checkout wrote, unchanged
+    since (an evaluation reading the training run's model, a resume), gets `written_by`: that run's
+    id. Returns those inputs. The index is a file in the tree: only a run id is taken from it."""
+    index = load(root)
+    named = []
+    for item in inputs:
+        written = index.get(str(item["path"]))
+        if written is None or written.run_id == own_run_id or not _RUN_ID.fullmatch(written.run_id):
+            continue
+        if unchanged(root, str(item["path"]), written):
+            item["written_by"] = written.run_id
+            named.append(item)
+    return named
 
 
 def remember(root: Path, run_id: str, paths: Iterable[str], not_after: float | None = None) -> int:

@@ -548,6 +548,8 @@ def _files(entries: Sequence[FileEntry], what: str, not_recorded: Any = None) ->
             note += ", as read: the run rewrote it"
         if entry.md5:
             note += ", in the DVC cache"
+        if entry.written_by:
+            note += f", written by run {entry.written_by[:8]}"
         shown.append(f"{entry.path} ({note})" if note else entry.path)
     more = f" and {len(entries) - 6} more" if len(entries) > 6 else ""
     said = f"{len(entries)} file(s) {what}: " + ", ".join(shown) + more

@@ -9,7 +9,7 @@ Re-execution,
 data, image and verification are composed by `api.restoring`.
 """
 
-from cascade_repro.restore.inputs import deliver_inputs, inputs_not_here, locate_inputs, missing_inputs_said
+from cascade_repro.restore.inputs import deliver_inputs, locate_inputs, missing_inputs_said
 from cascade_repro.restore.outside_links import reach_outside
 from cascade_repro.restore.plan import (
     NOT_RESTORED_PREFIXES,
@@ -24,7 +24,7 @@ from cascade_repro.restore.worktree import discard, materialize
 
 __all__ = [
     "MARKER", "NOT_RESTORED_PREFIXES", "RestorePlan", "Worktree", "deliver_inputs", "discard",
-    "inputs_not_here", "locate_inputs", "missing_inputs_said", "machine_differences", "materialize",
+    "locate_inputs", "missing_inputs_said", "machine_differences", "materialize",
     "plan_restore", "reach_outside",
     "recorded_environment", "write_marker",
 ]  # fmt: skip

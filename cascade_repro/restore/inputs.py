@@ -43,31 +43,35 @@ def input_sources(inputs: Sequence[FileEntry], root: Path) -> dict[str, str]:
     return sources
 
 
-def inputs_not_here(plan: RestorePlan) -> list[str]:
-    """`path (missing in your checkout)` / `path (changed: ...)` for each input restore cannot take."""
-    return unavailable_inputs(plan.inputs, plan.input_sources)
-
-
-def unavailable_inputs(inputs: Sequence[FileEntry], sources: Mapping[str, str]) -> list[str]:
-    """`inputs_not_here` for inputs located by `input_sources`."""
+def missing_inputs_said(inputs: Sequence[FileEntry], sources: Mapping[str, str]) -> tuple[str, str] | None:
+    """What restore (which refuses) and check (NOT_RUNNABLE) say of the inputs located by
+    `input_sources` that are not here, and the fix; None when every one is. An input an earlier run
+    of this checkout wrote (`written_by`: the training run of an evaluation) names that run."""
     recorded = {posixpath.normpath(i.path): i for i in inputs}
-    out = []
+    not_here, writers = [], []
     for rel, source in sources.items():
+        item = recorded[rel]
         if source == "missing":
-            out.append(f"{rel} (missing in your checkout)")
+            said = f"{rel} (missing in your checkout"
         elif source == "changed":
-            item = recorded[rel]
-            out.append(f"{rel} (changed since the run: it read {item.size} bytes with sha256 "
-                       f"{str(item.sha256)[:12]}…)")  # fmt: skip
-    return out
-
-
-def missing_inputs_said(not_here: Sequence[str]) -> tuple[str, str]:
-    """What restore (which refuses) and check (NOT_RUNNABLE) say of inputs not here, and the fix."""
+            said = (f"{rel} (changed since the run: it read {item.size} bytes with sha256 "
+                    f"{str(item.sha256)[:12]}…")  # fmt: skip
+        else:
+            continue
+        if item.written_by:
+            said += f"; run {item.written_by[:8]} wrote it"
+            writers.append(item.written_by[:8])
+        not_here.append(said + ")")
+    if not not_here:
+        return None
+    remake = ""
+    if writers:
+        runs = ", ".join(f"`cascade restore {run}`" for run in dict.fromkeys(writers))
+        remake = f"; {runs} re-runs the run that wrote them, which leaves them in its restore's worktree"
     return (f"the run read {len(not_here)} file(s) that neither git nor DVC tracks, and your checkout "
             f"does not have them as the run read them: {'; '.join(not_here[:5])}",
-            "put back the files the run read (the same bytes), then restore again; next time track them "
-            "with `dvc add PATH` or `cascade run --track-inputs`")  # fmt: skip
+            f"put back the files the run read (the same bytes), then restore again{remake}; next time "
+            "track them with `dvc add PATH` or `cascade run --track-inputs`")  # fmt: skip
 
 
 def deliver_inputs(plan: RestorePlan, root: Path, workdir: Path) -> list[str]:

@@ -157,6 +157,47 @@ def test_an_earlier_checkpoint_the_next_run_reads_is_its_input(writer: Project) 
     assert (workdir.parent / "again" / "runs/0/model.pt").read_bytes() == data
 
 
+EVALUATES = """\
+from pathlib import Path
+
+import torch
+
+state = torch.load("runs/0/model.pt")
+print(Path("runs/0/notes.txt").read_text(), float(state["weight"].sum()))
+"""
+
+
+def test_an_input_an_earlier_run_wrote_names_that_run_and_a_restore_without_it_says_which(
+    writer: Project,
+) -> None:
+    """An evaluation reading the training run's outputs: its record names the run that wrote each
+    (the restore's refusal said only "put back the files"; nothing said where they came from)."""
+    project = writer
+    project.write("evaluates.py", EVALUATES)
+    project.commit("an evaluation")
+    trained = project.record("writes.py")
+    evaluated = project.record("evaluates.py")
+    inputs = {i["path"]: i for i in project.manifest(evaluated)["inputs"]}
+    assert inputs["runs/0/model.pt"]["written_by"] == trained
+    assert inputs["runs/0/notes.txt"]["written_by"] == trained
+    assert "md5" in inputs["runs/0/model.pt"] and "md5" not in inputs["runs/0/notes.txt"]  # (a checkpoint)
+    shown = project.cascade("show", evaluated, check=True).stdout
+    size = inputs["runs/0/notes.txt"]["size"]
+    assert f"runs/0/notes.txt ({size} bytes, written by run {trained[:8]})" in shown, shown
+    assert "written_by" not in {k for i in project.manifest(trained)["inputs"] for k in i}  # (its own)
+
+    (project.root / "runs/0/notes.txt").unlink()
+    refused = project.cascade("restore", evaluated, "--no-run")
+    assert refused.returncode != 0
+    assert f"runs/0/notes.txt (missing in your checkout; run {trained[:8]} wrote it)" in refused.stderr
+    assert f"`cascade restore {trained[:8]}` re-runs the run that wrote them" in refused.stderr
+    # the run that wrote it, restored, writes it again as the evaluation read it
+    workdir = project.root.parent / "trained"
+    project.cascade("restore", trained, "--workdir", str(workdir), check=True)
+    remade = (workdir / "runs/0/notes.txt").read_bytes()
+    assert _sha256(remade) == inputs["runs/0/notes.txt"]["sha256"]
+
+
 def test_a_file_replaced_with_the_same_size_is_captured(writer: Project) -> None:
     """Size alone never vouches: the file's mtime (and inode) must be those the run left."""
     project = writer

@@ -163,3 +163,18 @@ def test_a_file_changed_after_a_dead_run_s_last_activity_is_not_noted_as_its_out
     _write(repo, "out/notes.txt", b"edited after the run stopped\n")
     assert remember(repo, "dead", ["out/metrics.csv", "out/notes.txt"], not_after=stopped) == 1
     assert set(load(repo)) == {"out/metrics.csv"}
+
+
+def test_an_input_an_earlier_run_wrote_names_it_only_while_unchanged_and_only_by_a_run_id(repo: Path) -> None:
+    trained, evaluation = "a" * 32, "b" * 32
+    _write(repo, "model.pt", b"weights")
+    _write(repo, "notes.txt", b"notes")
+    _write(repo, "forged.txt", b"forged")
+    remember(repo, trained, ["model.pt", "notes.txt"])
+    remember(repo, "`rm -rf ~`", ["forged.txt"])  # (the index is a file in the tree: anything may be in it)
+    _write(repo, "notes.txt", b"NOTES")  # changed since that run wrote it
+    inputs = [{"path": p} for p in ("model.pt", "notes.txt", "forged.txt", "never-written.txt")]
+    named = earlier_outputs.name_writers(repo, inputs, evaluation)
+    assert named == [{"path": "model.pt", "written_by": trained}]
+    assert [i.get("written_by") for i in inputs] == [trained, None, None, None]
+    assert earlier_outputs.name_writers(repo, [{"path": "model.pt"}], trained) == []  # its own output

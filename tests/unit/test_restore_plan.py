@@ -219,3 +219,12 @@ def test_a_restore_leaves_pythonpath_as_this_shell_has_it() -> None:
     assert recorded_environment({"PYTHONPATH": "/elsewhere"}, {"PYTHONPATH": "/here"}, allowed) == {}
     here = {"PYTHONPATH": "/here", "TORCH_HOME": "/t"}
     assert recorded_environment({}, here, allowed) == {"TORCH_HOME": None}
+
+
+@pytest.mark.parametrize("writer", ["../../etc/passwd", "`rm -rf ~`", "0" * 31, 7])
+def test_an_input_naming_its_writer_with_anything_but_a_run_id_is_refused(writer: Any) -> None:
+    """`written_by` is printed in a hint that names a command to run: only a run id is taken."""
+    read = {"path": "model.pt", "size": 3, "sha256": "a" * 64, "written_by": writer}
+    record = {**_record(), "inputs": [read]}
+    with pytest.raises(CascadeError, match=r"inputs\[0\]\.written_by"):
+        _plan(record)
