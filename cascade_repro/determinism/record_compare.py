@@ -11,7 +11,7 @@ cause); C, informational. Each change also has a kind (params, seed, torch, ...)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from cascade_repro.determinism import script_seeds
@@ -91,7 +91,7 @@ def compare_records(a: Manifest, b: Manifest, only: tuple[str, ...] = ()) -> Rec
         "seed": lambda: _seed(a, b),
         "packages": lambda: _packages(a, b),
         "environment": lambda: _environment(a, b),
-        "data": lambda: _mapping("data", _data(a), _data(b)),
+        "data": lambda: _data_section(a, b),
         "container": lambda: _mapping("container", _container(a), _container(b)),
         "machine": lambda: _mapping("machine", _machine(a), _machine(b)),
     }
@@ -257,6 +257,21 @@ def _environment(a: Manifest, b: Manifest) -> Section:
         key=lambda c: CLASS_ORDER[c.klass],
     )  # fmt: skip
     return Section("environment", tuple(changes), section.equal)
+
+
+def _data_section(a: Manifest, b: Manifest) -> Section:
+    """The data that differs; an input an earlier run wrote says which run, on each side (two
+    evaluations of models from two training runs: the runs to compare next)."""
+    section = _mapping("data", _data(a), _data(b))
+    writers_a, writers_b = ({i.path: i.written_by for i in m.inputs if i.written_by} for m in (a, b))
+    changes = []
+    for change in section.changes:
+        wrote = (writers_a.get(change.key), writers_b.get(change.key))
+        if any(wrote):
+            said = " · ".join(f"written by run {w[:8]}" if w else "-" for w in wrote)
+            change = replace(change, note=f"{change.note}; {said}" if change.note else said)
+        changes.append(change)
+    return Section("data", tuple(changes), section.equal)
 
 
 def _data(m: Manifest) -> dict[str, Any]:

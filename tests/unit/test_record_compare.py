@@ -330,3 +330,18 @@ def test_a_torch_flag_the_script_set_is_a_cause_saying_so() -> None:
                                 [{"step": 0, "loss": {"bits": 2, "value": 1.1, "dtype": "float32"}}])
     (cause, *_) = likely_causes(as_record(a), as_record(b), comparison, [difference])
     assert cause.summary == difference.summary and "sets them itself" in cause.fix
+
+
+def test_an_input_that_differs_names_the_runs_that_wrote_it_on_each_side() -> None:
+    """Two evaluations of models from two training runs: the diff says which runs; where only the
+    writer differs (a deterministic re-run wrote the same bytes), the input is equal."""
+    a, b = _record("a"), _record("b")
+    a["inputs"] = [{"path": "model.pt", "size": 3, "sha256": "1" * 64, "written_by": "e" * 32}]
+    b["inputs"] = [{"path": "model.pt", "size": 3, "sha256": "2" * 64, "written_by": "f" * 32}]
+    (change,) = compare_records(as_record(a), as_record(b)).section("data").changes
+    assert (change.key, change.note) == ("model.pt", "written by run eeeeeeee · written by run ffffffff")
+    b["inputs"][0]["written_by"] = None
+    (change,) = compare_records(as_record(a), as_record(b)).section("data").changes
+    assert change.note == "written by run eeeeeeee · -"
+    b["inputs"][0].update(sha256="1" * 64, written_by="f" * 32)
+    assert compare_records(as_record(a), as_record(b)).section("data").changes == ()
