@@ -102,7 +102,8 @@ def check(ref: str | None = None, cwd: Path | None = None) -> CheckReport:
 
     store = RunStore.open(settings)
     record = store.record(store.resolve(ref).run_id)
-    not_here = missing_inputs_said(record.inputs, input_sources(record.inputs, settings.root))
+    not_here = missing_inputs_said(record.inputs, input_sources(record.inputs, settings.root,
+                                                                 settings.paths.restores))
     # (inputs restore would refuse to re-run without: not runnable here either)
     more = [Finding("not_runnable", *not_here)] if not_here is not None else []
     return check_against(record, current_record(settings), more)

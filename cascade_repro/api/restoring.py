@@ -153,7 +153,7 @@ def restore(
     workdir = (workdir or settings.paths.restores / label).absolute()
     plan = restoring.plan_restore(manifest, version, workdir, steps, os.environ, settings.env_allow_prefixes,
                                   machine_record(settings, os.environ, probe_torch=False))  # fmt: skip
-    plan = restoring.locate_inputs(plan, root)
+    plan = restoring.locate_inputs(plan, root, settings.paths.restores)
     show_plan(plan)
     unrecorded = manifest.outcome.get("inputs_not_recorded")
     if isinstance(unrecorded, int) and unrecorded > 0:  # (past the record's 10,000)
@@ -322,7 +322,7 @@ def _materialize(plan: RestorePlan, manifest: Manifest, settings: Settings, stor
                 cache.share_with(tree.path)  # the re-run's checkpoints go to this cache and remote
             for item in fetched:  # verified before the worktree was made; copied in now
                 _deliver(item, tree)
-            copied = restoring.deliver_inputs(plan, root, tree.path)
+            copied = restoring.deliver_inputs(plan, root, tree.path, settings.paths.restores)
             restoring.reach_outside(root, tree.path, notify)
         except BaseException:
             if not tree.reused:
@@ -336,7 +336,10 @@ def _materialize(plan: RestorePlan, manifest: Manifest, settings: Settings, stor
             f"restored {len(fetched)} file(s) of {len(wanted)} DVC object(s) into the worktree, md5-verified"
         )
     if copied:
-        notify(f"copied {len(copied)} input file(s) from your checkout into the worktree, sha256-verified")
+        again = sum(plan.input_sources.get(rel, "").startswith(restoring.RESTORED) for rel in copied)
+        where = f"an earlier restore's worktree ({again}) and your checkout" if again else "your checkout"
+        where = "an earlier restore's worktree" if again == len(copied) else where
+        notify(f"copied {len(copied)} input file(s) from {where} into the worktree, sha256-verified")
     return tree
 
 

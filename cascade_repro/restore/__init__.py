@@ -9,7 +9,7 @@ Re-execution,
 data, image and verification are composed by `api.restoring`.
 """
 
-from cascade_repro.restore.inputs import deliver_inputs, locate_inputs, missing_inputs_said
+from cascade_repro.restore.inputs import RESTORED, deliver_inputs, locate_inputs, missing_inputs_said
 from cascade_repro.restore.outside_links import reach_outside
 from cascade_repro.restore.plan import (
     NOT_RESTORED_PREFIXES,
@@ -23,7 +23,7 @@ from cascade_repro.restore.reuse import MARKER, write_marker
 from cascade_repro.restore.worktree import discard, materialize
 
 __all__ = [
-    "MARKER", "NOT_RESTORED_PREFIXES", "RestorePlan", "Worktree", "deliver_inputs", "discard",
+    "MARKER", "NOT_RESTORED_PREFIXES", "RESTORED", "RestorePlan", "Worktree", "deliver_inputs", "discard",
     "locate_inputs", "missing_inputs_said", "machine_differences", "materialize",
     "plan_restore", "reach_outside",
     "recorded_environment", "write_marker",

@@ -171,7 +171,8 @@ def test_an_input_an_earlier_run_wrote_names_that_run_and_a_restore_without_it_s
     writer: Project,
 ) -> None:
     """An evaluation reading the training run's outputs: its record names the run that wrote each
-    (the restore's refusal said only "put back the files"; nothing said where they came from)."""
+    (the restore's refusal said only "put back the files"; nothing said where they came from), and
+    once that run is restored, the evaluation's restore takes them from its worktree."""
     project = writer
     project.write("evaluates.py", EVALUATES)
     project.commit("an evaluation")
@@ -190,12 +191,17 @@ def test_an_input_an_earlier_run_wrote_names_that_run_and_a_restore_without_it_s
     refused = project.cascade("restore", evaluated, "--no-run")
     assert refused.returncode != 0
     assert f"runs/0/notes.txt (missing in your checkout; run {trained[:8]} wrote it)" in refused.stderr
-    assert f"`cascade restore {trained[:8]}` re-runs the run that wrote them" in refused.stderr
-    # the run that wrote it, restored, writes it again as the evaluation read it
-    workdir = project.root.parent / "trained"
-    project.cascade("restore", trained, "--workdir", str(workdir), check=True)
-    remade = (workdir / "runs/0/notes.txt").read_bytes()
-    assert _sha256(remade) == inputs["runs/0/notes.txt"]["sha256"]
+    assert f"`cascade restore {trained[:8]}` first: it re-runs the run that wrote them" in refused.stderr
+    # the run that wrote it, restored, writes it again as the evaluation read it: the evaluation's
+    # restore takes it from that restore's worktree (the checkout still lacks it)
+    project.cascade("restore", trained[:8], check=True)
+    workdir = project.root.parent / "evaluated"
+    again = project.cascade("restore", evaluated, "--no-run", "--workdir", str(workdir))
+    assert again.returncode == 0, again.stderr
+    assert f"written again by an earlier restore (.cascade/restore/{trained[:8]}" in again.stderr  # (a label)
+    assert "copied 1 input file(s) from an earlier restore's worktree into the worktree" in again.stderr
+    assert _sha256((workdir / "runs/0/notes.txt").read_bytes()) == inputs["runs/0/notes.txt"]["sha256"]
+    assert not (project.root / "runs/0/notes.txt").exists()
 
 
 def test_a_file_replaced_with_the_same_size_is_captured(writer: Project) -> None:
