@@ -67,9 +67,10 @@ def _plan_inputs(sources: Mapping[str, str]) -> list[str]:
         "changed": "CHANGED in your checkout since the run",
     }
     for source in by:
-        if source.startswith("restore:"):  # (restore/inputs.py RESTORED)
-            words[source] = (f"written again by an earlier restore (.cascade/restore/{source[8:]}), taken "
-                             "from there (sha256-verified)")  # fmt: skip
+        worktree = source.removeprefix("restore:")  # (restore/inputs.py RESTORED + the worktree's name)
+        if worktree != source:
+            words[source] = (f"written again by an earlier restore (its worktree {worktree}), taken from "
+                             "there (sha256-verified)")  # fmt: skip
     return [
         f"{len(paths)} file(s) {words.get(source, source)}: " + ", ".join(paths[:5])
         + (" ..." if len(paths) > 5 else "")

@@ -198,7 +198,7 @@ def test_an_input_an_earlier_run_wrote_names_that_run_and_a_restore_without_it_s
     workdir = project.root.parent / "evaluated"
     again = project.cascade("restore", evaluated, "--no-run", "--workdir", str(workdir))
     assert again.returncode == 0, again.stderr
-    assert f"written again by an earlier restore (.cascade/restore/{trained[:8]}" in again.stderr  # (a label)
+    assert f"written again by an earlier restore (its worktree {trained[:8]}" in again.stderr  # (a label)
     assert "copied 1 input file(s) from an earlier restore's worktree into the worktree" in again.stderr
     assert _sha256((workdir / "runs/0/notes.txt").read_bytes()) == inputs["runs/0/notes.txt"]["sha256"]
     assert not (project.root / "runs/0/notes.txt").exists()
