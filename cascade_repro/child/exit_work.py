@@ -26,9 +26,17 @@ _work: list[Callable[[], Any]] = []  # in the order registered; done last-regist
 
 
 def at_exit(function: Callable[..., Any], *args: Any) -> None:
-    """`function(*args)` at the script's end, atexit's or `os._exit`'s."""
-    atexit.register(function, *args)
-    _work.append(lambda: function(*args))
+    """`function(*args)` at the script's end, atexit's or `os._exit`'s, once (a library's atexit
+    handler that runs after cascade's may itself end the process with `os._exit`)."""
+    done: list[bool] = []
+
+    def once() -> None:
+        if not done:
+            done.append(True)
+            function(*args)
+
+    atexit.register(once)
+    _work.append(once)
 
 
 def install(wait_s: float = HARD_EXIT_WAIT_S) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 from dataclasses import replace
@@ -66,12 +67,16 @@ def _written_again(restores: Path, rel: str, item: FileEntry, hashes: FileHashes
 
 def _worktrees(restores: Path) -> list[Path]:
     """The worktrees of earlier restores (directories, not links), the newest first."""
+    found = []
     try:
-        found = [entry for entry in os.scandir(restores) if entry.is_dir(follow_symlinks=False)]
+        for entry in os.scandir(restores):
+            with contextlib.suppress(OSError):  # (one a concurrent restore discards meanwhile: left out)
+                if entry.is_dir(follow_symlinks=False):
+                    found.append((entry.stat(follow_symlinks=False).st_mtime, entry.path))
     except OSError:
         return []
-    found.sort(key=lambda entry: entry.stat(follow_symlinks=False).st_mtime, reverse=True)
-    return [Path(entry.path) for entry in found[:MAX_RESTORES_LOOKED_AT]]
+    found.sort(reverse=True)
+    return [Path(path) for _, path in found[:MAX_RESTORES_LOOKED_AT]]
 
 
 def missing_inputs_said(inputs: Sequence[FileEntry], sources: Mapping[str, str]) -> tuple[str, str] | None:

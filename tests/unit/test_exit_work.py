@@ -17,6 +17,8 @@ def note(word):
         file.write(f"{os.getpid()} {word}\\n")
 
 held = threading.Lock()
+if sys.argv[2] == "atexit":  # a library's handler, run after cascade's, ending the process itself
+    atexit.register(lambda: os._exit(7))
 exit_work.at_exit(note, "first registered")
 exit_work.at_exit(note, "last registered")
 if sys.argv[2] == "blocked":
@@ -28,6 +30,8 @@ if sys.argv[2] == "fork":
     if child == 0:
         os._exit(0)  # as a DataLoader worker ends
     os.waitpid(child, 0)
+if sys.argv[2] == "atexit":
+    sys.exit(0)
 held.acquire()
 os._exit(7)
 """
@@ -61,3 +65,12 @@ def test_work_that_cannot_finish_is_given_up_after_the_wait_and_the_exit_status_
     # (the blocked part, registered last, came first: the others are done all the same)
     assert [line.split(" ", 1)[1] for line in lines] == ["last registered", "first registered"]
     assert "os._exit(7)" in result.stderr and "1 part(s)" in result.stderr, result.stderr
+
+
+def test_a_library_atexit_handler_calling_os_exit_after_cascades_does_not_do_the_work_twice(
+    tmp_path: Path,
+) -> None:
+    result, lines = _run(tmp_path, "atexit")
+    assert result.returncode == 7, result.stderr
+    words = [line.split(" ", 1)[1] for line in lines]
+    assert words == ["the script's own atexit", "last registered", "first registered"]
